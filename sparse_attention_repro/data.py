@@ -6,8 +6,8 @@
 __all__ = ['DATASETS', 'TEXT_VOCAB', 'TEXT_LEN', 'PAD_ID', 'MARKER_ID', 'CACHE_VERSION', 'CIFAR10_CLASSES', 'NEWS_REMOVE',
            'Split', 'DatasetBundle', 'DataUnavailableError', 'resolve_data_root', 'resolve_cache_dir', 'save_cached',
            'load_cached', 'subset_indices', 'split_off_val', 'patchify', 'read_idx', 'idx_files_present',
-           'load_idx_folder', 'decode_cifar_jpeg_tar', 'news_texts_from_folder', 'tokenize', 'hash_token',
-           'encode_text', 'encode_news', 'make_marker', 'full_arrays', 'load_dataset']
+           'load_idx_folder', 'decode_cifar_jpeg_tar', 'unflatten_post', 'news_texts_from_folder', 'tokenize',
+           'hash_token', 'encode_text', 'encode_news', 'make_marker', 'full_arrays', 'load_dataset']
 
 # %% ../nbs/01_data.ipynb
 import gzip, hashlib, io, json, os, re, shutil, struct, tarfile, tempfile, zlib
@@ -23,7 +23,7 @@ DATASETS = ("cifar10", "fashion_mnist", "kmnist", "twenty_news", "synthetic_mark
 TEXT_VOCAB = 20000  # hashed vocabulary of 20 Newsgroups: ids 2..19999
 TEXT_LEN = 96       # tokens per document / marker sequence, without the CLS token
 PAD_ID, MARKER_ID = 0, 1
-CACHE_VERSION = "v1"  # bump when the content of a cached array changes
+CACHE_VERSION = "v2"  # bump when the content of a cached array changes
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 # %% ../nbs/01_data.ipynb
@@ -192,12 +192,17 @@ def decode_cifar_jpeg_tar(path) -> dict:
 # %% ../nbs/01_data.ipynb
 NEWS_REMOVE = ("headers", "footers", "quotes")
 
-def news_texts_from_folder(folder) -> tuple[list[str], np.ndarray, list[str]]:
+def unflatten_post(text: str) -> str:
+    "Undo newline→tab flattening: a post with tabs but no internal newline gets its tabs back as newlines."
+    return text.replace("\t", "\n") if "\t" in text and "\n" not in text.rstrip("\n") else text
+
+def news_texts_from_folder(folder, repair: bool = True) -> tuple[list[str], np.ndarray, list[str]]:
     "Texts, labels and class names of one extracted `20news-bydate-{train,test}` folder, in `fetch_20newsgroups` default order."
     from sklearn.datasets import load_files
     from sklearn.datasets._twenty_newsgroups import strip_newsgroup_header, strip_newsgroup_footer, strip_newsgroup_quoting
     b = load_files(folder, encoding="latin1")            # as sklearn's cache builder: shuffle=True, random_state=0
-    texts = [strip_newsgroup_quoting(strip_newsgroup_footer(strip_newsgroup_header(t))) for t in b.data]
+    raw = [unflatten_post(t) for t in b.data] if repair else b.data
+    texts = [strip_newsgroup_quoting(strip_newsgroup_footer(strip_newsgroup_header(t))) for t in raw]
     order = np.arange(len(texts))
     np.random.RandomState(42).shuffle(order)             # fetch_20newsgroups(shuffle=True, random_state=42)
     return [texts[i] for i in order], b.target[order].astype(np.int64), list(b.target_names)
