@@ -1,0 +1,160 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Report and site
+# > Execute the report notebook on a results folder into a self-contained HTML report, and render the library notebooks as a site.
+
+# %%
+#| default_exp report
+
+# %% [markdown]
+# The report is a notebook (`nbs/experiments/report.ipynb`) so that its record — code, tables, figures — is the executed
+# copy itself, as papermill intends. `make_report` runs it with `results_dir` injected, then exports one HTML file
+# with the images embedded, so the report can be mailed or archived without its folder. The figures and tables are also
+# written as files (`figures/*.png`, `tables/*.csv`) for anyone who wants to reuse them.
+#
+# Quarto is not available here, so the documentation "site" is plain nbconvert HTML with an index in reading order.
+
+# %%
+#| export
+import html, shutil
+from pathlib import Path
+
+import nbformat
+import papermill as pm
+from nbconvert import HTMLExporter
+
+import sparse_attention_repro
+
+# %%
+from fastcore.test import test_eq, test_fail
+import tempfile
+
+# %%
+#| export
+def _repo_root():
+    "The repository root of an editable install (the folder holding `nbs/`)."
+    return Path(sparse_attention_repro.__file__).resolve().parent.parent
+
+def report_notebook():
+    "Path of the report notebook, `nbs/experiments/report.ipynb`; a clear error when it is not there."
+    nb = _repo_root() / "nbs" / "experiments" / "report.ipynb"
+    if not nb.exists():
+        raise FileNotFoundError(f"report notebook not found at {nb}: make_report needs an editable install "
+                                "(pip install -e .) of the repository that holds nbs/experiments/report.ipynb")
+    return nb
+
+# %%
+assert report_notebook().name == "report.ipynb"
+
+# %% [markdown]
+# ## HTML export
+#
+# `embed_images=True` inlines the PNGs as data URIs — that is what makes the report self-contained; `exclude_input`
+# hides the code (the report is for readers of results; the `.ipynb` beside it keeps the code).
+
+# %%
+#| export
+def to_html(nb_path, html_path=None, exclude_input=False):
+    "Convert a notebook to one self-contained HTML file (images embedded); returns the HTML path."
+    nb_path = Path(nb_path); html_path = Path(html_path or nb_path.with_suffix(".html"))
+    ex = HTMLExporter(template_name="lab", embed_images=True, exclude_input=exclude_input)
+    body, _ = ex.from_notebook_node(nbformat.read(nb_path, as_version=4), resources={"metadata": {"path": str(nb_path.parent)}})
+    html_path.write_text(body, encoding="utf-8")
+    return html_path
+
+# %% [markdown]
+# ## `make_report`
+
+# %%
+#| export
+def make_report(results_dir, # folder holding runs.csv and/or crisp_runs.csv
+                out_dir=None, # where report.ipynb/.html, figures/ and tables/ go; default: `results_dir`
+                exclude_input=True, # hide code cells in the HTML
+                kernel_name=None, # Jupyter kernel for papermill; None = the notebook's own
+               ):
+    "Execute the report notebook on `results_dir`; write report.ipynb, report.html, figures/*.png, tables/*.csv."
+    res = Path(results_dir)
+    if not res.is_dir(): raise ValueError(f"results_dir does not exist or is not a folder: {res}")
+    out = Path(out_dir) if out_dir else res
+    out.mkdir(parents=True, exist_ok=True)
+    nb_out = out / "report.ipynb"
+    pm.execute_notebook(str(report_notebook()), str(nb_out), cwd=str(out), kernel_name=kernel_name, progress_bar=False,
+                        parameters=dict(results_dir=str(res.resolve()), out_dir=str(out.resolve())))
+    return to_html(nb_out, out / "report.html", exclude_input=exclude_input)
+
+# %%
+test_fail(lambda: make_report("/no/such/folder"), contains="results_dir does not exist")
+
+# %% [markdown]
+# Running it executes a notebook in a fresh kernel (a few tens of seconds), so the full run on the fixtures is a `slow`
+# test here and a regular one in `tests/test_stats.py`.
+
+# %%
+#| slow
+with tempfile.TemporaryDirectory() as d:
+    fx = _repo_root() / "tests" / "fixtures"
+    shutil.copy(fx / "runs.csv", d); shutil.copy(fx / "crisp_runs.csv", d)
+    p = make_report(d)
+    test_eq(p.name, "report.html")
+    assert (Path(d) / "tables" / "paired_tests.csv").exists()
+
+# %% [markdown]
+# ## The documentation site
+#
+# `render_site` converts the library notebooks (`nbs/*.ipynb`, in file-name order = reading order) with their stored
+# outputs — nothing is re-executed — plus, optionally, a report (an executed `.ipynb`, or an `.html` that is copied),
+# and writes an `index.html` linking them. Each entry is titled by the notebook's first `# heading`.
+
+# %%
+#| export
+def _title(nb_path):
+    "First markdown `# ` heading of a notebook, else its file stem."
+    for c in nbformat.read(nb_path, as_version=4).cells:
+        if c.cell_type == "markdown":
+            for line in c.source.splitlines():
+                if line.startswith("# "): return line[2:].strip()
+    return Path(nb_path).stem
+
+def render_site(out="outputs/site", # output folder
+                report=None, # an executed report .ipynb or a report .html to include
+                notebooks=None, # notebooks to render; default: nbs/*.ipynb of the repository
+               ):
+    "Render the library notebooks (and a report) to HTML in `out` with an index.html in reading order; returns index."
+    out = Path(out); out.mkdir(parents=True, exist_ok=True)
+    nbs = sorted(Path(p) for p in notebooks) if notebooks else sorted((_repo_root() / "nbs").glob("*.ipynb"))
+    entries = []
+    for nb in nbs:
+        entries.append((to_html(nb, out / f"{nb.stem}.html").name, _title(nb)))
+    if report:
+        report = Path(report)
+        if report.suffix == ".html": shutil.copy(report, out / "report.html")
+        else: to_html(report, out / "report.html", exclude_input=True)
+        entries.append(("report.html", "Reproduction report"))
+    items = "\n".join(f'<li><a href="{html.escape(h)}">{html.escape(t)}</a> <small>({html.escape(h)})</small></li>'
+                      for h, t in entries)
+    idx = out / "index.html"
+    idx.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>sparse_attention_repro</title></head>"
+                   f"<body><h1>sparse_attention_repro</h1><p>Notebooks in reading order.</p><ol>\n{items}\n</ol>"
+                   f"</body></html>", encoding="utf-8")
+    return idx
+
+# %%
+with tempfile.TemporaryDirectory() as d:
+    idx = render_site(d, notebooks=[_repo_root() / "nbs" / "00_normalizers.ipynb"])
+    s = idx.read_text()
+    assert 'href="00_normalizers.html"' in s and "Attention normalizers" in s
+    assert "<html" in (Path(d) / "00_normalizers.html").read_text()[:2000].lower()
