@@ -56,10 +56,16 @@ def save(fig, name):
 def md(s): display(Markdown(s))
 
 def table(df, floatfmt=".4g"):
-    "A table as markdown (empty tables say so)."
-    md(df.to_markdown(index=False, floatfmt=floatfmt) if len(df) else "_(no rows)_")
+    "A table as markdown (empty tables say so; without `tabulate` the plain DataFrame is shown)."
+    if not len(df): return md("_(no rows)_")
+    try: md(df.to_markdown(index=False, floatfmt=floatfmt))
+    except ImportError: display(df)
 
 missing = [f"`{f}`" for f, d in (("runs.csv", runs), ("crisp_runs.csv", crisp)) if d is None]
+profiles = sorted({*(runs.profile if runs is not None else []), *(crisp.profile if crisp is not None else [])})
+if len(profiles) > 1:
+    md(f"**Several profiles in these results:** {', '.join(profiles)}. Tests and claims are computed per profile; "
+       "the figures pool them.")
 md(f"**Results folder:** `{RES}`. " + (f"**Missing:** {', '.join(missing)} — the sections that need it are skipped."
                                         if missing else "Both result files found."))
 
@@ -199,6 +205,15 @@ else: md("_No per-layer sparsity of adaptive configs._")
 
 # %%
 ss_ = res["single_seed"]; ex = res["exceedance"]; pw = res["power"]; ci = res["accuracy_ci"]
+sd_ = res["seed_deltas"]
+if len(sd_):
+    where = sd_.dataset.where(~sd_.family.str.startswith("crisp"), sd_.family.str.replace("crisp_", "sst2 "))
+    sd_ = sd_.assign(comparison=where + ": " + sd_.method)
+    fig, ax = plt.subplots(figsize=(7, 0.22 * sd_.comparison.nunique() + 1.5))
+    sns.stripplot(sd_, y="comparison", x="delta", hue="family", ax=ax, size=4, jitter=0.1)
+    sns.pointplot(sd_, y="comparison", x="delta", ax=ax, color="k", errorbar=None, markers="|", linestyle="none")
+    ax.axvline(0, color="k", lw=0.8); ax.set_xlabel("Δ accuracy: seeds (dots), mean (bar)"); ax.set_ylabel("")
+    save(fig, "seed_deltas")
 if len(ss_): table(ss_)
 table(pw)
 c0 = ci.iloc[0]
