@@ -787,14 +787,17 @@ test_fail(lambda: resolve_finetune("huge"), contains="unknown profile")
 # %% [markdown]
 # `run_crisp` is one (configuration, seed) run: load SST-2, build the model for the seed, tokenise, calibrate (adaptive
 # only, on the training subset's lengths), fine-tune, and evaluate on validation and test with recording on. It returns
-# one row per evaluation split with the columns of `ROW_COLUMNS`; `sparsity_per_layer` is a JSON list.
+# one row per evaluation split with the columns of `ROW_COLUMNS`; `sparsity_per_layer` is a JSON list. `model` overrides
+# the profile's model, `scope` the percentile scope, `threads` the torch CPU threads (0 = default), and any other keyword
+# a `FinetuneConfig` field. The same seed gives the same row on the same machine and thread count.
 
 # %%
 #| export
-def run_crisp(config, seed, profile, model=None, data_root=None, scope="row", **overrides) -> list[dict]:
+def run_crisp(config, seed, profile, model=None, data_root=None, scope="row", threads=0, **overrides) -> list[dict]:
     "Fine-tune and evaluate one Crisp configuration for one seed; one row per eval split (validation, test)."
     crisp_target(config)
     cfg = resolve_finetune(profile, **overrides)
+    if threads: torch.set_num_threads(int(threads))                          # 0 = leave the torch default
     model_name = model or CRISP_PROFILES[profile]["model"]
     train = read_sst2("train", data_root)
     evals = {s: read_sst2(s, data_root) for s in ("validation", "test")}

@@ -374,10 +374,11 @@ def resolve_finetune(profile, **overrides):
     return replace(base, **overrides)
 
 # %% ../nbs/04_crisp.ipynb
-def run_crisp(config, seed, profile, model=None, data_root=None, scope="row", **overrides) -> list[dict]:
+def run_crisp(config, seed, profile, model=None, data_root=None, scope="row", threads=0, **overrides) -> list[dict]:
     "Fine-tune and evaluate one Crisp configuration for one seed; one row per eval split (validation, test)."
     crisp_target(config)
     cfg = resolve_finetune(profile, **overrides)
+    if threads: torch.set_num_threads(int(threads))                          # 0 = leave the torch default
     model_name = model or CRISP_PROFILES[profile]["model"]
     train = read_sst2("train", data_root)
     evals = {s: read_sst2(s, data_root) for s in ("validation", "test")}

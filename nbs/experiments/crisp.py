@@ -1,0 +1,49 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [raw]
+# ---
+# skip_exec: true
+# ---
+
+# %% [markdown]
+# # Study B — one Crisp configuration, one seed
+# > Executed with papermill once per (config, seed); the executed copy is the run's record.
+#
+# Fine-tunes the profile's model on SST-2 with the chosen Crisp configuration and evaluates on validation (872) and the
+# labelled test split (1821). The logic lives in `sparse_attention_repro.crisp`; this notebook holds parameters and calls.
+
+# %% tags=["parameters"]
+config: str = "dense"  # dense | fixed_080 | adaptive_060 | adaptive_080
+seed: int = 0  # seed of the training subset, the classifier head, dropout and the data order
+profile: str = "smoke"  # smoke | quick | paper
+model: str = ""  # empty: the profile model; else minilm | tiny-distilbert | distilbert-base-uncased | a local folder
+scope: str = "row"  # percentile scope of the top-k mask: row | head
+threads: int = 0  # torch CPU threads, 0 keeps the torch default
+rows_path: str = "crisp_rows.csv"  # the result rows (one per eval split) are written here as CSV
+
+# %%
+import pandas as pd
+from sparse_attention_repro.crisp import run_crisp
+from sparse_attention_repro.runner import save_rows
+
+# %%
+rows = run_crisp(config, seed, profile, model=model or None, scope=scope, threads=threads)
+
+# %%
+pd.DataFrame(rows)[["config", "split", "n_eval", "accuracy", "sparsity_mean", "attention_entropy", "train_seconds", "status"]]
+
+# %%
+save_rows(rows, rows_path)
