@@ -32,6 +32,7 @@
 # %%
 #| export
 import json, time
+from pathlib import Path
 from dataclasses import dataclass, asdict, replace
 import numpy as np
 import torch
@@ -41,6 +42,7 @@ from tqdm.auto import tqdm
 from sparse_attention_repro.data import load_dataset, DATASETS
 from sparse_attention_repro.model import CompactClassifier, ClassifierConfig, count_parameters
 from sparse_attention_repro.normalizers import get_normalizer, NORMALIZERS
+from sparse_attention_repro.runner import save_rows
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
@@ -78,7 +80,7 @@ def profile_config(profile: str, dataset: str, **overrides) -> TrainConfig:
     epochs, train_limit, test_limit = PAPER_SIZES[dataset]
     cfg = TrainConfig(epochs=epochs, train_limit=train_limit, test_limit=test_limit)
     scale = {k: v for k, v in PROFILES[profile].items() if k != "seeds"}
-    return replace(cfg, **scale, **overrides)
+    return replace(cfg, **{**scale, **overrides})
 
 # %%
 test_eq(profile_config("paper", "kmnist").epochs, 8)
@@ -183,12 +185,27 @@ def run_one(dataset: str, method: str, seed: int, config: TrainConfig, data=None
         row.update(val_accuracy=v["accuracy"], val_macro_f1=v["macro_f1"])
     return row
 
-def run_methods(dataset: str, seed: int, methods, config: TrainConfig) -> list:
-    "Run every method on the same subsets of one (dataset, seed): the paired design."
+# %% [markdown]
+# `run_study_a` is what the experiment notebook calls: the profile's configuration for one dataset, the requested
+# methods on one seed — all on the same subsets (paired design), loaded once — and the profile name on every row.
+# With `rows_dir` each method's row is written (atomically) the moment it is done, so a killed grid loses at most the
+# training run in flight. `threads` pins torch's CPU threads when several runs share a machine.
+
+# %%
+#| export
+def run_study_a(dataset: str, seed: int, methods, profile: str, threads: int = 0, rows_dir=None, **options) -> list:
+    "Rows of every method in `methods` for one (dataset, seed) under `profile`; `options` override TrainConfig fields."
+    if seed < 0: raise ValueError(f"seed must be >= 0, got {seed}")
     for m in methods: get_normalizer(m, num_heads=1)
+    if threads: torch.set_num_threads(threads)
+    config = profile_config(profile, dataset, **options)
     data = load_dataset(dataset, seed, config.train_limit, config.test_limit, val_fraction=config.val_fraction,
                         patch_size=config.patch_size, mask_padding=config.mask_padding, marker_vocab=config.marker_vocab)
-    return [run_one(dataset, m, seed, config, data=data) for m in methods]
+    rows = []
+    for m in methods:
+        rows.append(dict(run_one(dataset, m, seed, config, data=data), profile=profile))
+        if rows_dir is not None: save_rows(rows[-1:], Path(rows_dir) / f"{m}.csv")
+    return rows
 
 # %% [markdown]
 # A small real run: 1200 Fashion-MNIST images, 3 epochs. Softmax learns (well above the 10% of chance), the same seed
@@ -218,3 +235,13 @@ assert hist[1]["alpha"] != hist[0]["alpha"] and 1.05 < rh["learned_alpha_mean"] 
 nan_data = replace(data, train=replace(data.train, x=torch.full_like(data.train.x, float("nan"))))
 bad = run_one("fashion_mnist", "softmax", 0, replace(cfg, epochs=1), nan_data)
 test_eq(bad["status"], "failed_nonfinite_loss")
+
+# %%
+import tempfile
+rows_dir = Path(tempfile.mkdtemp())
+rows = run_study_a("synthetic_marker", 3, ["softmax", "sparsemax"], "smoke", rows_dir=rows_dir, train_limit=96, test_limit=50, progress=False)
+test_eq(sorted(p.name for p in rows_dir.iterdir()), ["softmax.csv", "sparsemax.csv"])
+test_eq([(r["method"], r["seed"], r["profile"], r["train_n"], r["test_n"]) for r in rows],
+        [("softmax", 3, "smoke", 96, 50), ("sparsemax", 3, "smoke", 96, 50)])
+test_fail(lambda: run_study_a("synthetic_marker", -1, ["softmax"], "smoke"), contains="seed must be")
+test_fail(lambda: run_study_a("synthetic_marker", 0, ["softmaxx"], "smoke"), contains="unknown normalizer")

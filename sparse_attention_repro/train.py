@@ -4,10 +4,11 @@
 
 # %% auto 0
 __all__ = ['PAPER_SIZES', 'MAIN_FAMILY', 'PROFILES', 'TrainConfig', 'profile_config', 'evaluate', 'train_model', 'run_one',
-           'run_methods']
+           'run_study_a']
 
 # %% ../nbs/03_train.ipynb
 import json, time
+from pathlib import Path
 from dataclasses import dataclass, asdict, replace
 import numpy as np
 import torch
@@ -17,6 +18,7 @@ from tqdm.auto import tqdm
 from .data import load_dataset, DATASETS
 from .model import CompactClassifier, ClassifierConfig, count_parameters
 from .normalizers import get_normalizer, NORMALIZERS
+from .runner import save_rows
 
 # %% ../nbs/03_train.ipynb
 @dataclass
@@ -50,7 +52,7 @@ def profile_config(profile: str, dataset: str, **overrides) -> TrainConfig:
     epochs, train_limit, test_limit = PAPER_SIZES[dataset]
     cfg = TrainConfig(epochs=epochs, train_limit=train_limit, test_limit=test_limit)
     scale = {k: v for k, v in PROFILES[profile].items() if k != "seeds"}
-    return replace(cfg, **scale, **overrides)
+    return replace(cfg, **{**scale, **overrides})
 
 # %% ../nbs/03_train.ipynb
 @torch.no_grad()
@@ -133,9 +135,17 @@ def run_one(dataset: str, method: str, seed: int, config: TrainConfig, data=None
         row.update(val_accuracy=v["accuracy"], val_macro_f1=v["macro_f1"])
     return row
 
-def run_methods(dataset: str, seed: int, methods, config: TrainConfig) -> list:
-    "Run every method on the same subsets of one (dataset, seed): the paired design."
+# %% ../nbs/03_train.ipynb
+def run_study_a(dataset: str, seed: int, methods, profile: str, threads: int = 0, rows_dir=None, **options) -> list:
+    "Rows of every method in `methods` for one (dataset, seed) under `profile`; `options` override TrainConfig fields."
+    if seed < 0: raise ValueError(f"seed must be >= 0, got {seed}")
     for m in methods: get_normalizer(m, num_heads=1)
+    if threads: torch.set_num_threads(threads)
+    config = profile_config(profile, dataset, **options)
     data = load_dataset(dataset, seed, config.train_limit, config.test_limit, val_fraction=config.val_fraction,
                         patch_size=config.patch_size, mask_padding=config.mask_padding, marker_vocab=config.marker_vocab)
-    return [run_one(dataset, m, seed, config, data=data) for m in methods]
+    rows = []
+    for m in methods:
+        rows.append(dict(run_one(dataset, m, seed, config, data=data), profile=profile))
+        if rows_dir is not None: save_rows(rows[-1:], Path(rows_dir) / f"{m}.csv")
+    return rows

@@ -1,0 +1,216 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Running experiment notebooks
+# > Execute parameterised notebooks with papermill, one per task, resumably, and collect their rows into one tidy CSV.
+
+# %%
+#| default_exp runner
+
+# %% [markdown]
+# Every experiment of the project is a papermill execution of a notebook in `nbs/experiments/` — the executed copy is the
+# record of the run. A grid is a list of such tasks (study A: one per dataset × seed; Crisp: one per config × seed).
+# The rules that make a long grid survive being killed:
+#
+# * a notebook writes its rows **atomically** (temporary file + `os.replace`) to rows files of its own, as soon as each
+#   result exists — so a task is complete exactly when all the rows files it must produce exist;
+# * the tidy results file (`runs.csv`, `crisp_runs.csv`) is *derived*: rebuilt from all rows files after every finished
+#   task, again atomically, with duplicates on the key columns impossible by construction;
+# * rerunning skips complete tasks and re-executes the others; killing at any moment loses at most the tasks in flight;
+# * a failed notebook is kept (papermill writes the error into it) and summarised in one line.
+#
+# A results folder remembers the options it was made with (`manifest.json`): adding seeds or methods later is fine,
+# mixing profiles in one folder is refused.
+
+# %%
+#| export
+import json, os, tempfile, time, traceback
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+import pandas as pd
+from tqdm.auto import tqdm
+
+# %%
+from fastcore.test import test_eq, test_fail
+import tempfile as _tf
+
+# %%
+#| export
+def atomic_write(path, write):
+    "Call `write(tmp_path)` then move the temporary file onto `path` in one step; nothing half-written is ever visible."
+    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f: os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp): os.remove(tmp)
+        raise
+
+def save_rows(rows, path):
+    "Write result rows (a list of dicts or a DataFrame) as CSV, atomically."
+    df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
+
+# %%
+d = Path(_tf.mkdtemp())
+save_rows([dict(a=1, b="x"), dict(a=2, b="y")], d / "sub" / "r.csv")
+test_eq(pd.read_csv(d / "sub" / "r.csv").to_dict("list"), {"a": [1, 2], "b": ["x", "y"]})
+def boom(tmp):
+    open(tmp, "w").write("half a row")
+    raise KeyboardInterrupt
+try: atomic_write(d / "sub" / "r.csv", boom)
+except KeyboardInterrupt: pass
+test_eq(pd.read_csv(d / "sub" / "r.csv").a.tolist(), [1, 2])      # the old file is intact ...
+test_eq(sorted(p.name for p in (d / "sub").iterdir()), ["r.csv"])  # ... and no temporary file is left
+
+# %% [markdown]
+# ## Collecting rows
+#
+# The tidy CSV is the concatenation of every rows file, sorted by the key columns. If two rows files ever held the same
+# key (they cannot, since each task owns its file), the later file wins.
+
+# %%
+#| export
+def collect_rows(rows_dir, out_csv, keys):
+    "Rebuild `out_csv` from every `*.csv` under `rows_dir`, one row per `keys`; returns the table."
+    files = sorted(Path(rows_dir).rglob("*.csv"))
+    frames = [pd.read_csv(f, keep_default_na=True) for f in files if f.stat().st_size > 0]
+    if not frames: return pd.DataFrame()
+    df = pd.concat(frames, ignore_index=True).drop_duplicates(list(keys), keep="last")
+    df = df.sort_values(list(keys), kind="stable").reset_index(drop=True)
+    save_rows(df, out_csv)
+    return df
+
+# %%
+save_rows([dict(dataset="b", seed=1, acc=0.5)], d / "rows" / "b" / "seed1.csv")
+save_rows([dict(dataset="a", seed=0, acc=0.1), dict(dataset="a", seed=0, acc=0.2)], d / "rows" / "a" / "seed0.csv")
+out = collect_rows(d / "rows", d / "runs.csv", ["dataset", "seed"])
+test_eq(out[["dataset", "seed", "acc"]].values.tolist(), [["a", 0, 0.2], ["b", 1, 0.5]])
+test_eq(pd.read_csv(d / "runs.csv").shape, (2, 3))
+
+# %% [markdown]
+# ## The manifest
+#
+# The options that change what a result *means* (profile, dataset variants, model) are stored in the results folder
+# the first time; a later run with different options is refused with one line, before anything is touched.
+
+# %%
+#| export
+def check_manifest(out_dir, study, options: dict):
+    "Record `options` of `study` in `out_dir/manifest.json`, or raise if the folder holds results made differently."
+    path = Path(out_dir) / "manifest.json"
+    manifest = json.loads(path.read_text()) if path.exists() else {}
+    for other in manifest.values():
+        if "profile" in other and other["profile"] != options.get("profile"):
+            raise ValueError(f"{out_dir} holds results of profile {other['profile']!r}, not {options.get('profile')!r}; "
+                             f"use another --out folder")
+    old = manifest.get(study)
+    if old is not None and old != options:
+        diff = ", ".join(f"{k}={old.get(k)!r} (now {options.get(k)!r})" for k in sorted(set(old) | set(options))
+                         if old.get(k) != options.get(k))
+        raise ValueError(f"{out_dir} holds {study} results made with {diff}; use another --out folder")
+    manifest[study] = options
+    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1, sort_keys=True)))
+
+# %%
+check_manifest(d, "study_a", dict(profile="smoke", patch_size=None))
+check_manifest(d, "study_a", dict(profile="smoke", patch_size=None))      # same options: fine
+check_manifest(d, "crisp", dict(profile="smoke", model="tiny"))
+test_fail(lambda: check_manifest(d, "study_a", dict(profile="quick", patch_size=None)), contains="profile 'smoke'")
+test_fail(lambda: check_manifest(d, "study_a", dict(profile="smoke", patch_size=4)), contains="patch_size=None (now 4)")
+test_eq(sorted(json.loads((d / "manifest.json").read_text())), ["crisp", "study_a"])
+
+# %% [markdown]
+# ## Tasks and execution
+#
+# A task names a notebook, its parameters, where the executed copy goes and which rows files mark it done. `run_tasks`
+# skips finished tasks, executes the rest (in parallel threads — each papermill execution runs in its own kernel process),
+# refreshes the tidy CSV after each one and returns one line per failure.
+
+# %%
+#| export
+@dataclass
+class NotebookTask:
+    "One papermill execution: `notebook` with `parameters` -> `output`; done when every path in `produces` exists."
+    name: str
+    notebook: Path
+    output: Path
+    produces: list
+    parameters: dict = field(default_factory=dict)
+
+    @property
+    def done(self): return all(Path(p).exists() for p in self.produces)
+
+def _error_line(exc):
+    "One line describing why a notebook failed."
+    ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)
+    if ename: return f"{ename}: {str(evalue).splitlines()[0] if evalue else ''}"
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+def execute_task(task: NotebookTask, kernel_name="python3"):
+    "Execute one task with papermill; returns None on success, else a one-line error."
+    import papermill as pm
+    Path(task.output).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        pm.execute_notebook(str(task.notebook), str(task.output), kernel_name=kernel_name, language="python", progress_bar=False,
+                            parameters=task.parameters,
+                            cwd=str(Path(task.output).parent))
+    except Exception as e:
+        return _error_line(e)
+    if not task.done: return "notebook finished without writing its rows"
+    return None
+
+def run_tasks(tasks, out_csv, keys, rows_dir, jobs=1, progress=True, desc="runs"):
+    "Run the unfinished `tasks` with `jobs` parallel kernels; keep `out_csv` up to date; return {task name: error}."
+    pending = [t for t in tasks if not t.done]
+    if len(pending) < len(tasks) and progress: print(f"{len(tasks) - len(pending)} of {len(tasks)} tasks already done; resuming")
+    failures = {}
+    with ThreadPoolExecutor(max(1, jobs)) as pool, tqdm(total=len(pending), desc=desc, disable=not progress) as bar:
+        futures = {pool.submit(execute_task, t): t for t in pending}
+        for fut in as_completed(futures):
+            task, err = futures[fut], fut.result()
+            if err: failures[task.name] = err; tqdm.write(f"FAILED {task.name}: {err} (see {task.output})")
+            else: collect_rows(rows_dir, out_csv, keys)
+            bar.update()
+    if not Path(out_csv).exists() and any(t.done for t in tasks): collect_rows(rows_dir, out_csv, keys)
+    return failures
+
+# %% [markdown]
+# A real papermill execution of a two-cell notebook: the task writes its rows, a rerun skips it, and a failing task
+# is reported with its exception in one line while its executed notebook is kept.
+
+# %%
+import nbformat
+nb = nbformat.v4.new_notebook()
+params = nbformat.v4.new_code_cell('x = 1\nrows_path = "r.csv"'); params.metadata["tags"] = ["parameters"]
+nb.cells = [params, nbformat.v4.new_code_cell(
+    "from sparse_attention_repro.runner import save_rows\n"
+    "if x < 0: raise ValueError('x must be >= 0')\n"
+    "save_rows([dict(x=x, y=x * x)], rows_path)")]
+nbformat.write(nb, d / "square.ipynb")
+tasks = [NotebookTask(f"x{x}", d / "square.ipynb", d / "nbs" / f"x{x}.ipynb", [d / "rows2" / f"x{x}.csv"],
+                      dict(x=x, rows_path=str(d / "rows2" / f"x{x}.csv"))) for x in (2, 3, -1)]
+fails = run_tasks(tasks, d / "squares.csv", ["x"], d / "rows2", jobs=2, progress=False)
+test_eq(fails, {"x-1": "ValueError: x must be >= 0"})
+test_eq(pd.read_csv(d / "squares.csv").values.tolist(), [[2, 4], [3, 9]])
+assert (d / "nbs" / "x-1.ipynb").exists()
+mtime = (d / "rows2" / "x2.csv").stat().st_mtime
+test_eq(run_tasks(tasks[:2], d / "squares.csv", ["x"], d / "rows2", progress=False), {})
+test_eq((d / "rows2" / "x2.csv").stat().st_mtime, mtime)          # done tasks are not re-run

@@ -1,0 +1,241 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Command line
+# > `sparse-repro grid | crisp | report | reproduce | site`: the grids as papermill executions, resumable, with one-line errors.
+
+# %%
+#| default_exp cli
+
+# %% [markdown]
+# The command line is a thin layer over the runner: it checks every argument *before* touching the results folder
+# (a bad method, dataset, profile, seed or a folder of another profile gives one line on stderr and exit status 2),
+# turns the request into one papermill task per (dataset, seed) — or per (config, seed) for Crisp — and lets
+# `run_tasks` execute what is not done yet. Exit status 1 means some notebooks failed (each is summarised in one line
+# and kept for inspection); rerunning the same command retries only those.
+
+# %%
+#| export
+import argparse, os, sys
+from pathlib import Path
+import sparse_attention_repro
+from sparse_attention_repro.runner import NotebookTask, run_tasks, check_manifest
+
+# %%
+from fastcore.test import test_eq, test_fail
+import tempfile, io, contextlib
+
+# %%
+#| export
+class UsageError(ValueError):
+    "A bad argument: reported as one line on stderr with exit status 2."
+
+def experiments_dir() -> Path:
+    "Folder of the parameterised experiment notebooks (`nbs/experiments` of the source checkout)."
+    d = Path(sparse_attention_repro.__file__).resolve().parent.parent / "nbs" / "experiments"
+    if not d.is_dir(): raise UsageError(f"experiment notebooks not found at {d}; install the project from its source checkout (pip install -e .)")
+    return d
+
+def _split(values):
+    "Accept both `--x a b` and `--x a,b`."
+    return [v for item in values for v in str(item).split(",") if v]
+
+def _seeds(values):
+    try: seeds = [int(s) for s in _split(values)]
+    except ValueError: raise UsageError(f"seeds must be integers, got {' '.join(map(str, values))}") from None
+    if any(s < 0 for s in seeds): raise UsageError(f"seeds must be >= 0, got {min(seeds)}")
+    return seeds
+
+# %% [markdown]
+# ## Study A grid
+
+# %%
+#| export
+STUDY_A_KEYS = ("dataset", "method", "seed")
+
+def grid_tasks(args):
+    "Validate the grid arguments and return (tasks, options)."
+    from sparse_attention_repro.train import PROFILES, PAPER_SIZES
+    from sparse_attention_repro.normalizers import NORMALIZERS, get_normalizer
+    from sparse_attention_repro.data import load_dataset, DataUnavailableError
+    if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
+    datasets = _split(args.datasets) if args.datasets else list(PAPER_SIZES)
+    for d in datasets:
+        if d not in PAPER_SIZES: raise UsageError(f"unknown dataset {d!r}; choose from {', '.join(PAPER_SIZES)}")
+    methods = _split(args.methods) if args.methods else list(NORMALIZERS)
+    for m in methods:
+        try: get_normalizer(m)
+        except ValueError as e: raise UsageError(str(e)) from None
+    seeds = _seeds(args.seeds) if args.seeds else list(PROFILES[args.profile]["seeds"])
+    if args.val_fraction < 0 or args.val_fraction >= 1: raise UsageError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
+    options = dict(profile=args.profile, val_fraction=args.val_fraction, mask_padding=args.mask_padding,
+                   patch_size=args.patch_size, marker_vocab=args.marker_vocab)
+    for d in datasets:                           # data present and readable? (also warms the decode cache once)
+        try: load_dataset(d, 0, 1, 1, patch_size=args.patch_size or None, marker_vocab=args.marker_vocab)
+        except DataUnavailableError as e: raise UsageError(str(e).splitlines()[0]) from None
+    out, nb = Path(args.out), experiments_dir() / "study_a.ipynb"
+    threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
+    tasks = []
+    for d in datasets:
+        for s in seeds:
+            rows_dir = (out / "rows" / "study_a" / d / f"seed{s}").resolve()
+            todo = [m for m in methods if not (rows_dir / f"{m}.csv").exists()] or methods
+            tasks.append(NotebookTask(f"{d}/seed{s}", nb, out / "notebooks" / d / f"seed{s}.ipynb",
+                                      [rows_dir / f"{m}.csv" for m in methods],
+                                      dict(dataset=d, seed=s, methods=todo, threads=threads, rows_dir=str(rows_dir), **options)))
+    return tasks, options
+
+def cmd_grid(args):
+    "Run the study A grid; returns the failures."
+    tasks, options = grid_tasks(args)
+    check_manifest(args.out, "study_a", options)
+    return run_tasks(tasks, Path(args.out) / "runs.csv", STUDY_A_KEYS, Path(args.out) / "rows" / "study_a",
+                     jobs=args.jobs, desc="study A notebooks")
+
+# %% [markdown]
+# ## Crisp grid
+
+# %%
+#| export
+CRISP_KEYS = ("config", "seed", "split")
+CRISP_SEEDS = {"smoke": (0, 1), "quick": (0, 1, 2), "paper": tuple(range(10))}
+
+def crisp_tasks(args):
+    "Validate the Crisp arguments and return (tasks, options)."
+    from sparse_attention_repro.crisp import CRISP_CONFIGS, CRISP_PROFILES
+    if args.profile not in CRISP_PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(CRISP_PROFILES)}")
+    configs = _split(args.configs) if args.configs else list(CRISP_CONFIGS)
+    for c in configs:
+        if c not in CRISP_CONFIGS: raise UsageError(f"unknown Crisp config {c!r}; choose from {', '.join(CRISP_CONFIGS)}")
+    if args.scope not in ("row", "head"): raise UsageError(f"--scope must be row or head, got {args.scope!r}")
+    seeds = _seeds(args.seeds) if args.seeds else list(CRISP_SEEDS[args.profile])
+    options = dict(profile=args.profile, model=args.model or "", scope=args.scope)
+    out, nb = Path(args.out), experiments_dir() / "crisp.ipynb"
+    threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
+    rows = lambda c, s: (out / "rows" / "crisp" / c / f"seed{s}.csv").resolve()
+    tasks = [NotebookTask(f"{c}/seed{s}", nb, out / "notebooks" / "crisp" / c / f"seed{s}.ipynb", [rows(c, s)],
+                          dict(config=c, seed=s, threads=threads, rows_path=str(rows(c, s)), **options))
+             for c in configs for s in seeds]
+    return tasks, options
+
+def cmd_crisp(args):
+    "Run the Crisp grid; returns the failures."
+    tasks, options = crisp_tasks(args)
+    check_manifest(args.out, "crisp", options)
+    return run_tasks(tasks, Path(args.out) / "crisp_runs.csv", CRISP_KEYS, Path(args.out) / "rows" / "crisp",
+                     jobs=args.jobs, desc="Crisp notebooks")
+
+# %% [markdown]
+# ## Report, site, and the whole study
+
+# %%
+#| export
+def cmd_report(args):
+    from sparse_attention_repro.report import make_report
+    if not Path(args.results).is_dir(): raise UsageError(f"results folder {args.results} does not exist; run `sparse-repro grid --out {args.results}` first")
+    print(f"report: {make_report(args.results)}")
+    return {}
+
+def cmd_site(args):
+    from sparse_attention_repro.report import render_site
+    print(f"site: {render_site(args.out, report=args.report)}")
+    return {}
+
+def cmd_reproduce(args):
+    "Study A grid, Crisp grid and the report into one folder."
+    args.out = args.out or f"outputs/{args.profile}"
+    grid = argparse.Namespace(profile=args.profile, out=args.out, datasets=None, methods=None, seeds=None, jobs=args.jobs,
+                              val_fraction=args.val_fraction, mask_padding=False, patch_size=0, marker_vocab=20000)
+    crisp = argparse.Namespace(profile=args.profile, out=args.out, configs=None, seeds=None, jobs=args.jobs, model=args.model, scope="row")
+    grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
+    fails = {**cmd_grid(grid), **cmd_crisp(crisp)}
+    cmd_report(argparse.Namespace(results=args.out))
+    return fails
+
+# %% [markdown]
+# ## The parser
+
+# %%
+#| export
+class _Parser(argparse.ArgumentParser):
+    def error(self, message): raise UsageError(message)
+
+def build_parser():
+    p = _Parser(prog="sparse-repro", description="Reproduce Canay (2026) and Crisp Attention with papermill-executed notebooks.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    jobs = dict(type=int, default=max(1, min(4, os.cpu_count() or 1)), help="notebooks run in parallel")
+    g = sub.add_parser("grid", help="study A: every dataset x method x seed of a profile")
+    g.add_argument("--profile", default="smoke", help="smoke | quick | paper")
+    g.add_argument("--out", required=True, help="results folder (runs.csv, notebooks/, rows/)")
+    g.add_argument("--datasets", nargs="+"); g.add_argument("--methods", nargs="+"); g.add_argument("--seeds", nargs="+")
+    g.add_argument("--jobs", **jobs)
+    g.add_argument("--val-fraction", type=float, default=0.0, help="carve a validation split off each train subset")
+    g.add_argument("--mask-padding", action="store_true", help="variant: mask twenty_news padding")
+    g.add_argument("--patch-size", type=int, default=0, help="variant: 4 for 4x4 patches (0 = the paper's)")
+    g.add_argument("--marker-vocab", type=int, default=20000, help="variant: small vocabulary for a learnable marker task")
+    c = sub.add_parser("crisp", help="study B: Crisp configurations x seeds")
+    c.add_argument("--profile", default="smoke"); c.add_argument("--out", required=True)
+    c.add_argument("--configs", nargs="+"); c.add_argument("--seeds", nargs="+"); c.add_argument("--model", default="")
+    c.add_argument("--scope", default="row", help="percentile per query row (row) or per head matrix (head)")
+    c.add_argument("--jobs", **jobs)
+    r = sub.add_parser("report", help="statistics, figures and the claims table of a results folder")
+    r.add_argument("--results", required=True)
+    s = sub.add_parser("site", help="render the library notebooks (and a report) to HTML")
+    s.add_argument("--out", default="outputs/site"); s.add_argument("--report", default=None)
+    a = sub.add_parser("reproduce", help="study A grid + Crisp grid + report in one folder")
+    a.add_argument("--profile", default="quick"); a.add_argument("--out", default=None); a.add_argument("--model", default="")
+    a.add_argument("--val-fraction", type=float, default=0.1, help="validation split for leakage-free ratio selection")
+    a.add_argument("--jobs", **jobs)
+    return p
+
+COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "site": cmd_site, "reproduce": cmd_reproduce}
+
+def main(argv=None):
+    "Entry point of `sparse-repro`; returns the exit status."
+    try:
+        args = build_parser().parse_args(argv)
+        fails = COMMANDS[args.command](args)
+    except UsageError as e:
+        print(f"sparse-repro: error: {e}", file=sys.stderr); return 2
+    except ValueError as e:                            # e.g. a results folder of another profile
+        print(f"sparse-repro: error: {str(e).splitlines()[0]}", file=sys.stderr); return 2
+    if fails:
+        print(f"sparse-repro: {len(fails)} notebook(s) failed: " + "; ".join(f"{k}: {v}" for k, v in fails.items()), file=sys.stderr)
+        return 1
+    return 0
+
+# %% [markdown]
+# Bad arguments are refused before anything runs, with one line on stderr and status 2:
+
+# %%
+def run_cli(*argv):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err): code = main(list(argv))
+    return code, err.getvalue()
+
+tmp = tempfile.mkdtemp()
+for argv, msg in [(("grid", "--out", tmp, "--methods", "softmaxx"), "unknown normalizer"),
+                  (("grid", "--out", tmp, "--methods", "topk_softmax_2"), "must be in (0, 1]"),
+                  (("grid", "--out", tmp, "--datasets", "mnist"), "unknown dataset"),
+                  (("grid", "--out", tmp, "--profile", "fast"), "unknown profile"),
+                  (("grid", "--out", tmp, "--seeds", "-1"), "seeds must be >= 0"),
+                  (("grid", "--out", tmp, "--seeds", "one"), "seeds must be integers"),
+                  (("grid",), "required: --out"),
+                  (("report", "--results", tmp + "/nope"), "does not exist")]:
+    code, err = run_cli(*argv)
+    test_eq(code, 2)
+    assert msg in err and err.count("\n") == 1, (argv, err)
+test_eq(os.listdir(tmp), [])                            # nothing was written

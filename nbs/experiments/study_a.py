@@ -1,0 +1,49 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [raw]
+# ---
+# skip_exec: true
+# ---
+
+# %% [markdown]
+# # Study A — one dataset, one seed, every method
+# > Executed by `sparse-repro grid` with papermill, once per (dataset, seed); the executed copy is the run's record.
+#
+# All methods run on the same train/test subsets and from the same initial weights (paired design). The logic lives in
+# `sparse_attention_repro.train`; this notebook holds parameters and calls.
+
+# %% tags=["parameters"]
+dataset = "fashion_mnist"  # cifar10 | fashion_mnist | kmnist | twenty_news | synthetic_marker
+seed = 0  # seed of the subsets, the initial weights and the data order
+methods = ["softmax", "sparsemax", "entmax15", "headwise_adaptive_entmax", "topk_softmax_0125", "topk_softmax_025", "topk_softmax_05"]  # normalizer names
+profile = "smoke"  # smoke | quick | paper
+val_fraction = 0.0  # > 0 carves a validation split off the train subset
+mask_padding = False  # variant: mask padding tokens (twenty_news)
+patch_size = 0  # variant: 0 = the paper patches (7x7, 8x8), 4 = 4x4 patches
+marker_vocab = 20000  # variant: small vocabulary makes the marker task learnable
+threads = 0  # torch CPU threads (0 = the torch default)
+rows_dir = "rows"  # one CSV per method is written here (atomically) as soon as that run ends
+
+# %%
+import pandas as pd
+from sparse_attention_repro.train import run_study_a
+
+# %%
+rows = run_study_a(dataset, seed, methods, profile, threads=threads, val_fraction=val_fraction, mask_padding=mask_padding,
+                   patch_size=patch_size or None, marker_vocab=marker_vocab, rows_dir=rows_dir)
+
+# %%
+pd.DataFrame(rows)[["method", "accuracy", "macro_f1", "test_loss", "nonzero_ratio", "learned_alpha_mean", "train_seconds", "status"]]
