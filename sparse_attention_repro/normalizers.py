@@ -36,13 +36,16 @@ def softmax(scores, key_mask=None):
     return _zero_empty_rows(torch.softmax(s, -1), empty).to(scores.dtype)
 
 # %% ../nbs/00_normalizers.ipynb
-def _sparsemax_threshold(z):
-    "Threshold tau `[..., 1]` of sparsemax for rows `z` (row max already subtracted, -inf allowed)."
-    zs = torch.sort(z, dim=-1, descending=True).values                      # (..., T)
-    k = torch.arange(1, z.shape[-1] + 1, device=z.device, dtype=z.dtype)
-    csum = zs.cumsum(-1) - 1                                                 # (..., T)
-    support = (k * zs > csum).sum(-1, keepdim=True)                          # (..., 1), >= 1
-    return csum.gather(-1, support - 1) / support
+def _sparsemax_threshold(z, max_iter=None):
+    "Exact threshold tau `[..., 1]` of sparsemax for rows `z` (row max 0, -inf allowed), by Michelot's algorithm."
+    tau = ((z.clamp_min(-1e4).sum(-1, keepdim=True) - 1) / z.shape[-1]).clamp_min(-1.0)     # (..., 1) <= tau*
+    k = None
+    for _ in range(max_iter or z.shape[-1] + 1):          # the support shrinks at least by one per pass
+        d = (z - tau).clamp_min(0)                                               # (..., T)
+        k_new = (d > 0).sum(-1, keepdim=True)                                    # support size at tau
+        if k is not None and torch.equal(k_new, k): break                        # support stable: tau is exact
+        k, tau = k_new, tau + (d.sum(-1, keepdim=True) - 1) / k_new
+    return tau
 
 class SparsemaxFunction(Function):
     "Sparsemax over the last dim with the closed-form backward."
@@ -66,15 +69,16 @@ def sparsemax(scores, key_mask=None):
     return _zero_empty_rows(SparsemaxFunction.apply(s), empty).to(scores.dtype)
 
 # %% ../nbs/00_normalizers.ipynb
-def _entmax15_threshold(z):
-    "Threshold tau `[..., 1]` of 1.5-entmax for `z = (s - max)/2` (-inf allowed)."
-    zs = torch.sort(z, dim=-1, descending=True).values                      # (..., T)
-    k = torch.arange(1, z.shape[-1] + 1, device=z.device, dtype=z.dtype)
-    mean = zs.cumsum(-1) / k
-    var = (zs * zs).cumsum(-1) / k - mean * mean
-    tau = mean - torch.sqrt(((1 - k * var) / k).clamp_min(0))               # (..., T) candidate thresholds
-    support = (tau <= zs).sum(-1, keepdim=True)                              # NaN (from -inf) compares False
-    return tau.gather(-1, support - 1)
+def _entmax15_threshold(z, max_iter=50):
+    "Threshold tau `[..., 1]` of 1.5-entmax for `z = (s - max)/2` (-inf allowed), by Newton's method from the left."
+    tau = z.new_full(z.shape[:-1] + (1,), -1.0)                                  # f(-1) >= 0
+    tol = 4 * torch.finfo(z.dtype).eps
+    for _ in range(max_iter):
+        d = (z - tau).clamp_min(0)                                               # (..., T)
+        step = ((d * d).sum(-1, keepdim=True) - 1) / (2 * d.sum(-1, keepdim=True))
+        tau = tau + step
+        if step.abs().max() <= tol: break
+    return tau
 
 def _entmax_backward(p, g, exponent):
     "Backward of alpha-entmax: w = p**(2 - alpha) on the support, grad = w*g - w*<w,g>/sum(w)."
@@ -83,11 +87,12 @@ def _entmax_backward(p, g, exponent):
     return wg - w * (wg.sum(-1, keepdim=True) / w.sum(-1, keepdim=True))
 
 class Entmax15Function(Function):
-    "1.5-entmax over the last dim, exact sort-based forward, closed-form backward."
+    "1.5-entmax over the last dim: Newton threshold, closed-form backward."
     @staticmethod
     def forward(ctx, x):
         z = (x - x.amax(-1, keepdim=True)) / 2
         p = (z - _entmax15_threshold(z)).clamp_min(0) ** 2
+        p = p / p.sum(-1, keepdim=True)
         ctx.save_for_backward(p)
         return p
 
@@ -112,17 +117,19 @@ def _sum_to_shape(t, shape):
 class EntmaxAlphaFunction(Function):
     "alpha-entmax over the last dim for a tensor `alpha` (broadcastable, size 1 on that dim): Newton forward, implicit backward."
     @staticmethod
-    def forward(ctx, x, alpha, n_iter=10):
+    def forward(ctx, x, alpha, n_iter=30):
         alpha_shape = alpha.shape
         alpha = alpha.to(x.dtype)
         z = (x - x.amax(-1, keepdim=True)) * (alpha - 1)                   # (..., T), max 0
         beta = 1 / (alpha - 1)
         tau = torch.full_like(z[..., :1], -1.0)                             # f(-1) >= 0: start left of the root
+        tol = 4 * torch.finfo(z.dtype).eps
         for _ in range(n_iter):
             d = (z - tau).clamp_min(0)
             d_pow = d.pow(beta - 1)
-            f = (d_pow * d).sum(-1, keepdim=True) - 1
-            tau = tau + f / (beta * d_pow.sum(-1, keepdim=True))
+            step = ((d_pow * d).sum(-1, keepdim=True) - 1) / (beta * d_pow.sum(-1, keepdim=True))
+            tau = tau + step
+            if step.abs().max() <= tol: break                                # converged to round-off
         p = (z - tau).clamp_min(0).pow(beta)
         p = p / p.sum(-1, keepdim=True)
         ctx.save_for_backward(p, alpha)
@@ -143,7 +150,7 @@ class EntmaxAlphaFunction(Function):
             d_alpha = _sum_to_shape((g * dp_dalpha).sum(-1, keepdim=True), ctx.alpha_shape)
         return dx, d_alpha, None
 
-def entmax_alpha(scores, alpha, key_mask=None, n_iter=10):
+def entmax_alpha(scores, alpha, key_mask=None, n_iter=30):
     "alpha-entmax over keys; `alpha` is a float or a tensor broadcastable to `scores[..., :1]` (e.g. `[H, 1, 1]`)."
     s, empty = _mask_scores(_upcast(scores), key_mask)
     if not torch.is_tensor(alpha): alpha = torch.tensor(float(alpha), dtype=s.dtype, device=s.device)
@@ -208,7 +215,7 @@ class Normalizer(nn.Module):
 class HeadwiseAdaptiveEntmax(nn.Module):
     "alpha-entmax with one learned alpha per head: alpha = 1.05 + 0.90 * sigmoid(a), a initialised at 0."
     name = "headwise_adaptive_entmax"
-    def __init__(self, num_heads, n_iter=10):
+    def __init__(self, num_heads, n_iter=30):
         super().__init__()
         self.alpha_logit = nn.Parameter(torch.zeros(num_heads))
         self.n_iter = n_iter
