@@ -166,9 +166,11 @@ test_eq(_cache_folder(Path("/c"), "cifar10", "local:jpeg-q75"), Path(f"/c/data-{
 # split in its canonical row order. The same indices serve every normalizer of that seed.
 #
 # The paper has **no validation split** (its top-k ratios were picked on test results). As an option, `val_fraction > 0`
-# carves a validation split off the **end** of the chosen train subset: the last `round(val_fraction * train_limit)`
-# items of the permuted subset become `val`, the rest stay train. The test subset is untouched, and the first items of
-# the train subset are the same with or without validation.
+# adds one *without changing the protocol's train subset*: the validation items are the next
+# `round(val_fraction * train_limit)` items of the same training-pool permutation, right after the train subset — disjoint
+# from train (and from test, which comes from the official test split). Training data, and so the paper-comparable
+# results, are identical with or without validation. (The synthetic marker task draws its validation set from
+# `default_rng(seed + 20000)`.)
 
 # %%
 #| export
@@ -178,14 +180,16 @@ def subset_indices(n: int, limit: int | None, seed: int) -> np.ndarray:
     if not 1 <= limit <= n: raise ValueError(f"limit must be in 1..{n} (the split has {n} examples), got {limit}")
     return np.random.default_rng(seed).permutation(n)[:limit]
 
-def split_off_val(idx: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray | None]:
-    "Move the last `round(val_fraction * len(idx))` items of `idx` into a validation part; None when `val_fraction` is 0."
+def train_val_indices(n: int, limit: int | None, seed: int, val_fraction: float = 0.0) -> tuple[np.ndarray, np.ndarray | None]:
+    "The protocol's train subset and a disjoint validation subset: the next `round(val_fraction * limit)` items of the permutation."
     if not 0 <= val_fraction < 1: raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    if val_fraction == 0: return idx, None
-    n_val = round(val_fraction * len(idx))
-    if not 1 <= n_val < len(idx):
-        raise ValueError(f"val_fraction={val_fraction} of {len(idx)} train items leaves an empty train or val split")
-    return idx[:len(idx) - n_val], idx[len(idx) - n_val:]
+    limit = n if limit is None else int(limit)
+    n_val = round(val_fraction * limit)
+    if val_fraction > 0 and n_val < 1: raise ValueError(f"val_fraction={val_fraction} of {limit} train items gives an empty validation split")
+    if not 1 <= limit + n_val <= n:
+        raise ValueError(f"{limit} train + {n_val} validation items do not fit in a split of {n} examples")
+    perm = np.random.default_rng(seed).permutation(n)
+    return perm[:limit], (perm[limit:limit + n_val] if val_fraction > 0 else None)
 
 # %%
 a = subset_indices(60000, 8000, seed=3)
@@ -195,11 +199,13 @@ test_eq(a, np.random.default_rng(3).permutation(60000)[:8000])       # the proto
 test_eq(len(np.unique(a)), 8000)                                     # no repeats
 test_eq(subset_indices(5, None, 0), np.random.default_rng(0).permutation(5))
 test_fail(lambda: subset_indices(100, 101, 0), exc=ValueError, contains="1..100")
-tr, va = split_off_val(a, 0.1)
-test_eq((len(tr), len(va)), (7200, 800))
-test_eq(np.concatenate([tr, va]), a)                                 # val = the END of the permuted subset
-test_eq(split_off_val(a, 0.0), (a, None))
-test_fail(lambda: split_off_val(a[:3], 0.1), exc=ValueError)         # rounds to an empty val split
+tr, va = train_val_indices(60000, 8000, 3, 0.1)
+test_eq(tr, a)                                                       # the train subset is the protocol's, unchanged
+test_eq(va, np.random.default_rng(3).permutation(60000)[8000:8800])  # val = the next 800 items of the permutation
+test_eq(len(np.intersect1d(tr, va)), 0)
+test_eq(train_val_indices(60000, 8000, 3), (a, None))
+test_fail(lambda: train_val_indices(100, 3, 0, 0.1), exc=ValueError)          # rounds to an empty val split
+test_fail(lambda: train_val_indices(100, 95, 0, 0.1), exc=ValueError, contains="do not fit")
 
 # %% [markdown]
 # ## Images → patch tokens
@@ -653,14 +659,14 @@ def load_dataset(name: str, seed: int, train_limit: int | None, test_limit: int 
     if name not in DATASETS: raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
     if name == "synthetic_marker":
         if train_limit is None or test_limit is None: raise ValueError("synthetic_marker needs explicit train_limit and test_limit")
-        tr_x, tr_y = make_marker(int(train_limit), np.random.default_rng(seed), marker_vocab)
-        te_x, te_y = make_marker(int(test_limit), np.random.default_rng(seed + 10000), marker_vocab)
-        tr_idx, va_idx = split_off_val(np.arange(len(tr_y)), val_fraction)
-        mk = lambda x, y, i: _token_split(x, y, i, False)
-        return DatasetBundle(name, "tokens", mk(tr_x, tr_y, tr_idx), mk(te_x, te_y, np.arange(len(te_y))),
-                             None if va_idx is None else mk(tr_x, tr_y, va_idx), 10, None, marker_vocab, TEXT_LEN, "generated")
+        n_val = round(val_fraction * int(train_limit)) if val_fraction > 0 else 0
+        if not 0 <= val_fraction < 1 or (val_fraction > 0 and n_val < 1):
+            raise ValueError(f"val_fraction must be in [0, 1) and give a non-empty validation split, got {val_fraction}")
+        mk = lambda n, s: _token_split(*make_marker(n, np.random.default_rng(s), marker_vocab), np.arange(n), False)
+        return DatasetBundle(name, "tokens", mk(int(train_limit), seed), mk(int(test_limit), seed + 10000),
+                             mk(n_val, seed + 20000) if n_val else None, 10, None, marker_vocab, TEXT_LEN, "generated")
     arrays, source = full_arrays(name, data_root, cache_dir, download)
-    tr_idx, va_idx = split_off_val(subset_indices(len(arrays["train_y"]), train_limit, seed), val_fraction)
+    tr_idx, va_idx = train_val_indices(len(arrays["train_y"]), train_limit, seed, val_fraction)
     te_idx = subset_indices(len(arrays["test_y"]), test_limit, seed + 10000)
     if name == "twenty_news":
         mk = lambda split, i: _token_split(arrays[f"{split}_x"], arrays[f"{split}_y"], i, mask_padding)
@@ -684,7 +690,8 @@ test_eq(b.test.x.numpy(), make_marker(100, np.random.default_rng(5 + 10000))[0])
 x = b.test.x; p = (x == 1).int().argmax(1)
 test_eq(b.test.y, x[torch.arange(100), p + 1] % 10)                                  # labels recomputed from x
 b2 = load_dataset("synthetic_marker", seed=5, train_limit=300, test_limit=100, val_fraction=0.2)
-test_eq(b2.train.x, b.train.x[:240]); test_eq(b2.val.x, b.train.x[240:]); test_eq(b2.test.x, b.test.x)
+test_eq(b2.train.x, b.train.x); test_eq(b2.test.x, b.test.x)                       # validation leaves train and test alone
+test_eq(b2.val.x.numpy(), make_marker(60, np.random.default_rng(5 + 20000))[0])
 test_ne(load_dataset("synthetic_marker", seed=6, train_limit=300, test_limit=100).train.x, b.train.x)
 b12 = load_dataset("synthetic_marker", seed=0, train_limit=200, test_limit=50, marker_vocab=12)
 test_eq(b12.vocab_size, 12); assert int(b12.train.x.max()) == 11
@@ -715,8 +722,8 @@ else:
     test_eq(km.test.y.numpy(), read_idx(resolve_data_root() / "KMNIST/raw/t10k-labels-idx1-ubyte.gz")[np.random.default_rng(10000).permutation(10000)[:300]])
     test_ne(load_dataset("kmnist", seed=1, train_limit=1200, test_limit=300, cache_dir=tmp_cache).train.x, km.train.x)
     k4 = load_dataset("kmnist", seed=0, train_limit=50, test_limit=10, patch_size=4, val_fraction=0.2, cache_dir=tmp_cache)
-    test_eq((k4.train.x.shape, k4.val.x.shape, k4.test.x.shape, k4.input_dim, k4.seq_len), ((40, 49, 16), (10, 49, 16), (10, 49, 16), 16, 49))
-    test_eq(torch.cat([k4.train.y, k4.val.y]), km.train.y[:50])                             # val = end of the same permuted subset
+    test_eq((k4.train.x.shape, k4.val.x.shape, k4.test.x.shape, k4.input_dim, k4.seq_len), ((50, 49, 16), (10, 49, 16), (10, 49, 16), 16, 49))
+    test_eq(k4.train.y, km.train.y[:50])                                                    # same train subset with or without val
 
 # %%
 deb = Path("/usr/share/datasets/fashion-mnist")

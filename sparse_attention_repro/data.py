@@ -5,7 +5,7 @@
 # %% auto 0
 __all__ = ['DATASETS', 'TEXT_VOCAB', 'TEXT_LEN', 'PAD_ID', 'MARKER_ID', 'CACHE_VERSION', 'CIFAR10_CLASSES', 'NEWS_REMOVE',
            'Split', 'DatasetBundle', 'DataUnavailableError', 'resolve_data_root', 'resolve_cache_dir', 'save_cached',
-           'load_cached', 'subset_indices', 'split_off_val', 'patchify', 'read_idx', 'idx_files_present',
+           'load_cached', 'subset_indices', 'train_val_indices', 'patchify', 'read_idx', 'idx_files_present',
            'load_idx_folder', 'decode_cifar_jpeg_tar', 'unflatten_post', 'news_texts_from_folder', 'tokenize',
            'hash_token', 'encode_text', 'encode_news', 'make_marker', 'full_arrays', 'load_dataset']
 
@@ -100,14 +100,16 @@ def subset_indices(n: int, limit: int | None, seed: int) -> np.ndarray:
     if not 1 <= limit <= n: raise ValueError(f"limit must be in 1..{n} (the split has {n} examples), got {limit}")
     return np.random.default_rng(seed).permutation(n)[:limit]
 
-def split_off_val(idx: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray | None]:
-    "Move the last `round(val_fraction * len(idx))` items of `idx` into a validation part; None when `val_fraction` is 0."
+def train_val_indices(n: int, limit: int | None, seed: int, val_fraction: float = 0.0) -> tuple[np.ndarray, np.ndarray | None]:
+    "The protocol's train subset and a disjoint validation subset: the next `round(val_fraction * limit)` items of the permutation."
     if not 0 <= val_fraction < 1: raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    if val_fraction == 0: return idx, None
-    n_val = round(val_fraction * len(idx))
-    if not 1 <= n_val < len(idx):
-        raise ValueError(f"val_fraction={val_fraction} of {len(idx)} train items leaves an empty train or val split")
-    return idx[:len(idx) - n_val], idx[len(idx) - n_val:]
+    limit = n if limit is None else int(limit)
+    n_val = round(val_fraction * limit)
+    if val_fraction > 0 and n_val < 1: raise ValueError(f"val_fraction={val_fraction} of {limit} train items gives an empty validation split")
+    if not 1 <= limit + n_val <= n:
+        raise ValueError(f"{limit} train + {n_val} validation items do not fit in a split of {n} examples")
+    perm = np.random.default_rng(seed).permutation(n)
+    return perm[:limit], (perm[limit:limit + n_val] if val_fraction > 0 else None)
 
 # %% ../nbs/01_data.ipynb
 def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
@@ -354,14 +356,14 @@ def load_dataset(name: str, seed: int, train_limit: int | None, test_limit: int 
     if name not in DATASETS: raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
     if name == "synthetic_marker":
         if train_limit is None or test_limit is None: raise ValueError("synthetic_marker needs explicit train_limit and test_limit")
-        tr_x, tr_y = make_marker(int(train_limit), np.random.default_rng(seed), marker_vocab)
-        te_x, te_y = make_marker(int(test_limit), np.random.default_rng(seed + 10000), marker_vocab)
-        tr_idx, va_idx = split_off_val(np.arange(len(tr_y)), val_fraction)
-        mk = lambda x, y, i: _token_split(x, y, i, False)
-        return DatasetBundle(name, "tokens", mk(tr_x, tr_y, tr_idx), mk(te_x, te_y, np.arange(len(te_y))),
-                             None if va_idx is None else mk(tr_x, tr_y, va_idx), 10, None, marker_vocab, TEXT_LEN, "generated")
+        n_val = round(val_fraction * int(train_limit)) if val_fraction > 0 else 0
+        if not 0 <= val_fraction < 1 or (val_fraction > 0 and n_val < 1):
+            raise ValueError(f"val_fraction must be in [0, 1) and give a non-empty validation split, got {val_fraction}")
+        mk = lambda n, s: _token_split(*make_marker(n, np.random.default_rng(s), marker_vocab), np.arange(n), False)
+        return DatasetBundle(name, "tokens", mk(int(train_limit), seed), mk(int(test_limit), seed + 10000),
+                             mk(n_val, seed + 20000) if n_val else None, 10, None, marker_vocab, TEXT_LEN, "generated")
     arrays, source = full_arrays(name, data_root, cache_dir, download)
-    tr_idx, va_idx = split_off_val(subset_indices(len(arrays["train_y"]), train_limit, seed), val_fraction)
+    tr_idx, va_idx = train_val_indices(len(arrays["train_y"]), train_limit, seed, val_fraction)
     te_idx = subset_indices(len(arrays["test_y"]), test_limit, seed + 10000)
     if name == "twenty_news":
         mk = lambda split, i: _token_split(arrays[f"{split}_x"], arrays[f"{split}_y"], i, mask_padding)
