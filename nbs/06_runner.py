@@ -177,19 +177,71 @@ def execute_task(task: NotebookTask, kernel_name="python3"):
     if not task.done: return "notebook finished without writing its rows"
     return None
 
-def run_tasks(tasks, out_csv, keys, rows_dir, jobs=1, progress=True, desc="runs"):
-    "Run the unfinished `tasks` with `jobs` parallel kernels; keep `out_csv` up to date; return {task name: error}."
+def _under(value, base):
+    return isinstance(value, str) and (value == str(base) or value.startswith(str(base) + os.sep))
+
+def execute_task_portable(task: NotebookTask, notebook_text: str):
+    "Execute `task` in a private temporary folder (on any machine); return (error, {path: bytes}) for the driver to write."
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        base = Path(os.path.commonpath([str(Path(p).parent) for p in task.produces]))
+        local_path = lambda v: str(tmp / "rows" / Path(v).relative_to(base))
+        params = {k: local_path(v) if _under(v, base) else v for k, v in task.parameters.items()}
+        (tmp / "template.ipynb").write_text(notebook_text)
+        local = NotebookTask(task.name, tmp / "template.ipynb", tmp / "out" / Path(task.output).name,
+                             [Path(local_path(str(p))) for p in task.produces], params)
+        err = execute_task(local)
+        files = {str(task.output): local.output.read_bytes()} if local.output.exists() else {}
+        if err is None: files.update({str(p): Path(lp).read_bytes() for p, lp in zip(task.produces, local.produces)})
+        return err, files
+
+def _write_files(files):
+    "Write the files a remote task returned, each atomically; rows files (the completion markers) last."
+    for path in sorted(files, key=lambda p: p.endswith(".csv")):
+        atomic_write(path, lambda tmp, data=files[path]: Path(tmp).write_bytes(data))
+
+def _local_pool(jobs):
+    "Threads that each drive one papermill kernel process."
+    pool = ThreadPoolExecutor(max(1, jobs))
+    return (lambda task: pool.submit(execute_task, task)), as_completed, (lambda fut: (fut.result(), None)), pool.shutdown
+
+def _dask_pool(jobs, scheduler):
+    "dask.distributed: an existing cluster at `scheduler`, or a LocalCluster of `jobs` single-threaded workers."
+    from dask.distributed import Client, LocalCluster, as_completed as dask_completed
+    cluster = None if scheduler else LocalCluster(n_workers=max(1, jobs), threads_per_worker=1, processes=True, dashboard_address=None)
+    client = Client(scheduler or cluster)
+    texts = {}
+    def submit(task):
+        text = texts.setdefault(task.notebook, Path(task.notebook).read_text())
+        return client.submit(execute_task_portable, task, text, pure=False, key=f"notebook-{task.name}-{time.time_ns()}")
+    def close():
+        client.close()
+        if cluster is not None: cluster.close()
+    return submit, dask_completed, (lambda fut: fut.result()), close
+
+def run_tasks(tasks, out_csv, keys, rows_dir, jobs=1, executor="local", scheduler=None, progress=True, desc="runs"):
+    "Run the unfinished `tasks` (`executor` local threads or dask); keep `out_csv` up to date; return {task name: error}."
     pending = [t for t in tasks if not t.done]
     if len(pending) < len(tasks) and progress: print(f"{len(tasks) - len(pending)} of {len(tasks)} tasks already done; resuming")
     failures = {}
-    with ThreadPoolExecutor(max(1, jobs)) as pool, tqdm(total=len(pending), desc=desc, disable=not progress) as bar:
-        futures = {pool.submit(execute_task, t): t for t in pending}
-        for fut in as_completed(futures):
-            task, err = futures[fut], fut.result()
-            if err: failures[task.name] = err; tqdm.write(f"FAILED {task.name}: {err} (see {task.output})")
-            else: collect_rows(rows_dir, out_csv, keys)
-            bar.update()
-    if not Path(out_csv).exists() and any(t.done for t in tasks): collect_rows(rows_dir, out_csv, keys)
+    if not pending:
+        if any(t.done for t in tasks): collect_rows(rows_dir, out_csv, keys)
+        return failures
+    if executor not in ("local", "dask"): raise ValueError(f"unknown executor {executor!r}; choose local or dask")
+    submit, completed, result, close = _local_pool(jobs) if executor == "local" else _dask_pool(jobs, scheduler)
+    try:
+        futures = {submit(t): t for t in pending}
+        with tqdm(total=len(pending), desc=desc, disable=not progress) as bar:
+            for fut in completed(list(futures)):
+                task = futures[fut]
+                try: err, files = result(fut)
+                except Exception as e: err, files = _error_line(e), None
+                if files: _write_files(files)
+                if err: failures[task.name] = err; tqdm.write(f"FAILED {task.name}: {err} (see {task.output})")
+                else: collect_rows(rows_dir, out_csv, keys)
+                bar.update()
+    finally:
+        close()
     return failures
 
 # %% [markdown]
@@ -214,3 +266,18 @@ assert (d / "nbs" / "x-1.ipynb").exists()
 mtime = (d / "rows2" / "x2.csv").stat().st_mtime
 test_eq(run_tasks(tasks[:2], d / "squares.csv", ["x"], d / "rows2", progress=False), {})
 test_eq((d / "rows2" / "x2.csv").stat().st_mtime, mtime)          # done tasks are not re-run
+
+# %% [markdown]
+# For executors on other machines (dask), a task runs in a private temporary folder and sends its executed notebook and
+# rows back as bytes; the driver writes them, atomically, where a local run would have. Nothing needs a shared filesystem.
+
+# %%
+t = NotebookTask("x5", d / "square.ipynb", d / "nbs" / "x5.ipynb", [d / "rows2" / "x5.csv"], dict(x=5, rows_path=str(d / "rows2" / "x5.csv")))
+err, files = execute_task_portable(t, (d / "square.ipynb").read_text())
+test_eq((err, sorted(files)), (None, sorted([str(t.output), str(t.produces[0])])))
+assert not t.done                                                      # nothing written on the "worker" side ...
+_write_files(files)
+test_eq(pd.read_csv(t.produces[0]).values.tolist(), [[5, 25]])         # ... until the driver writes what came back
+err, files = execute_task_portable(NotebookTask("x-2", d / "square.ipynb", d / "nbs" / "x-2.ipynb", [d / "rows2" / "x-2.csv"],
+                                                dict(x=-2, rows_path=str(d / "rows2" / "x-2.csv"))), (d / "square.ipynb").read_text())
+test_eq((err, list(files)), ("ValueError: x must be >= 0", [str(d / "nbs" / "x-2.ipynb")]))   # failed notebook kept, no rows

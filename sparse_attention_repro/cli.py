@@ -35,8 +35,14 @@ def _seeds(values):
 # %% ../nbs/07_cli.ipynb
 STUDY_A_KEYS = ("dataset", "method", "seed")
 
+def _check_executor(args):
+    if args.executor not in ("local", "dask"): raise UsageError(f"unknown executor {args.executor!r}; choose local or dask")
+    if args.scheduler and args.executor != "dask": raise UsageError("--scheduler needs --executor dask")
+    if args.jobs < 1: raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+
 def grid_tasks(args):
     "Validate the grid arguments and return (tasks, options)."
+    _check_executor(args)
     from sparse_attention_repro.train import PROFILES, PAPER_SIZES
     from sparse_attention_repro.normalizers import NORMALIZERS, get_normalizer
     from sparse_attention_repro.data import load_dataset, DataUnavailableError
@@ -72,7 +78,7 @@ def cmd_grid(args):
     tasks, options = grid_tasks(args)
     check_manifest(args.out, "study_a", options)
     return run_tasks(tasks, Path(args.out) / "runs.csv", STUDY_A_KEYS, Path(args.out) / "rows" / "study_a",
-                     jobs=args.jobs, desc="study A notebooks")
+                     jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="study A notebooks")
 
 # %% ../nbs/07_cli.ipynb
 CRISP_KEYS = ("config", "seed", "split")
@@ -80,6 +86,7 @@ CRISP_SEEDS = {"smoke": (0, 1), "quick": (0, 1, 2), "paper": tuple(range(10))}
 
 def crisp_tasks(args):
     "Validate the Crisp arguments and return (tasks, options)."
+    _check_executor(args)
     from sparse_attention_repro.crisp import CRISP_CONFIGS, CRISP_PROFILES
     if args.profile not in CRISP_PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(CRISP_PROFILES)}")
     configs = _split(args.configs) if args.configs else list(CRISP_CONFIGS)
@@ -101,7 +108,7 @@ def cmd_crisp(args):
     tasks, options = crisp_tasks(args)
     check_manifest(args.out, "crisp", options)
     return run_tasks(tasks, Path(args.out) / "crisp_runs.csv", CRISP_KEYS, Path(args.out) / "rows" / "crisp",
-                     jobs=args.jobs, desc="Crisp notebooks")
+                     jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="Crisp notebooks")
 
 # %% ../nbs/07_cli.ipynb
 def cmd_report(args):
@@ -118,9 +125,10 @@ def cmd_site(args):
 def cmd_reproduce(args):
     "Study A grid, Crisp grid and the report into one folder."
     args.out = args.out or f"outputs/{args.profile}"
-    grid = argparse.Namespace(profile=args.profile, out=args.out, datasets=None, methods=None, seeds=None, jobs=args.jobs,
-                              val_fraction=args.val_fraction, mask_padding=False, patch_size=0, marker_vocab=20000)
-    crisp = argparse.Namespace(profile=args.profile, out=args.out, configs=None, seeds=None, jobs=args.jobs, model=args.model, scope="row")
+    run = dict(profile=args.profile, out=args.out, seeds=None, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler)
+    grid = argparse.Namespace(**run, datasets=None, methods=None, val_fraction=args.val_fraction, mask_padding=False,
+                              patch_size=0, marker_vocab=20000)
+    crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row")
     grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
     fails = {**cmd_grid(grid), **cmd_crisp(crisp)}
     cmd_report(argparse.Namespace(results=args.out))
@@ -133,12 +141,16 @@ class _Parser(argparse.ArgumentParser):
 def build_parser():
     p = _Parser(prog="sparse-repro", description="Reproduce Canay (2026) and Crisp Attention with papermill-executed notebooks.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    jobs = dict(type=int, default=max(1, min(4, os.cpu_count() or 1)), help="notebooks run in parallel")
+    jobs = dict(type=int, default=max(1, min(4, os.cpu_count() or 1)), help="notebooks run in parallel (local) / LocalCluster workers (dask)")
+    def executor_args(sp):
+        sp.add_argument("--jobs", **jobs)
+        sp.add_argument("--executor", default="local", help="local (threads driving kernels) or dask (dask.distributed)")
+        sp.add_argument("--scheduler", default=None, help="dask scheduler address (tcp://host:8786); none = a LocalCluster")
     g = sub.add_parser("grid", help="study A: every dataset x method x seed of a profile")
     g.add_argument("--profile", default="smoke", help="smoke | quick | paper")
     g.add_argument("--out", required=True, help="results folder (runs.csv, notebooks/, rows/)")
     g.add_argument("--datasets", nargs="+"); g.add_argument("--methods", nargs="+"); g.add_argument("--seeds", nargs="+")
-    g.add_argument("--jobs", **jobs)
+    executor_args(g)
     g.add_argument("--val-fraction", type=float, default=0.0, help="carve a validation split off each train subset")
     g.add_argument("--mask-padding", action="store_true", help="variant: mask twenty_news padding")
     g.add_argument("--patch-size", type=int, default=0, help="variant: 4 for 4x4 patches (0 = the paper's)")
@@ -147,7 +159,7 @@ def build_parser():
     c.add_argument("--profile", default="smoke"); c.add_argument("--out", required=True)
     c.add_argument("--configs", nargs="+"); c.add_argument("--seeds", nargs="+"); c.add_argument("--model", default="")
     c.add_argument("--scope", default="row", help="percentile per query row (row) or per head matrix (head)")
-    c.add_argument("--jobs", **jobs)
+    executor_args(c)
     r = sub.add_parser("report", help="statistics, figures and the claims table of a results folder")
     r.add_argument("--results", required=True)
     s = sub.add_parser("site", help="render the library notebooks (and a report) to HTML")
@@ -155,7 +167,7 @@ def build_parser():
     a = sub.add_parser("reproduce", help="study A grid + Crisp grid + report in one folder")
     a.add_argument("--profile", default="quick"); a.add_argument("--out", default=None); a.add_argument("--model", default="")
     a.add_argument("--val-fraction", type=float, default=0.1, help="validation split for leakage-free ratio selection")
-    a.add_argument("--jobs", **jobs)
+    executor_args(a)
     return p
 
 COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "site": cmd_site, "reproduce": cmd_reproduce}
