@@ -117,7 +117,6 @@ def cmd_grid(args):
 # %%
 #| export
 CRISP_KEYS = ("config", "seed", "split")
-CRISP_SEEDS = {"smoke": (0, 1), "quick": (0, 1, 2), "paper": tuple(range(10))}
 
 def crisp_tasks(args):
     "Validate the Crisp arguments and return (tasks, options)."
@@ -128,7 +127,7 @@ def crisp_tasks(args):
     for c in configs:
         if c not in CRISP_CONFIGS: raise UsageError(f"unknown Crisp config {c!r}; choose from {', '.join(CRISP_CONFIGS)}")
     if args.scope not in ("row", "head"): raise UsageError(f"--scope must be row or head, got {args.scope!r}")
-    seeds = _seeds(args.seeds) if args.seeds else list(CRISP_SEEDS[args.profile])
+    seeds = _seeds(args.seeds) if args.seeds else list(CRISP_PROFILES[args.profile]["seeds"])
     options = dict(profile=args.profile, model=args.model or "", scope=args.scope)
     out, nb = Path(args.out), experiments_dir() / "crisp.ipynb"
     threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
