@@ -61,7 +61,7 @@ def grid_tasks(args):
     for d in datasets:                           # data present and readable? (also warms the decode cache once)
         try: load_dataset(d, 0, 1, 1, patch_size=args.patch_size or None, marker_vocab=args.marker_vocab)
         except DataUnavailableError as e: raise UsageError(str(e).splitlines()[0]) from None
-    out, nb = Path(args.out), experiments_dir() / "study_a.ipynb"
+    out, nb = Path(args.out).resolve(), experiments_dir() / "study_a.ipynb"
     threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
     tasks = []
     for d in datasets:
@@ -94,7 +94,7 @@ def crisp_tasks(args):
     if args.scope not in ("row", "head"): raise UsageError(f"--scope must be row or head, got {args.scope!r}")
     seeds = _seeds(args.seeds) if args.seeds else list(CRISP_PROFILES[args.profile]["seeds"])
     options = dict(profile=args.profile, model=args.model or "", scope=args.scope)
-    out, nb = Path(args.out), experiments_dir() / "crisp.ipynb"
+    out, nb = Path(args.out).resolve(), experiments_dir() / "crisp.ipynb"
     threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
     rows = lambda c, s: (out / "rows" / "crisp" / c / f"seed{s}.csv").resolve()
     tasks = [NotebookTask(f"{c}/seed{s}", nb, out / "notebooks" / "crisp" / c / f"seed{s}.ipynb", [rows(c, s)],

@@ -83,11 +83,11 @@ def _error_line(exc):
 def execute_task(task: NotebookTask, kernel_name="python3"):
     "Execute one task with papermill; returns None on success, else a one-line error."
     import papermill as pm
-    Path(task.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(task.output).parent.mkdir(parents=True, exist_ok=True)                  # task paths are absolute (see the CLI)
     try:
-        pm.execute_notebook(str(task.notebook), str(task.output), kernel_name=kernel_name, language="python", progress_bar=False,
-                            parameters=task.parameters,
-                            cwd=str(Path(task.output).parent))
+            # no `cwd=`: papermill would os.chdir the whole process, which races between parallel tasks
+        pm.execute_notebook(str(task.notebook), str(task.output), kernel_name=kernel_name, language="python",
+                            progress_bar=False, parameters=task.parameters)
     except Exception as e:
         return _error_line(e)
     if not task.done: return "notebook finished without writing its rows"

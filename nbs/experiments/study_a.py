@@ -32,10 +32,10 @@ methods = ["softmax", "sparsemax", "entmax15", "headwise_adaptive_entmax", "topk
 profile = "smoke"  # smoke | quick | paper
 val_fraction = 0.0  # > 0 carves a validation split off the train subset
 mask_padding = False  # variant: mask padding tokens (twenty_news)
-patch_size = 0  # variant: 0 = the paper patches (7x7, 8x8), 4 = 4x4 patches
+patch_size = 0  # variant: 4 for 4x4 patches; 0 keeps the paper patches (7x7, 8x8)
 marker_vocab = 20000  # variant: small vocabulary makes the marker task learnable
-threads = 0  # torch CPU threads (0 = the torch default)
-rows_dir = "rows"  # one CSV per method is written here (atomically) as soon as that run ends
+threads = 0  # torch CPU threads; 0 keeps the torch default
+rows_dir = "rows"  # one CSV per method is written here, atomically, as soon as that run ends
 
 # %%
 import pandas as pd
