@@ -171,7 +171,8 @@ def execute_task(task: NotebookTask, kernel_name="python3"):
     try:
             # no `cwd=`: papermill would os.chdir the whole process, which races between parallel tasks
         pm.execute_notebook(str(task.notebook), str(task.output), kernel_name=kernel_name, language="python",
-                            progress_bar=False, parameters=task.parameters)
+                            progress_bar=False, parameters=task.parameters,
+                            extra_arguments=["--IPKernelApp.log_level=ERROR"])   # no per-kernel TCP warning
     except Exception as e:
         return _error_line(e)
     if not task.done: return "notebook finished without writing its rows"

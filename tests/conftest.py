@@ -17,3 +17,14 @@ def data_root():
     if not root or not Path(root).is_dir():
         pytest.skip("SPARSE_REPRO_DATA is not set to the offline data folder")
     return root
+
+@pytest.fixture(scope="session")
+def smoke_results(tmp_path_factory, data_root):
+    "`sparse-repro reproduce --profile smoke` once per test session: study A grid, Crisp grid and report in one folder."
+    import time
+    out = tmp_path_factory.mktemp("reproduce") / "smoke"
+    t0 = time.time()
+    res = cli("reproduce", "--profile", "smoke", "--out", out, "--jobs", "2")
+    print(f"reproduce --profile smoke: {time.time() - t0:.0f} s")
+    assert res.returncode == 0, res.stderr[-4000:]
+    return out

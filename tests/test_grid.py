@@ -8,13 +8,9 @@ from sparse_attention_repro.normalizers import NORMALIZERS
 from sparse_attention_repro.train import PAPER_SIZES
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory, data_root):
-    out = tmp_path_factory.mktemp("smoke")
-    t0 = time.time()
-    res = cli("grid", "--profile", "smoke", "--out", out, "--jobs", "2")
-    print(f"smoke grid: {time.time() - t0:.0f} s")
-    assert res.returncode == 0, res.stderr[-3000:]
-    return out
+def smoke(smoke_results):
+    "The study A part of `reproduce --profile smoke` (conftest)."
+    return smoke_results
 
 def test_smoke_grid_has_every_run_once(smoke):
     runs = pd.read_csv(smoke / "runs.csv")
@@ -22,6 +18,7 @@ def test_smoke_grid_has_every_run_once(smoke):
     got = list(zip(runs.dataset, runs.method, runs.seed))
     assert set(got) == expected and len(got) == len(expected)
     assert (runs.status == "ok").all() and (runs.profile == "smoke").all()
+    assert (runs.train_n == 256).all() and runs.val_accuracy.between(0, 1).all()      # validation drawn next to train
     assert runs.accuracy.between(0, 1).all() and runs.nonzero_ratio.between(0, 1).all()
     topk = runs[runs.method == "topk_softmax_025"]
     assert (topk[topk.dataset == "fashion_mnist"].nonzero_ratio.round(6) == round(5 / 17, 6)).all()
@@ -33,13 +30,14 @@ def test_smoke_grid_has_every_run_once(smoke):
 
 def test_rerun_skips_finished_work(smoke):
     before = {p: p.stat().st_mtime for p in (smoke / "rows").rglob("*.csv")}
-    res = cli("grid", "--profile", "smoke", "--out", smoke)
+    res = cli("grid", "--profile", "smoke", "--out", smoke, "--val-fraction", "0.1")
     assert res.returncode == 0, res.stderr[-2000:]
     assert "already done" in res.stdout
     assert {p: p.stat().st_mtime for p in (smoke / "rows").rglob("*.csv")} == before
 
 def test_same_seed_same_accuracy(smoke, tmp_path):
-    res = cli("grid", "--profile", "smoke", "--out", tmp_path, "--datasets", "fashion_mnist", "--methods", "softmax", "entmax15", "--seeds", "1")
+    res = cli("grid", "--profile", "smoke", "--out", tmp_path, "--datasets", "fashion_mnist", "--methods", "softmax", "entmax15",
+              "--seeds", "1", "--val-fraction", "0.1")
     assert res.returncode == 0, res.stderr[-2000:]
     again = pd.read_csv(tmp_path / "runs.csv").set_index("method")
     first = pd.read_csv(smoke / "runs.csv").query("dataset == 'fashion_mnist' and seed == 1").set_index("method")
@@ -47,10 +45,11 @@ def test_same_seed_same_accuracy(smoke, tmp_path):
         assert again.loc[m, "accuracy"] == first.loc[m, "accuracy"]
         assert again.loc[m, "test_loss"] == pytest.approx(first.loc[m, "test_loss"], abs=1e-6)
 
-def test_profile_mismatch_is_refused(smoke):
+def test_profile_or_option_mismatch_is_refused(smoke):
     before = (smoke / "runs.csv").read_bytes()
-    res = cli("grid", "--profile", "quick", "--out", smoke)
-    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "profile 'smoke'" in res.stderr
+    for args, msg in [(["--profile", "quick"], "profile 'smoke'"), (["--profile", "smoke"], "val_fraction=0.1 (now 0.0)")]:
+        res = cli("grid", "--out", smoke, *args)
+        assert res.returncode == 2 and res.stderr.count("\n") == 1 and msg in res.stderr, res.stderr
     assert (smoke / "runs.csv").read_bytes() == before
 
 @pytest.mark.parametrize("args, message", [
