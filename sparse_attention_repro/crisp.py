@@ -7,8 +7,8 @@ __all__ = ['CRISP_ATTENTION', 'CRISP_CONFIGS', 'SST2_SPLITS', 'TINY_DISTILBERT',
            'crisp_key_mask', 'crisp_attention', 'crisp_mask', 'register_crisp_attention', 'attention_modules',
            'install_crisp_attention', 'crisp_target', 'crisp_nominal_sparsity', 'measured_sparsity_for_ratio',
            'calibrate_keep_ratio', 'crisp_keep_ratios', 'apply_crisp', 'crisp_recording', 'crisp_layer_stats',
-           'read_sst2', 'minilm_path', 'load_crisp_model', 'encode_sentences', 'collate', 'FinetuneConfig', 'finetune',
-           'evaluate', 'resolve_finetune', 'run_crisp']
+           'read_sst2', 'minilm_path', 'load_crisp_model', 'encode_sentences', 'collate', 'FinetuneConfig',
+           'batch_order', 'finetune', 'evaluate', 'resolve_finetune', 'run_crisp']
 
 # %% ../nbs/04_crisp.ipynb
 import contextlib, json, math, os, time, types
@@ -294,7 +294,18 @@ class FinetuneConfig:
     eval_batch_size: int = 128        # evaluation batch size
     spread: float = 0.2               # adaptive schedule: sparsity spread from first to last layer
     calib_n: int = 5000               # training sentences whose lengths calibrate adaptive keep ratios
+    group_by_length: bool = True      # batches of similar length (less padding, same loss)
     progress: bool = True             # tqdm progress bar
+
+def batch_order(lengths, batch_size, generator, group_by_length=True, chunk=50):
+    "One epoch of index batches: shuffled; with `group_by_length`, sorted by length inside chunks of `chunk` batches, batch order shuffled."
+    order = torch.randperm(len(lengths), generator=generator).tolist()
+    if group_by_length:
+        span = chunk * batch_size
+        order = [i for c in range(0, len(order), span) for i in sorted(order[c:c + span], key=lambda j: lengths[j])]
+    batches = [order[b:b + batch_size] for b in range(0, len(order), batch_size)]
+    if group_by_length: batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+    return batches
 
 def _param_groups(model, weight_decay):
     "AdamW groups: decay on weights, none on biases and LayerNorm."
@@ -312,6 +323,7 @@ def finetune(model, id_lists, labels, cfg: FinetuneConfig, seed=0, pad_id=0):
     g = torch.Generator().manual_seed(seed)
     labels = torch.tensor(labels, dtype=torch.long)
     n_batches = math.ceil(len(id_lists) / cfg.batch_size)
+    lengths = [len(x) for x in id_lists]
     total = n_batches * cfg.epochs
     opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr)
     sched = transformers.get_linear_schedule_with_warmup(opt, int(round(cfg.warmup_ratio * total)), total)
@@ -319,9 +331,7 @@ def finetune(model, id_lists, labels, cfg: FinetuneConfig, seed=0, pad_id=0):
     losses, status, t0 = [], "ok", time.perf_counter()
     bar = tqdm(total=total, desc="fine-tune", disable=not cfg.progress, leave=False)
     for epoch in range(cfg.epochs):
-        order = torch.randperm(len(id_lists), generator=g).tolist()
-        for b in range(n_batches):
-            idx = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+        for idx in batch_order(lengths, cfg.batch_size, g, cfg.group_by_length):
             ids, am = collate([id_lists[i] for i in idx], pad_id)
             loss = F.cross_entropy(model(input_ids=ids, attention_mask=am).logits, labels[idx])
             if not torch.isfinite(loss):
@@ -340,19 +350,21 @@ def finetune(model, id_lists, labels, cfg: FinetuneConfig, seed=0, pad_id=0):
 def evaluate(model, id_lists, labels, batch_size=128, pad_id=0):
     "Accuracy of `model` plus the per-layer sparsity/entropy recorded over these sentences."
     model.eval()
-    correct = 0
+    correct, labels = 0, np.asarray(labels)
+    order = np.argsort([len(x) for x in id_lists], kind="stable")             # similar lengths together: little padding
     with crisp_recording(model):
-        for i in range(0, len(id_lists), batch_size):
-            ids, am = collate(id_lists[i:i + batch_size], pad_id)
+        for i in range(0, len(order), batch_size):
+            idx = order[i:i + batch_size]
+            ids, am = collate([id_lists[j] for j in idx], pad_id)
             pred = model(input_ids=ids, attention_mask=am).logits.argmax(-1)
-            correct += int((pred == torch.tensor(labels[i:i + batch_size])).sum())
+            correct += int((pred == torch.tensor(labels[idx])).sum())
     return dict(accuracy=correct / len(id_lists), **crisp_layer_stats(model))
 
 # %% ../nbs/04_crisp.ipynb
 CRISP_PROFILES = {
     "smoke": dict(model="tiny-distilbert", seeds=(0,), finetune=FinetuneConfig(lr=1e-2, epochs=1, train_n=200, eval_n=200,
                                                                                calib_n=200)),
-    "quick": dict(model="minilm", seeds=(0, 1, 2), finetune=FinetuneConfig(lr=5e-5, epochs=3, train_n=2000, calib_n=2000)),
+    "quick": dict(model="minilm", seeds=(0, 1, 2), finetune=FinetuneConfig(lr=1e-4, epochs=3, train_n=600, calib_n=600)),
     "paper": dict(model="distilbert-base-uncased", seeds=tuple(range(10)), finetune=FinetuneConfig(lr=2e-5, epochs=3)),
 }
 
