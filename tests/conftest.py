@@ -28,3 +28,20 @@ def smoke_results(tmp_path_factory, data_root):
     print(f"reproduce --profile smoke: {time.time() - t0:.0f} s")
     assert res.returncode == 0, res.stderr[-4000:]
     return out
+
+
+def kill_at_random_moments(args, out, kills=5, seed=0, max_wait=12.0):
+    """Start `sparse-repro ARGS` and SIGKILL its whole process group (as Ctrl-C / a dying node would) at `kills` random
+    moments, restarting it each time; then let it finish. Returns the final CompletedProcess and the kill times."""
+    import random, signal, time
+    rng = random.Random(seed)
+    waits = []
+    for _ in range(kills):
+        proc = subprocess.Popen(["sparse-repro", *map(str, args)], cwd=ROOT, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait = rng.uniform(1.0, max_wait)
+        try: proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired: os.killpg(proc.pid, signal.SIGKILL); proc.wait()
+        waits.append(round(wait, 1))
+        assert not list(Path(out).rglob("*.tmp")), "a temporary file survived a kill"
+    return cli(*args), waits

@@ -1,9 +1,9 @@
 """Study A grid through the real command line: smoke grid end to end, resume after SIGKILL, bad arguments, repeatability."""
-import os, signal, subprocess, time
+import time
 from pathlib import Path
 import pandas as pd
 import pytest
-from conftest import cli, ROOT
+from conftest import cli, kill_at_random_moments
 from sparse_attention_repro.normalizers import NORMALIZERS
 from sparse_attention_repro.train import PAPER_SIZES
 
@@ -73,21 +73,28 @@ def test_missing_data_is_one_line(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 def test_resume_after_sigkill(tmp_path, data_root):
-    """Kill the grid (the whole process group, as Ctrl-C would) right after its first result, rerun, compare."""
-    out = tmp_path / "out"
-    args = ["grid", "--profile", "smoke", "--out", str(out), "--datasets", "fashion_mnist", "synthetic_marker",
-            "--methods", "softmax", "sparsemax", "topk_softmax_025", "--seeds", "0", "1", "--jobs", "1"]
-    proc = subprocess.Popen(["sparse-repro", *args], cwd=ROOT, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not list((out / "rows").rglob("*.csv")) and time.time() < deadline: time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL); proc.wait()
-    done_before = {p: p.stat().st_mtime for p in (out / "rows").rglob("*.csv")}
-    assert 1 <= len(done_before) < 12
-    assert not list(out.rglob("*.tmp"))                             # no half-written file survives
-    res = cli(*args)
+    """SIGKILL the grid at five random moments, restart each time, finish: the rows equal an uninterrupted run's."""
+    args = ["grid", "--profile", "smoke", "--datasets", "fashion_mnist", "synthetic_marker",
+            "--methods", "softmax", "sparsemax", "topk_softmax_025", "--seeds", "0", "1", "--jobs", "2"]
+    res, waits = kill_at_random_moments(args + ["--out", tmp_path / "killed"], tmp_path / "killed")
     assert res.returncode == 0, res.stderr[-2000:]
-    runs = pd.read_csv(out / "runs.csv")
-    keys = list(zip(runs.dataset, runs.method, runs.seed))
-    assert len(keys) == len(set(keys)) == 12
-    assert {p: p.stat().st_mtime for p in done_before} == done_before  # finished runs were not redone
+    ref = cli(*args, "--out", tmp_path / "clean")
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    cols = ["dataset", "method", "seed", "accuracy", "test_loss", "status"]
+    killed = pd.read_csv(tmp_path / "killed" / "runs.csv")
+    assert len(killed) == 12 and not killed.duplicated(["dataset", "method", "seed"]).any()
+    pd.testing.assert_frame_equal(killed[cols], pd.read_csv(tmp_path / "clean" / "runs.csv")[cols])   # none lost, none changed
+    print("killed after", waits, "seconds")
+
+def test_truncated_data_file_is_one_line(tmp_path, monkeypatch, data_root):
+    """A truncated KMNIST archive: one clear line, exit 2, nothing written, nothing cached."""
+    import gzip, shutil
+    raw = tmp_path / "root" / "KMNIST" / "raw"; raw.mkdir(parents=True)
+    for f in (Path(data_root) / "KMNIST" / "raw").glob("*.gz"): shutil.copy(f, raw / f.name)
+    images = raw / "t10k-images-idx3-ubyte.gz"
+    images.write_bytes(gzip.compress(gzip.decompress(images.read_bytes())[:-1000]))     # valid gzip, short payload
+    monkeypatch.setenv("SPARSE_REPRO_DATA", str(tmp_path / "root"))
+    monkeypatch.setenv("SPARSE_REPRO_CACHE", str(tmp_path / "cache"))
+    res = cli("grid", "--out", tmp_path / "out", "--datasets", "kmnist")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "kmnist" in res.stderr, res.stderr
+    assert not (tmp_path / "out").exists()
