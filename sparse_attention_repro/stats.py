@@ -4,10 +4,11 @@
 
 # %% auto 0
 __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'BASELINE', 'SPARSE_METHODS', 'TOPK_METHODS', 'CRISP_BASELINE', 'CRISP_CONFIGS',
-           'TEST_COLS', 'PUBLISHED_CRISP_GAIN', 'CLAIMS', 'load_runs', 'load_crisp', 'paired_stats', 'holm',
-           'family_of', 'paired_tests', 'crisp_tests', 'seed_deltas', 'single_seed_summary', 'single_pair_exceedance',
-           'mde_paired', 'mde_unpaired', 'discordance_from_deltas', 'power_table', 'accuracy_ci', 'select_topk',
-           'alpha_long', 'time_ratios', 'layer_sparsity', 'prediction_interval', 'verdict', 'claims_table', 'analyse']
+           'TEST_COLS', 'PUBLISHED_CRISP_GAIN', 'PAPER_MODEL', 'CLAIMS', 'load_runs', 'load_crisp', 'paired_stats',
+           'holm', 'family_of', 'paired_tests', 'crisp_tests', 'seed_deltas', 'single_seed_summary',
+           'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas', 'power_table',
+           'accuracy_ci', 'select_topk', 'alpha_long', 'time_ratios', 'layer_sparsity', 'prediction_interval',
+           'verdict', 'claims_table', 'analyse']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -317,6 +318,7 @@ def layer_sparsity(crisp):
     return pd.DataFrame(rows, columns=cols)
 
 # %% ../nbs/05_stats.ipynb
+PAPER_MODEL = "distilbert-base-uncased"     # the Crisp paper's model: absolute accuracies compare only on it
 CLAIMS = [
     dict(claim_id="A1", study="A", claim="CIFAR-10: top-k 0.25 beats softmax by +2.63 pt (Holm p = 0.0051)", kind="delta",
          family="main", dataset="cifar10", method="topk_softmax_025", baseline="softmax", paper_value=0.0263, single_run=False),
@@ -394,7 +396,7 @@ def _claim_row(c, tests, crisp, runs, profile):
         n_ok = int(((m.mean_delta > 0) & (m.p_holm < 0.05)).sum()); n_bad = int(((m.mean_delta < 0) & (m.p_holm < 0.05)).sum())
         r.update(estimate=n_ok, n=int(m.n.min()) if len(m) else 0, p_holm=float(m.p_holm.max()) if len(m) else np.nan)
         r["verdict"] = ("not run" if len(m) < 6 or r["n"] < 2 else "reproduced" if n_ok == 6
-                        else "not reproduced" if n_ok == 0 or n_bad > 0 else "inconclusive")
+                        else "not reproduced" if n_bad > 0 or (m.mean_delta <= 0).all() else "inconclusive")
     elif k == "alpha":
         a = runs[runs.method == "headwise_adaptive_entmax"].learned_alpha_mean.dropna() if runs is not None else pd.Series(dtype=float)
         if len(a) > 1:
@@ -408,6 +410,11 @@ def _claim_row(c, tests, crisp, runs, profile):
             r.update(estimate=x.mean(), ci_low=ci[0], ci_high=ci[1], n=len(x))
             r["pi_low"], r["pi_high"] = prediction_interval(x)
         r["verdict"] = verdict(k, c["paper_value"], r["estimate"], r["pi_low"], r["pi_high"], np.nan, r["n"])
+        models = set(crisp.model_name) if crisp is not None else set()
+        if r["n"] >= 2 and models != {PAPER_MODEL}:              # an absolute accuracy only compares on the paper's model
+            r["verdict"] = "not comparable"
+    if c["study"] == "B" and crisp is not None and len(crisp):
+        r["claim"] = f"{r['claim']} [our model: {', '.join(sorted(set(crisp.model_name)))}]"
     r["sentence"] = _sentence(r)
     return r
 
@@ -415,6 +422,9 @@ def _sentence(r):
     "A sentence a reader can quote."
     v, k, n = r["verdict"], r["kind"], r["n"]
     if v == "not run": return f"{r['claim']}: not run — no matched seeds in these results."
+    if v == "not comparable":
+        return (f"{r['claim']}: our dense runs average {100 * r['estimate']:.2f}% on a different model/training set, "
+                f"so the paper's absolute number cannot be checked here — not comparable.")
     if k in ("delta", "null"):
         s = (f"{r['claim']}: over {n} matched seeds we measure {_fmt_pt(r['estimate'])} "
              f"(95% CI {_fmt_pt(r['ci_low'])} to {_fmt_pt(r['ci_high'])}, Holm p = {r['p_holm']:.3g})")
