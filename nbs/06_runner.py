@@ -1,18 +1,3 @@
-# ---
-# jupyter:
-#   jupytext:
-#     formats: ipynb,py:percent
-#     text_representation:
-#       extension: .py
-#       format_name: percent
-#       format_version: '1.3'
-#       jupytext_version: 1.19.6
-#   kernelspec:
-#     display_name: Python 3 (ipykernel)
-#     language: python
-#     name: python3
-# ---
-
 # %% [markdown]
 # # Running experiment notebooks
 # > Execute parameterised notebooks with papermill, one per task, resumably, and collect their rows into one tidy CSV.
@@ -48,6 +33,7 @@ from tqdm.auto import tqdm
 from fastcore.test import test_eq, test_fail
 import tempfile as _tf
 
+
 # %%
 #| export
 def atomic_write(path, write):
@@ -68,6 +54,7 @@ def save_rows(rows, path):
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
     atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
 
+
 # %%
 d = Path(_tf.mkdtemp())
 save_rows([dict(a=1, b="x"), dict(a=2, b="y")], d / "sub" / "r.csv")
@@ -79,6 +66,7 @@ try: atomic_write(d / "sub" / "r.csv", boom)
 except KeyboardInterrupt: pass
 test_eq(pd.read_csv(d / "sub" / "r.csv").a.tolist(), [1, 2])      # the old file is intact ...
 test_eq(sorted(p.name for p in (d / "sub").iterdir()), ["r.csv"])  # ... and no temporary file is left
+
 
 # %% [markdown]
 # ## Collecting rows
@@ -98,12 +86,14 @@ def collect_rows(rows_dir, out_csv, keys):
     save_rows(df, out_csv)
     return df
 
+
 # %%
 save_rows([dict(dataset="b", seed=1, acc=0.5)], d / "rows" / "b" / "seed1.csv")
 save_rows([dict(dataset="a", seed=0, acc=0.1), dict(dataset="a", seed=0, acc=0.2)], d / "rows" / "a" / "seed0.csv")
 out = collect_rows(d / "rows", d / "runs.csv", ["dataset", "seed"])
 test_eq(out[["dataset", "seed", "acc"]].values.tolist(), [["a", 0, 0.2], ["b", 1, 0.5]])
 test_eq(pd.read_csv(d / "runs.csv").shape, (2, 3))
+
 
 # %% [markdown]
 # ## The manifest
@@ -129,6 +119,7 @@ def check_manifest(out_dir, study, options: dict):
     manifest[study] = options
     atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1, sort_keys=True)))
 
+
 # %%
 check_manifest(d, "study_a", dict(profile="smoke", patch_size=None))
 check_manifest(d, "study_a", dict(profile="smoke", patch_size=None))      # same options: fine
@@ -136,6 +127,7 @@ check_manifest(d, "crisp", dict(profile="smoke", model="tiny"))
 test_fail(lambda: check_manifest(d, "study_a", dict(profile="quick", patch_size=None)), contains="profile 'smoke'")
 test_fail(lambda: check_manifest(d, "study_a", dict(profile="smoke", patch_size=4)), contains="patch_size=None (now 4)")
 test_eq(sorted(json.loads((d / "manifest.json").read_text())), ["crisp", "study_a"])
+
 
 # %% [markdown]
 # ## Tasks and execution
@@ -244,6 +236,7 @@ def run_tasks(tasks, out_csv, keys, rows_dir, jobs=1, executor="local", schedule
     finally:
         close()
     return failures
+
 
 # %% [markdown]
 # A real papermill execution of a two-cell notebook: the task writes its rows, a rerun skips it, and a failing task

@@ -1,18 +1,3 @@
-# ---
-# jupyter:
-#   jupytext:
-#     formats: ipynb,py:percent
-#     text_representation:
-#       extension: .py
-#       format_name: percent
-#       format_version: '1.3'
-#       jupytext_version: 1.19.6
-#   kernelspec:
-#     display_name: Python 3 (ipykernel)
-#     language: python
-#     name: python3
-# ---
-
 # %% [markdown]
 # # Command line
 # > `sparse-repro grid | crisp | report | reproduce | site`: the grids as papermill executions, resumable, with one-line errors.
@@ -38,6 +23,7 @@ from sparse_attention_repro.runner import NotebookTask, run_tasks, check_manifes
 from fastcore.test import test_eq, test_fail
 import tempfile, io, contextlib
 
+
 # %%
 #| export
 class UsageError(ValueError):
@@ -58,6 +44,7 @@ def _seeds(values):
     except ValueError: raise UsageError(f"seeds must be integers, got {' '.join(map(str, values))}") from None
     if any(s < 0 for s in seeds): raise UsageError(f"seeds must be >= 0, got {min(seeds)}")
     return seeds
+
 
 # %% [markdown]
 # ## Study A grid
@@ -111,6 +98,7 @@ def cmd_grid(args):
     return run_tasks(tasks, Path(args.out) / "runs.csv", STUDY_A_KEYS, Path(args.out) / "rows" / "study_a",
                      jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="study A notebooks")
 
+
 # %% [markdown]
 # ## Crisp grid
 
@@ -144,6 +132,7 @@ def cmd_crisp(args):
     return run_tasks(tasks, Path(args.out) / "crisp_runs.csv", CRISP_KEYS, Path(args.out) / "rows" / "crisp",
                      jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="Crisp notebooks")
 
+
 # %% [markdown]
 # ## Report, site, and the whole study
 
@@ -171,6 +160,7 @@ def cmd_reproduce(args):
     fails = {**cmd_grid(grid), **cmd_crisp(crisp)}
     cmd_report(argparse.Namespace(results=args.out))
     return fails
+
 
 # %% [markdown]
 # ## The parser
@@ -227,6 +217,7 @@ def main(argv=None):
         print(f"sparse-repro: {len(fails)} notebook(s) failed: " + "; ".join(f"{k}: {v}" for k, v in fails.items()), file=sys.stderr)
         return 1
     return 0
+
 
 # %% [markdown]
 # Bad arguments are refused before anything runs, with one line on stderr and status 2:
