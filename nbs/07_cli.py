@@ -86,7 +86,11 @@ def grid_tasks(args):
         for s in seeds:
             rows_dir = (out / "rows" / "study_a" / d / f"seed{s}").resolve()
             todo = [m for m in methods if not (rows_dir / f"{m}.csv").exists()] or methods
-            tasks.append(NotebookTask(f"{d}/seed{s}", nb, out / "notebooks" / d / f"seed{s}.ipynb",
+            record = out / "notebooks" / d / f"seed{s}.ipynb"
+            n = 1
+            while todo != methods and record.exists():         # a resumed notebook keeps the earlier record beside it
+                record = out / "notebooks" / d / f"seed{s}_resume{n}.ipynb"; n += 1
+            tasks.append(NotebookTask(f"{d}/seed{s}", nb, record,
                                       [rows_dir / f"{m}.csv" for m in methods],
                                       dict(dataset=d, seed=s, methods=todo, threads=threads, rows_dir=str(rows_dir), **options)))
     return tasks, options

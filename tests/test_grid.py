@@ -84,6 +84,8 @@ def test_resume_after_sigkill(tmp_path, data_root):
     killed = pd.read_csv(tmp_path / "killed" / "runs.csv")
     assert len(killed) == 12 and not killed.duplicated(["dataset", "method", "seed"]).any()
     pd.testing.assert_frame_equal(killed[cols], pd.read_csv(tmp_path / "clean" / "runs.csv")[cols])   # none lost, none changed
+    for d in ("fashion_mnist", "synthetic_marker"):                  # every executed notebook is kept as the record
+        for seed in (0, 1): assert (tmp_path / "killed" / "notebooks" / d / f"seed{seed}.ipynb").exists()
     print("killed after", waits, "seconds")
 
 def test_truncated_data_file_is_one_line(tmp_path, monkeypatch, data_root):
