@@ -39,7 +39,7 @@ import entmax
 # Masked keys are set to $-\infty$ before a mapping runs: every mapping below gives $-\infty$ exactly zero probability
 # (softmax: $e^{-\infty}=0$; sparsemax/entmax: $[-\infty-\tau]_+=0$). A row whose keys are *all* masked has no valid
 # distribution, so it is computed as if nothing were masked (finite numbers, finite gradients) and zeroed afterwards.
-# Half-precision inputs are computed in float32 and cast back: sorting and cumulative sums in bf16 lose the support.
+# Half-precision inputs are computed in float32 and cast back: threshold iterations in bf16 would lose the support.
 
 # %%
 #| export
