@@ -18,15 +18,15 @@
 #| export
 import json, time
 from pathlib import Path
-from dataclasses import dataclass, asdict, replace
+from dataclasses import dataclass, replace
 import numpy as np
 import torch
 import torch.nn.functional as F
 from sklearn.metrics import f1_score
 from tqdm.auto import tqdm
-from sparse_attention_repro.data import load_dataset, DATASETS
+from sparse_attention_repro.data import load_dataset
 from sparse_attention_repro.model import CompactClassifier, ClassifierConfig, count_parameters
-from sparse_attention_repro.normalizers import get_normalizer, NORMALIZERS
+from sparse_attention_repro.normalizers import get_normalizer
 from sparse_attention_repro.runner import save_rows
 
 # %%

@@ -39,7 +39,6 @@ from dataclasses import dataclass, asdict, replace
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 import transformers
 from transformers import AttentionInterface, AutoModelForSequenceClassification, DistilBertConfig
@@ -149,7 +148,7 @@ def crisp_attention(module, query, key, value, attention_mask, scaling=None, dro
 torch.manual_seed(0)
 q, k, v = torch.randn(3, 2, 2, 5, 4).unbind(0)                               # (B=2, H=2, T=5, D=4)
 am = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
-dummy = nn.Module().eval()
+dummy = torch.nn.Module().eval()
 out, w = crisp_attention(dummy, q, k, v, am, scaling=0.5)
 ref_p = torch.softmax((q @ k.transpose(-1, -2) * 0.5).masked_fill(~am.bool()[:, None, None, :], -1e9), -1)
 test_close(w, ref_p, eps=1e-6)

@@ -26,6 +26,8 @@ import numpy as np
 import pandas as pd
 import pingouin as pg
 from scipy import stats as sps
+from sparse_attention_repro.normalizers import NORMALIZERS, parse_topk_ratio
+from sparse_attention_repro.train import MAIN_FAMILY, PAPER_SIZES
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
@@ -42,12 +44,11 @@ FIX = Path(sparse_attention_repro.__file__).parent.parent / "tests" / "fixtures"
 
 # %%
 #| export
-MAIN_DATASETS = ("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker")  # the paper's main family
-FOLLOWUP_DATASETS = ("kmnist",)                                                  # the follow-up family
+MAIN_DATASETS = MAIN_FAMILY                                                       # the paper's main family
+FOLLOWUP_DATASETS = tuple(d for d in PAPER_SIZES if d not in MAIN_FAMILY)           # the follow-up family (kmnist)
 BASELINE = "softmax"
-SPARSE_METHODS = ("sparsemax", "entmax15", "headwise_adaptive_entmax",
-                  "topk_softmax_0125", "topk_softmax_025", "topk_softmax_05")
-TOPK_METHODS = ("topk_softmax_0125", "topk_softmax_025", "topk_softmax_05")
+SPARSE_METHODS = tuple(m for m in NORMALIZERS if m != BASELINE)                     # the registry's study A methods
+TOPK_METHODS = tuple(m for m in SPARSE_METHODS if parse_topk_ratio(m))
 CRISP_BASELINE = "dense"
 CRISP_CONFIGS = ("fixed_080", "adaptive_060", "adaptive_080")
 
@@ -263,6 +264,9 @@ def scipy_p(ds, m, base="softmax"):
                  suffixes=("", "_b"))
     return sps.ttest_rel(j.accuracy, j.accuracy_b).pvalue
 
+from sparse_attention_repro import crisp as _crisp
+test_eq((CRISP_BASELINE, *CRISP_CONFIGS), _crisp.CRISP_CONFIGS)      # the literal here must follow the Crisp module
+test_eq((FOLLOWUP_DATASETS, TOPK_METHODS), (("kmnist",), ("topk_softmax_0125", "topk_softmax_025", "topk_softmax_05")))
 keys = [(ds, m) for ds in MAIN_DATASETS for m in SPARSE_METHODS]
 ps = np.array([scipy_p(ds, m) for ds, m in keys]); ref = manual_holm(ps)
 main = pt[pt.family == "main"].set_index(["dataset", "method"])

@@ -22,7 +22,7 @@
 
 # %%
 #| export
-import json, os, tempfile, time, traceback
+import json, os, tempfile, time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -17,7 +17,6 @@ from dataclasses import dataclass, asdict, replace
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 import transformers
 from transformers import AttentionInterface, AutoModelForSequenceClassification, DistilBertConfig

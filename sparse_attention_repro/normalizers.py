@@ -8,7 +8,6 @@ __all__ = ['NORMALIZERS', 'softmax', 'SparsemaxFunction', 'sparsemax', 'Entmax15
            'get_normalizer', 'attention_density']
 
 # %% ../nbs/00_normalizers.ipynb
-import math
 import torch
 import torch.nn as nn
 from torch.autograd import Function
@@ -36,11 +35,11 @@ def softmax(scores, key_mask=None):
     return _zero_empty_rows(torch.softmax(s, -1), empty).to(scores.dtype)
 
 # %% ../nbs/00_normalizers.ipynb
-def _sparsemax_threshold(z, max_iter=None):
+def _sparsemax_threshold(z):
     "Exact threshold tau `[..., 1]` of sparsemax for rows `z` (row max 0, -inf allowed), by Michelot's algorithm."
     tau = ((z.clamp_min(-1e4).sum(-1, keepdim=True) - 1) / z.shape[-1]).clamp_min(-1.0)     # (..., 1) <= tau*
     k = None
-    for _ in range(max_iter or z.shape[-1] + 1):          # the support shrinks at least by one per pass
+    for _ in range(z.shape[-1] + 1):                     # the support shrinks at least by one per pass
         d = (z - tau).clamp_min(0)                                               # (..., T)
         k_new = (d > 0).sum(-1, keepdim=True)                                    # support size at tau
         if k is not None and torch.equal(k_new, k): break                        # support stable: tau is exact

@@ -7,7 +7,7 @@ __all__ = ['atomic_write', 'save_rows', 'collect_rows', 'check_manifest', 'Noteb
            'run_tasks']
 
 # %% ../nbs/06_runner.ipynb
-import json, os, tempfile, time, traceback
+import json, os, tempfile, time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -18,14 +18,15 @@ import numpy as np
 import pandas as pd
 import pingouin as pg
 from scipy import stats as sps
+from .normalizers import NORMALIZERS, parse_topk_ratio
+from .train import MAIN_FAMILY, PAPER_SIZES
 
 # %% ../nbs/05_stats.ipynb
-MAIN_DATASETS = ("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker")  # the paper's main family
-FOLLOWUP_DATASETS = ("kmnist",)                                                  # the follow-up family
+MAIN_DATASETS = MAIN_FAMILY                                                       # the paper's main family
+FOLLOWUP_DATASETS = tuple(d for d in PAPER_SIZES if d not in MAIN_FAMILY)           # the follow-up family (kmnist)
 BASELINE = "softmax"
-SPARSE_METHODS = ("sparsemax", "entmax15", "headwise_adaptive_entmax",
-                  "topk_softmax_0125", "topk_softmax_025", "topk_softmax_05")
-TOPK_METHODS = ("topk_softmax_0125", "topk_softmax_025", "topk_softmax_05")
+SPARSE_METHODS = tuple(m for m in NORMALIZERS if m != BASELINE)                     # the registry's study A methods
+TOPK_METHODS = tuple(m for m in SPARSE_METHODS if parse_topk_ratio(m))
 CRISP_BASELINE = "dense"
 CRISP_CONFIGS = ("fixed_080", "adaptive_060", "adaptive_080")
 

@@ -9,15 +9,15 @@ __all__ = ['PAPER_SIZES', 'MAIN_FAMILY', 'PROFILES', 'TrainConfig', 'profile_con
 # %% ../nbs/03_train.ipynb
 import json, time
 from pathlib import Path
-from dataclasses import dataclass, asdict, replace
+from dataclasses import dataclass, replace
 import numpy as np
 import torch
 import torch.nn.functional as F
 from sklearn.metrics import f1_score
 from tqdm.auto import tqdm
-from .data import load_dataset, DATASETS
+from .data import load_dataset
 from .model import CompactClassifier, ClassifierConfig, count_parameters
-from .normalizers import get_normalizer, NORMALIZERS
+from .normalizers import get_normalizer
 from .runner import save_rows
 
 # %% ../nbs/03_train.ipynb

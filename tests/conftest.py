@@ -1,5 +1,5 @@
 """Shared helpers for the command-line tests: run `sparse-repro` as a user would, in a subprocess."""
-import os, subprocess, sys
+import os, subprocess
 from pathlib import Path
 import pytest
 
@@ -33,7 +33,7 @@ def smoke_results(tmp_path_factory, data_root):
 def kill_at_random_moments(args, out, kills=5, seed=0, max_wait=12.0):
     """Start `sparse-repro ARGS` and SIGKILL its whole process group (as Ctrl-C / a dying node would) at `kills` random
     moments, restarting it each time; then let it finish. Returns the final CompletedProcess and the kill times."""
-    import random, signal, time
+    import random, signal
     rng = random.Random(seed)
     waits = []
     for _ in range(kills):

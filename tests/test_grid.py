@@ -1,5 +1,4 @@
 """Study A grid through the real command line: smoke grid end to end, resume after SIGKILL, bad arguments, repeatability."""
-import time
 from pathlib import Path
 import pandas as pd
 import pytest
