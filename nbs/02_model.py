@@ -19,7 +19,7 @@
 
 # %%
 #| export
-import math
+import math, time
 from dataclasses import dataclass
 import torch
 import torch.nn as nn
@@ -74,6 +74,73 @@ class SelfAttention(nn.Module):
         return self.out((p @ v).transpose(1, 2).reshape(B, T, C))                               # (B, T, C)
 
 
+# %% [markdown]
+# ## Dropout that can share its masks
+#
+# Every method of one seed draws *the same* dropout masks: each run starts from `torch.manual_seed(seed)`, builds the
+# same initial weights and then consumes the global generator in the same order. Drawing those masks is not cheap on a
+# CPU — torch's generator produces one number every ~8 ns, and the model draws 768 per token (three dropouts of 64, 256
+# and 64 values in each of 2 blocks), about a third of a softmax run's time. `MaskDropout` draws a mask exactly as
+# `nn.Dropout` does (`bernoulli_(1 - p)`, divided by `1 - p`, multiplied in), and can also share it through a
+# `MaskTape`: while the tape records, every mask drawn is appended to it; while it replays, masks are taken from it in
+# the same order instead of being drawn again. Training several methods of one seed in lock-step (`train.train_lockstep`)
+# then draws each mask once for all of them — and every method still sees exactly the masks of its own plain run.
+
+# %%
+#| export
+class MaskTape:
+    "Dropout masks of one training step: drawn (recorded) by the first model, replayed in the same order to the others."
+    def __init__(self): self.masks, self.pos, self.replaying, self.seconds = [], 0, False, 0.0
+    def record(self):
+        "Start a new step: the next forward pass draws fresh masks and keeps them."
+        self.masks, self.pos, self.replaying = [], 0, False
+    def replay(self):
+        "Hand the recorded masks, from the first, to the next forward pass."
+        self.pos, self.replaying = 0, True
+    def next(self, shape):
+        "The next recorded mask, which must have `shape`."
+        if self.pos >= len(self.masks): raise RuntimeError("mask tape exhausted: the replaying model draws more masks than the recorder")
+        m = self.masks[self.pos]; self.pos += 1
+        if m.shape != shape: raise RuntimeError(f"mask tape holds shape {tuple(m.shape)} where {tuple(shape)} was asked: models differ")
+        return m
+
+class MaskDropout(nn.Module):
+    "`nn.Dropout` (same masks, same random stream) whose masks can be recorded on and replayed from a `MaskTape`."
+    def __init__(self, p: float):
+        super().__init__()
+        self.p, self.tape = p, None
+
+    def forward(self, x):
+        if not self.training or self.p == 0: return x
+        if self.tape is not None and self.tape.replaying: return x * self.tape.next(x.shape)
+        t0 = time.perf_counter()
+        noise = torch.empty_like(x).bernoulli_(1 - self.p).div_(1 - self.p)
+        if self.tape is not None:
+            self.tape.masks.append(noise); self.tape.seconds += time.perf_counter() - t0
+        return x * noise
+
+    def extra_repr(self): return f"p={self.p}"
+
+
+# %% [markdown]
+# Without a tape it *is* `nn.Dropout`: same seed, same output, bit for bit. A replayed mask equals the recorded one, and a
+# model that asks for a mask the tape does not hold fails loudly instead of silently drawing a fresh one.
+
+# %%
+x = torch.randn(8, 17, 64)
+torch.manual_seed(3); ref = nn.Dropout(0.1).train()(x)
+torch.manual_seed(3); ours = MaskDropout(0.1).train()(x)
+assert torch.equal(ref, ours) and (ours == 0).any()
+test_eq(MaskDropout(0.1).eval()(x), x)
+tape, d = MaskTape(), MaskDropout(0.5)
+d.tape = tape
+tape.record(); y1 = d(x); y2 = d(x * 2)
+tape.replay(); test_eq(d(x), y1); test_eq(d(x * 2), y2)
+test_eq(len(tape.masks), 2)
+test_fail(lambda: d(x), contains="tape exhausted")
+tape.replay(); test_fail(lambda: d(torch.randn(8, 16, 64)), contains="models differ")
+
+
 # %%
 #| export
 class Block(nn.Module):
@@ -83,9 +150,9 @@ class Block(nn.Module):
         hidden = cfg.mlp_ratio * cfg.embed_dim
         self.attn = SelfAttention(cfg)
         self.ln1, self.ln2 = nn.LayerNorm(cfg.embed_dim), nn.LayerNorm(cfg.embed_dim)
-        self.mlp = nn.Sequential(nn.Linear(cfg.embed_dim, hidden), nn.GELU(), nn.Dropout(cfg.dropout),
+        self.mlp = nn.Sequential(nn.Linear(cfg.embed_dim, hidden), nn.GELU(), MaskDropout(cfg.dropout),
                                  nn.Linear(hidden, cfg.embed_dim))
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = MaskDropout(cfg.dropout)
 
     def forward(self, x, key_mask=None):
         x = self.ln1(x + self.drop(self.attn(x, key_mask)))
@@ -122,6 +189,11 @@ class CompactClassifier(nn.Module):
     def densities(self):
         "Attention density of the last forward pass, one per layer."
         return [b.attn.last_density for b in self.blocks]
+
+    def set_mask_tape(self, tape):
+        "Record dropout masks on / replay them from `tape` (None: draw fresh masks, like `nn.Dropout`)."
+        for mod in self.modules():
+            if isinstance(mod, MaskDropout): mod.tape = tape
 
     def alphas(self):
         "Per-layer, per-head alpha of the adaptive entmax (None for other normalizers)."
