@@ -4,13 +4,14 @@
 
 # %% auto 0
 __all__ = ['NORMALIZERS', 'softmax', 'SparsemaxFunction', 'sparsemax', 'Entmax15Function', 'entmax15', 'EntmaxAlphaFunction',
-           'entmax_alpha', 'topk_softmax', 'parse_topk_ratio', 'topk_name', 'Normalizer', 'HeadwiseAdaptiveEntmax',
-           'get_normalizer', 'attention_density']
+           'entmax_alpha', 'TopkSoftmaxFunction', 'topk_softmax', 'parse_topk_ratio', 'topk_name', 'Normalizer',
+           'HeadwiseAdaptiveEntmax', 'get_normalizer', 'attention_density']
 
 # %% ../nbs/00_normalizers.ipynb
 import torch
 import torch.nn as nn
 from torch.autograd import Function
+from . import kernels as K
 
 # %% ../nbs/00_normalizers.ipynb
 def _mask_scores(scores, key_mask):
@@ -50,14 +51,17 @@ class SparsemaxFunction(Function):
     "Sparsemax over the last dim with the closed-form backward."
     @staticmethod
     def forward(ctx, x):
-        z = x - x.amax(-1, keepdim=True)
-        p = (z - _sparsemax_threshold(z)).clamp_min(0)
+        if K.usable(x): p = K.sparsemax_fwd(x)
+        else:
+            z = x - x.amax(-1, keepdim=True)
+            p = (z - _sparsemax_threshold(z)).clamp_min(0)
         ctx.save_for_backward(p)
         return p
 
     @staticmethod
     def backward(ctx, g):
         p, = ctx.saved_tensors
+        if K.usable(g): return K.sparsemax_bwd(p, g)
         supp = (p > 0).to(g.dtype)
         g = g * supp
         return g - supp * (g.sum(-1, keepdim=True) / supp.sum(-1, keepdim=True))
@@ -89,16 +93,18 @@ class Entmax15Function(Function):
     "1.5-entmax over the last dim: Newton threshold, closed-form backward."
     @staticmethod
     def forward(ctx, x):
-        z = (x - x.amax(-1, keepdim=True)) / 2
-        p = (z - _entmax15_threshold(z)).clamp_min(0) ** 2
-        p = p / p.sum(-1, keepdim=True)
+        if K.usable(x): p = K.entmax15_fwd(x)
+        else:
+            z = (x - x.amax(-1, keepdim=True)) / 2
+            p = (z - _entmax15_threshold(z)).clamp_min(0) ** 2
+            p = p / p.sum(-1, keepdim=True)
         ctx.save_for_backward(p)
         return p
 
     @staticmethod
     def backward(ctx, g):
         p, = ctx.saved_tensors
-        return _entmax_backward(p, g, 0.5)
+        return K.entmax_bwd(p, g)[0] if K.usable(g) else _entmax_backward(p, g, 0.5)
 
 def entmax15(scores, key_mask=None):
     "1.5-entmax over keys."
@@ -119,6 +125,11 @@ class EntmaxAlphaFunction(Function):
     def forward(ctx, x, alpha, n_iter=30):
         alpha_shape = alpha.shape
         alpha = alpha.to(x.dtype)
+        ctx.alpha_shape = alpha_shape
+        if K.usable(x):
+            p = K.entmax_alpha_fwd(x, alpha.expand(x.shape[:-1] + (1,)), n_iter)
+            ctx.save_for_backward(p, alpha)
+            return p
         z = (x - x.amax(-1, keepdim=True)) * (alpha - 1)                   # (..., T), max 0
         beta = 1 / (alpha - 1)
         tau = torch.full_like(z[..., :1], -1.0)                             # f(-1) >= 0: start left of the root
@@ -132,12 +143,14 @@ class EntmaxAlphaFunction(Function):
         p = (z - tau).clamp_min(0).pow(beta)
         p = p / p.sum(-1, keepdim=True)
         ctx.save_for_backward(p, alpha)
-        ctx.alpha_shape = alpha_shape
         return p
 
     @staticmethod
     def backward(ctx, g):
         p, alpha = ctx.saved_tensors
+        if K.usable(g):
+            dx, da = K.entmax_bwd(p, g, alpha.expand(p.shape[:-1] + (1,)), d_alpha=ctx.needs_input_grad[1])
+            return dx, None if da is None else _sum_to_shape(da, ctx.alpha_shape), None
         dx = _entmax_backward(p, g, 2 - alpha)
         d_alpha = None
         if ctx.needs_input_grad[1]:
@@ -166,11 +179,26 @@ def _kth_largest(s, k):
     top = s.topk(min(kmax, s.shape[-1]), dim=-1).values                     # (..., kmax)
     return top.gather(-1, (k - 1).clamp(max=top.shape[-1] - 1))
 
+class TopkSoftmaxFunction(Function):
+    "Row-scope top-k softmax through the C kernel; the selection is piecewise constant, so only softmax's gradient flows."
+    @staticmethod
+    def forward(ctx, x, ratio):
+        p = K.topk_softmax_fwd(x, ratio)
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    def backward(ctx, g):
+        p, = ctx.saved_tensors
+        return K.softmax_bwd(p, g), None
+
 def topk_softmax(scores, ratio, key_mask=None, scope="row"):
     "Softmax over the top `ratio` fraction of valid keys per query row (`scope='row'`) or per head matrix (`scope='head'`)."
     if not 0 < ratio <= 1: raise ValueError(f"top-k ratio must be in (0, 1], got {ratio}")
     if scope not in ("row", "head"): raise ValueError(f"scope must be 'row' or 'head', got {scope!r}")
     s, empty = _mask_scores(_upcast(scores), key_mask)
+    if scope == "row" and K.usable(s):
+        return _zero_empty_rows(TopkSoftmaxFunction.apply(s, ratio), empty).to(scores.dtype)
     valid = torch.isfinite(s)                                               # (..., H, Tq, Tk)
     if scope == "row":
         k = _keep_count(ratio, valid.sum(-1, keepdim=True))                  # (..., H, Tq, 1)

@@ -1,0 +1,456 @@
+# %% [markdown]
+# # Row kernels for the sparse normalizers
+# > The hot loops of sparsemax, entmax-1.5, learned-α entmax and top-k softmax as small C functions, built on first use.
+
+# %%
+#| default_exp kernels
+
+# %% [markdown]
+# Every sparse normalizer here finds a per-row threshold $\tau$ by iterating over the row (Michelot for sparsemax,
+# Newton for entmax). Written with torch operations, each iteration is several passes over the whole `[B, H, T, T]`
+# tensor, with a temporary per pass: at $T = 97$ that is tens of megabytes streamed per iteration, and entmax-1.5 costs
+# 10–40× a softmax. A row of at most a few hundred scores fits in the L1 cache, so the fast way is to run *all* the
+# iterations of one row there, then move to the next row. That is what these kernels do: one plain C function per
+# normalizer and direction, vectorised by the compiler (`#pragma omp simd`), compiled once with the system C compiler
+# into a shared library that `ctypes` calls on the tensors' memory.
+#
+# * They handle **float32**, the training dtype (half precision is upcast to it by the normalizers). float64 and
+#   non-CPU tensors take the torch path, which is what the float64 tests against the `entmax` package check.
+# * `exp`/`log` are small branch-free polynomials (Cephes): libm's vector versions take a slow scalar path for the
+#   zeros and $-\infty$ that masked or sparse rows are full of, and the compiler computes both sides of a select.
+# * The math is the same as the torch path, step for step (same starting points, same stopping rules); the tests below
+#   compare every kernel with it.
+# * No compiler, a failed build or `SPARSE_REPRO_KERNELS=0` → the torch path, with one warning saying why.
+#   `use_kernels(False)` switches them off for a block of code (benchmarks and tests compare both paths).
+
+# %%
+#| export
+import ctypes, hashlib, os, platform, shutil, subprocess, tempfile, warnings
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+import torch
+from sparse_attention_repro.data import resolve_cache_dir
+
+# %%
+from fastcore.test import test_eq, test_close, test_fail
+
+# %% [markdown]
+# ## The C source
+
+# %%
+#| export
+C_SOURCE = r"""
+/* Row kernels (float32) for the sparse attention normalizers: one pass over a row in L1 per Newton step. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Branch-free expf / logf (Cephes polynomials, ~1 ulp on the ranges used): they vectorise, and unlike
+   libm's vector versions have no slow path for the zeros and -inf that masked attention rows are full of. */
+static inline float exp_f(float xin) {           /* 0 below -87, as float32 underflows there */
+    float x = xin < -87.0f ? -87.0f : (xin > 88.0f ? 88.0f : xin);
+    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    x = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float z = x * x;
+    float y = ((((1.9875691500E-4f * x + 1.3981999507E-3f) * x + 8.3334519073E-3f) * x + 4.1665795894E-2f) * x
+               + 1.6666665459E-1f) * x + 5.0000001201E-1f;
+    y = y * z + x + 1.0f;
+    union { int32_t i; float f; } u = { ((int32_t)n + 127) << 23 };
+    return xin < -87.0f ? 0.0f : y * u.f;
+}
+
+static inline float log_f(float x) {             /* x > 0 and normal */
+    union { float f; int32_t i; } u = { x };
+    float e = (float)(((u.i >> 23) & 0xff) - 126);
+    u.i = (u.i & 0x007fffff) | 0x3f000000;        /* mantissa in [0.5, 1) */
+    float m = u.f;
+    int small = m < 0.707106781186547524f;
+    e -= (float)small;
+    m = small ? m + m - 1.0f : m - 1.0f;
+    float z = m * m;
+    float y = ((((((((7.0376836292E-2f * m - 1.1514610310E-1f) * m + 1.1676998740E-1f) * m - 1.2420140846E-1f) * m
+               + 1.4249322787E-1f) * m - 1.6668057665E-1f) * m + 2.0000714765E-1f) * m - 2.4999993993E-1f) * m
+               + 3.3333331174E-1f) * m * z;
+    y += -2.12194440e-4f * e;
+    y += -0.5f * z;
+    return m + y + 0.693359375f * e;
+}
+
+static inline float row_max(const float* x, long n) {
+    float m = -INFINITY;
+    for (long j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
+    return m;
+}
+
+void sparsemax_fwd(const float* X, float* P, long rows, long n) {
+    for (long r = 0; r < rows; r++) {
+        const float* x = X + r * n; float* p = P + r * n;
+        float m = row_max(x, n);
+        if (!(m > -INFINITY)) { memset(p, 0, n * sizeof(float)); continue; }
+        float zs = 0;                                      /* start: max(mean(z) - 1/n, max(z) - 1) <= tau*, as the torch path */
+        #pragma omp simd reduction(+:zs)
+        for (long j = 0; j < n; j++) { float z = x[j] - m; zs += z > -1e4f ? z : -1e4f; }
+        float tau = (zs - 1) / n; tau = tau > -1 ? tau : -1; long k = -1;   /* Michelot from the left */
+        for (long it = 0; it <= n; it++) {
+            float s = 0; int c = 0;
+            #pragma omp simd reduction(+:s, c)
+            for (long j = 0; j < n; j++) { float d = x[j] - m - tau; s += d > 0 ? d : 0; c += d > 0; }
+            if (c == k) break;                             /* support stable: tau is exact */
+            k = c; tau += (s - 1) / c;
+        }
+        #pragma omp simd
+        for (long j = 0; j < n; j++) { float d = x[j] - m - tau; p[j] = d > 0 ? d : 0; }
+    }
+}
+
+void sparsemax_bwd(const float* P, const float* G, float* DX, long rows, long n) {
+    for (long r = 0; r < rows; r++) {
+        const float* p = P + r * n; const float* g = G + r * n; float* dx = DX + r * n;
+        float s = 0; int c = 0;
+        #pragma omp simd reduction(+:s, c)
+        for (long j = 0; j < n; j++) { s += p[j] > 0 ? g[j] : 0; c += p[j] > 0; }
+        float mean = c ? s / c : 0;
+        #pragma omp simd
+        for (long j = 0; j < n; j++) dx[j] = p[j] > 0 ? g[j] - mean : 0;
+    }
+}
+
+void entmax15_fwd(const float* X, float* P, long rows, long n, long max_iter, float tol) {
+    for (long r = 0; r < rows; r++) {
+        const float* x = X + r * n; float* p = P + r * n;
+        float m = row_max(x, n);
+        if (!(m > -INFINITY)) { memset(p, 0, n * sizeof(float)); continue; }
+        float tau = -1;                                    /* z = (x - max)/2, f(-1) >= 0: Newton from the left */
+        for (long it = 0; it < max_iter; it++) {
+            float s1 = 0, s2 = 0;
+            #pragma omp simd reduction(+:s1, s2)
+            for (long j = 0; j < n; j++) { float d = (x[j] - m) * 0.5f - tau; d = d > 0 ? d : 0; s1 += d; s2 += d * d; }
+            float step = (s2 - 1) / (2 * s1);
+            tau += step;
+            if (fabsf(step) <= tol) break;
+        }
+        float s = 0;
+        #pragma omp simd reduction(+:s)
+        for (long j = 0; j < n; j++) { float d = (x[j] - m) * 0.5f - tau; d = d > 0 ? d : 0; p[j] = d * d; s += p[j]; }
+        float inv = 1 / s;
+        #pragma omp simd
+        for (long j = 0; j < n; j++) p[j] *= inv;
+    }
+}
+
+/* alpha-entmax with one alpha per row (A): Newton from the left on sum(max(z - tau, 0)^beta) = 1, beta = 1/(alpha-1) */
+void entmax_alpha_fwd(const float* X, float* P, const float* A, long rows, long n, long max_iter, float tol) {
+    for (long r = 0; r < rows; r++) {
+        const float* x = X + r * n; float* p = P + r * n;
+        float m = row_max(x, n);
+        if (!(m > -INFINITY)) { memset(p, 0, n * sizeof(float)); continue; }
+        float am1 = A[r] - 1, beta = 1 / am1, bm1 = beta - 1;
+        float tau = -1;                                    /* z = (x - max)(alpha - 1), f(-1) >= 0 */
+        for (long it = 0; it < max_iter; it++) {
+            float s1 = 0, s2 = 0;
+            #pragma omp simd reduction(+:s1, s2)
+            for (long j = 0; j < n; j++) {
+                float d = (x[j] - m) * am1 - tau; int on = d > 0;
+                float dp = on ? exp_f(bm1 * log_f(on ? d : 1.0f)) : 0.0f;   /* d^(beta-1) */
+                s1 += dp; s2 += dp * (on ? d : 0.0f);
+            }
+            float step = (s2 - 1) / (beta * s1);
+            tau += step;
+            if (fabsf(step) <= tol) break;
+        }
+        float s = 0;
+        #pragma omp simd reduction(+:s)
+        for (long j = 0; j < n; j++) {
+            float d = (x[j] - m) * am1 - tau; int on = d > 0;
+            p[j] = on ? exp_f(beta * log_f(on ? d : 1.0f)) : 0.0f; s += p[j];
+        }
+        float inv = 1 / s;
+        #pragma omp simd
+        for (long j = 0; j < n; j++) p[j] *= inv;
+    }
+}
+
+/* backward of alpha-entmax, w = p^(2-alpha) on the support: dx = w*g - w*<w,g>/sum(w).
+   A: alpha per row, or NULL for alpha = 1.5 (w = sqrt p). DA (may be NULL): per-row d loss / d alpha. */
+void entmax_bwd(const float* P, const float* G, float* DX, const float* A, float* DA, long rows, long n) {
+    for (long r = 0; r < rows; r++) {
+        const float* p = P + r * n; const float* g = G + r * n; float* dx = DX + r * n;
+        float a = A ? A[r] : 1.5f, e = 2 - a, sw = 0, swg = 0;
+        #pragma omp simd reduction(+:sw, swg)
+        for (long j = 0; j < n; j++) {
+            int on = p[j] > 0;
+            float w = on ? (A ? exp_f(e * log_f(on ? p[j] : 1.0f)) : sqrtf(p[j])) : 0.0f;
+            dx[j] = w; sw += w; swg += w * g[j];
+        }
+        float q = sw > 0 ? swg / sw : 0;
+        if (DA) {
+            float am1 = a - 1, ent = 0;
+            #pragma omp simd reduction(+:ent)
+            for (long j = 0; j < n; j++) { int on = p[j] > 0; ent += on ? p[j] * log_f(on ? p[j] : 1.0f) : 0.0f; }
+            float da = 0, isw = sw > 0 ? 1 / sw : 0;
+            #pragma omp simd reduction(+:da)
+            for (long j = 0; j < n; j++) {
+                int on = p[j] > 0;
+                float skew = dx[j] * isw, pl = on ? p[j] * log_f(on ? p[j] : 1.0f) : 0.0f;
+                da += g[j] * ((p[j] - skew) / (am1 * am1) - (pl - skew * ent) / am1);
+            }
+            DA[r] = da;
+        }
+        #pragma omp simd
+        for (long j = 0; j < n; j++) dx[j] = dx[j] * (g[j] - q);
+    }
+}
+
+static float kth_largest(float* b, long n, long k) {  /* k-th largest (1-based) of b[0..n); reorders b */
+    if (n <= 128) {                                    /* short rows: the smallest value with fewer than k above it */
+        int above[128];
+        for (long i = 0; i < n; i++) above[i] = 0;
+        for (long j = 0; j < n; j++) {
+            float v = b[j];
+            #pragma omp simd
+            for (long i = 0; i < n; i++) above[i] += v > b[i];
+        }
+        float best = INFINITY;
+        #pragma omp simd reduction(min:best)
+        for (long i = 0; i < n; i++) best = fminf(best, above[i] < k ? b[i] : INFINITY);
+        return best;
+    }
+    long lo = 0, hi = n - 1, want = k - 1;             /* longer rows: quickselect */
+    while (lo < hi) {
+        float piv = b[(lo + hi) / 2]; long i = lo, j = hi;
+        while (i <= j) {
+            while (b[i] > piv) i++;
+            while (b[j] < piv) j--;
+            if (i <= j) { float t = b[i]; b[i] = b[j]; b[j] = t; i++; j--; }
+        }
+        if (want <= j) hi = j; else if (want >= i) lo = i; else break;
+    }
+    return b[want];
+}
+
+/* softmax over the keys scoring at least the k-th largest, k = max(1, ceil(ratio * valid keys)) */
+void topk_softmax_fwd(const float* X, float* P, float* BUF, long rows, long n, double ratio) {
+    for (long r = 0; r < rows; r++) {
+        const float* x = X + r * n; float* p = P + r * n;
+        long nv = 0; float m = -INFINITY;
+        for (long j = 0; j < n; j++) if (x[j] > -INFINITY) { BUF[nv++] = x[j]; m = x[j] > m ? x[j] : m; }
+        if (!nv) { memset(p, 0, n * sizeof(float)); continue; }
+        long k = (long)ceil(round((double)nv * ratio * 1e9) / 1e9); k = k < 1 ? 1 : (k > nv ? nv : k);
+        float thr = kth_largest(BUF, nv, k), s = 0;
+        #pragma omp simd reduction(+:s)
+        for (long j = 0; j < n; j++) { int on = x[j] >= thr; p[j] = on ? exp_f(on ? x[j] - m : 0.0f) : 0.0f; s += p[j]; }
+        float inv = 1 / s;
+        #pragma omp simd
+        for (long j = 0; j < n; j++) p[j] *= inv;
+    }
+}
+
+void softmax_bwd(const float* P, const float* G, float* DX, long rows, long n) {
+    for (long r = 0; r < rows; r++) {
+        const float* p = P + r * n; const float* g = G + r * n; float* dx = DX + r * n;
+        float s = 0;
+        #pragma omp simd reduction(+:s)
+        for (long j = 0; j < n; j++) s += p[j] * g[j];
+        #pragma omp simd
+        for (long j = 0; j < n; j++) dx[j] = p[j] * (g[j] - s);
+    }
+}
+"""
+
+# %% [markdown]
+# ## Building and loading
+#
+# The library is compiled with `-O3 -march=native` into the cache folder (`$SPARSE_REPRO_CACHE`, else
+# `~/.cache/sparse_attention_repro`) under a name that hashes the source, the flags and the machine's CPU flags, so an
+# edited kernel or another CPU gets its own build. The build writes a temporary file and renames it: processes started
+# in parallel (the grid's notebooks) never load a half-written library.
+
+# %%
+#| export
+CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
+_SIGNATURES = {  # name: argument types (P = pointer, L = long, F = float, D = double)
+    "sparsemax_fwd": "PPLL", "sparsemax_bwd": "PPPLL", "entmax15_fwd": "PPLLLF", "entmax_alpha_fwd": "PPPLLLF",
+    "entmax_bwd": "PPPPPLL", "topk_softmax_fwd": "PPPLLD", "softmax_bwd": "PPPLL"}
+_CTYPES = {"P": ctypes.c_void_p, "L": ctypes.c_long, "F": ctypes.c_float, "D": ctypes.c_double}
+_state = {"lib": None, "tried": False, "enabled": True, "calls": 0}
+
+def _cpu_tag():
+    try: flags = next(l for l in open("/proc/cpuinfo") if l.startswith("flags"))
+    except (OSError, StopIteration): flags = platform.processor()
+    return hashlib.sha256((platform.machine() + flags).encode()).hexdigest()[:8]
+
+def build_kernels(cache_dir=None) -> Path:
+    "Compile `C_SOURCE` (if not already built for this source, these flags and this CPU); returns the library's path."
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc: raise RuntimeError("no C compiler found (install gcc or set CC)")
+    tag = hashlib.sha256((C_SOURCE + " ".join(CFLAGS)).encode()).hexdigest()[:12]
+    out = resolve_cache_dir(cache_dir) / "kernels" / f"normalizers-{tag}-{_cpu_tag()}.so"
+    if out.exists(): return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        src, lib = Path(tmp) / "normalizers.c", Path(tmp) / "normalizers.so"
+        src.write_text(C_SOURCE)
+        r = subprocess.run([cc, *CFLAGS, str(src), "-o", str(lib), "-lm"], capture_output=True, text=True)
+        if r.returncode: raise RuntimeError(f"{cc} failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+        os.replace(lib, out)
+    return out
+
+def kernels():
+    "The loaded kernel library, or None (disabled, or the build failed — warned once)."
+    if not _state["enabled"] or os.environ.get("SPARSE_REPRO_KERNELS", "1") == "0": return None
+    if not _state["tried"]:
+        _state["tried"] = True
+        try:
+            lib = ctypes.CDLL(str(build_kernels()))
+            for name, sig in _SIGNATURES.items(): getattr(lib, name).argtypes = [_CTYPES[c] for c in sig]
+            _state["lib"] = lib
+        except Exception as e:
+            warnings.warn(f"sparse_attention_repro: C kernels unavailable ({e}); using the slower torch path")
+    return _state["lib"]
+
+@contextmanager
+def use_kernels(on: bool = True):
+    "Switch the C kernels on or off inside a `with` block."
+    old = _state["enabled"]; _state["enabled"] = on
+    try: yield
+    finally: _state["enabled"] = old
+
+def usable(x) -> bool:
+    "Can the kernels handle tensor `x`? (float32 on the CPU, kernels available and enabled)"
+    return x.dtype == torch.float32 and x.device.type == "cpu" and kernels() is not None
+
+
+# %% [markdown]
+# ## Calling a kernel
+#
+# `_run` calls one kernel on the rows of contiguous `[..., T]` tensors. With more than one torch thread and enough
+# work, the rows are split into one chunk per thread: `ctypes` releases the GIL, so the chunks run in parallel.
+
+# %%
+#| export
+_pool = {}
+
+def _run(name, row_tensors, rows, n, *scalars, per_row=(), scratch=False):
+    "Call kernel `name` on `row_tensors` (`[rows, n]`) and `per_row` tensors (`[rows]`, None allowed), chunked over threads."
+    fn = getattr(kernels(), name)
+    _state["calls"] += 1
+    threads = torch.get_num_threads() if rows * n >= 1 << 16 else 1
+    bounds = [rows * i // threads for i in range(threads + 1)]
+    def call(lo, hi):
+        if hi <= lo: return
+        ptrs = [t.data_ptr() + lo * n * 4 for t in row_tensors]
+        ptrs += [None if t is None else t.data_ptr() + lo * 4 for t in per_row]
+        buf = torch.empty(n) if scratch else None                   # per-call scratch row (top-k's selection)
+        fn(*ptrs, *([buf.data_ptr()] if scratch else []), hi - lo, n, *scalars)
+    if threads == 1: call(0, rows); return
+    if threads not in _pool: _pool[threads] = ThreadPoolExecutor(threads)
+    list(_pool[threads].map(lambda i: call(bounds[i], bounds[i + 1]), range(threads)))
+
+
+# %% [markdown]
+# ## The kernels, one wrapper each
+#
+# Each takes contiguous float32 tensors whose last dimension is the key axis; `alpha_rows` holds one $\alpha$ per row
+# (shape `[..., 1]`). The autograd functions in `normalizers` call these when `usable(scores)`.
+
+# %%
+#| export
+_TOL = 4 * torch.finfo(torch.float32).eps       # Newton stops at a few ulps, as the torch path does
+
+def _rows(x): return x.numel() // x.shape[-1], x.shape[-1]
+
+def sparsemax_fwd(x):
+    "Sparsemax of every row of `x` (Michelot's algorithm, exact)."
+    x = x.contiguous(); p = torch.empty_like(x); _run("sparsemax_fwd", [x, p], *_rows(x)); return p
+
+def sparsemax_bwd(p, g):
+    "Gradient of sparsemax: `g` minus its mean over the support, 0 off the support."
+    p, g = p.contiguous(), g.contiguous(); dx = torch.empty_like(p); _run("sparsemax_bwd", [p, g, dx], *_rows(p)); return dx
+
+def entmax15_fwd(x, max_iter=50):
+    "1.5-entmax of every row of `x` (Newton from the left)."
+    x = x.contiguous(); p = torch.empty_like(x); _run("entmax15_fwd", [x, p], *_rows(x), max_iter, _TOL); return p
+
+def entmax_alpha_fwd(x, alpha_rows, max_iter=30):
+    "alpha-entmax of every row of `x`, with `alpha_rows[..., 0]` the alpha of each row."
+    x = x.contiguous(); p = torch.empty_like(x)
+    _run("entmax_alpha_fwd", [x, p], *_rows(x), max_iter, _TOL, per_row=[alpha_rows.contiguous()]); return p
+
+def entmax_bwd(p, g, alpha_rows=None, d_alpha=False):
+    "Gradient of alpha-entmax (alpha 1.5 when `alpha_rows` is None) and, if `d_alpha`, d loss / d alpha per row `[..., 1]`."
+    p, g = p.contiguous(), g.contiguous(); dx = torch.empty_like(p)
+    da = torch.empty(p.shape[:-1] + (1,)) if d_alpha else None
+    _run("entmax_bwd", [p, g, dx], *_rows(p), per_row=[None if alpha_rows is None else alpha_rows.contiguous(), da])
+    return dx, da
+
+def topk_softmax_fwd(x, ratio):
+    "Softmax over the keys scoring at least the k-th largest of each row, k = max(1, ceil(ratio * valid keys))."
+    x = x.contiguous(); p = torch.empty_like(x); _run("topk_softmax_fwd", [x, p], *_rows(x), float(ratio), scratch=True); return p
+
+def softmax_bwd(p, g):
+    "Gradient of softmax: p * (g - <p, g>)."
+    p, g = p.contiguous(), g.contiguous(); dx = torch.empty_like(p); _run("softmax_bwd", [p, g, dx], *_rows(p)); return dx
+
+
+# %% [markdown]
+# ## Tests: every kernel against the torch path
+#
+# The torch implementations in `normalizers` are checked against the `entmax` package and finite differences there.
+# Here each kernel must reproduce them in float32 — values and gradients, for rows with masked keys ($-\infty$), ties,
+# huge logits, a single valid key, rows longer than 128 (top-k's other selection algorithm) and several threads.
+
+# %%
+from sparse_attention_repro import normalizers as N, kernels as KM   # the normalizers call the *module's* kernels
+assert KM.kernels() is not None, "the C kernels did not build here"
+
+def _both(fn, *args):
+    "fn(*args) and its gradients, with the kernels and with the torch path."
+    out = []
+    for on in (True, False):
+        with KM.use_kernels(on):
+            leaves = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+            y = fn(*leaves); y.backward(_g[:y.numel()].view_as(y))
+            out.append((y.detach(), [l.grad for l in leaves if l.requires_grad]))
+    return out
+
+torch.manual_seed(0)
+_g = torch.randn(10**6)
+def _scores(shape, scale=3.0):
+    s = torch.randn(shape) * scale
+    s[..., 0, 3] = float("-inf"); s[..., 1, :] = 2.0                                # a masked key, an all-tie row
+    s[..., 2, 4:] = float("-inf")                                                   # a row with 4 valid keys
+    s[..., 3, :] = s[..., 3, :] * 1e4                                               # huge logits
+    return s
+
+for shape in [(4, 3, 9, 17), (2, 4, 6, 97), (1, 2, 4, 200)]:
+    s = _scores(shape).requires_grad_()
+    a = (1.05 + 0.9 * torch.rand(shape[1])).view(-1, 1, 1).requires_grad_()
+    cases = {"sparsemax": lambda s: N.sparsemax(s), "entmax15": lambda s: N.entmax15(s),
+             "entmax_alpha": lambda s, a: N.entmax_alpha(s, a),
+             **{f"topk_{r}": (lambda r: lambda s: N.topk_softmax(s, r))(r) for r in (0.1, 0.125, 0.25, 0.5, 1.0)}}
+    for name, fn in cases.items():
+        args = (s, a) if name == "entmax_alpha" else (s,)
+        (yk, gk), (yt, gt) = _both(fn, *args)
+        test_close(yk, yt, eps=2e-6)
+        assert ((yk > 0) == (yt > 0)).float().mean() > 0.999, name                  # same support
+        for u, v in zip(gk, gt): test_close(u, v, eps=2e-4 * max(1.0, float(v.abs().max())))
+
+# %% [markdown]
+# Threads: the chunked call gives the same result as one call. And the normalizers really dispatch to the kernels for
+# float32 — forward and backward — but not for float64 or inside `use_kernels(False)`.
+
+# %%
+x = torch.randn(96, 4, 97, 97)
+old = torch.get_num_threads()
+torch.set_num_threads(1); one = entmax15_fwd(x)
+torch.set_num_threads(2); two = entmax15_fwd(x)
+torch.set_num_threads(old)
+test_eq(one, two)
+def _calls(f):
+    before = KM._state["calls"]; f(); return KM._state["calls"] - before
+xs = x[:2].clone().requires_grad_()
+test_eq(_calls(lambda: N.entmax15(xs).sum().backward()), 2)
+with KM.use_kernels(False): test_eq(_calls(lambda: N.entmax15(xs).sum().backward()), 0)
+test_eq(_calls(lambda: N.sparsemax(x[:2].double())), 0)
+assert not usable(x.double()) and usable(x)
