@@ -4,7 +4,7 @@
 
 # %% auto 0
 __all__ = ['STUDY_A_KEYS', 'CRISP_KEYS', 'COMMANDS', 'UsageError', 'experiments_dir', 'grid_tasks', 'cmd_grid', 'crisp_tasks',
-           'cmd_crisp', 'cmd_report', 'cmd_site', 'cmd_reproduce', 'build_parser', 'main']
+           'cmd_crisp', 'cmd_report', 'cmd_site', 'cmd_reproduce', 'cmd_bench', 'torch_threads', 'build_parser', 'main']
 
 # %% ../nbs/07_cli.ipynb
 import argparse, os, sys
@@ -74,7 +74,8 @@ def grid_tasks(args):
                 record = out / "notebooks" / d / f"seed{s}_resume{n}.ipynb"; n += 1
             tasks.append(NotebookTask(f"{d}/seed{s}", nb, record,
                                       [rows_dir / f"{m}.csv" for m in methods],
-                                      dict(dataset=d, seed=s, methods=todo, threads=threads, rows_dir=str(rows_dir), **options)))
+                                      dict(dataset=d, seed=s, methods=todo, threads=threads, rows_dir=str(rows_dir),
+                                           lockstep=not args.plain, **options)))
     return tasks, options
 
 def cmd_grid(args):
@@ -130,12 +131,45 @@ def cmd_reproduce(args):
     args.out = args.out or f"outputs/{args.profile}"
     run = dict(profile=args.profile, out=args.out, seeds=None, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler)
     grid = argparse.Namespace(**run, datasets=None, methods=None, val_fraction=args.val_fraction, mask_padding=False,
-                              patch_size=0, marker_vocab=20000)
+                              patch_size=0, marker_vocab=20000, plain=False)
     crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row")
     grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
     fails = {**cmd_grid(grid), **cmd_crisp(crisp)}
     cmd_report(argparse.Namespace(results=args.out))
     return fails
+
+def cmd_bench(args):
+    "Print the normalizer or the training benchmark tables."
+    from sparse_attention_repro import bench
+    if args.threads < 1: raise UsageError(f"--threads must be >= 1, got {args.threads}")
+    if args.repeats < 1: raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
+    torch_threads(args.threads)
+    print(f"{args.what} benchmark, {args.threads} thread(s), median of {args.repeats} interleaved repeat(s)")
+    if args.what == "normalizers":
+        df = bench.bench_normalizers(repeats=args.repeats)
+        print("forward+backward time as a ratio to softmax's (kernels = this library's default on CPU float32)")
+        print(bench.normalizer_table(df).to_string())
+        print("softmax ms: " + ", ".join(f"{r.shape}: {r.ms:.2f}" for r in df.query("normalizer == 'softmax'").itertuples()))
+        return {}
+    from sparse_attention_repro.train import PAPER_SIZES
+    datasets = _split(args.datasets) if args.datasets else ["fashion_mnist", "twenty_news"]
+    for d in datasets:
+        if d not in PAPER_SIZES: raise UsageError(f"unknown dataset {d!r}; choose from {', '.join(PAPER_SIZES)}")
+    if args.epochs < 1: raise UsageError(f"--epochs must be >= 1, got {args.epochs}")
+    med, summary = bench.bench_grid(datasets, epochs=args.epochs, repeats=args.repeats, train_limit=args.train_limit or None)
+    print("\ntrain time of each method relative to softmax (per path)")
+    print(bench.method_ratios(med).to_string())
+    print(f"\nwall seconds for the {med.method.nunique()} methods of one seed, {args.epochs} epoch(s)")
+    print(summary.round(2).to_string())
+    limits = {d: args.train_limit for d in datasets} if args.train_limit else None
+    proj = bench.project_paper(summary, args.epochs, jobs=args.jobs, train_limits=limits)
+    print(f"\npaper profile, projected from these epochs, {args.jobs} parallel job(s) (a projection, not a measurement)")
+    print(proj.round(1).to_string(index=False))
+    return {}
+
+def torch_threads(n):
+    import torch
+    torch.set_num_threads(n)
 
 # %% ../nbs/07_cli.ipynb
 class _Parser(argparse.ArgumentParser):
@@ -154,6 +188,7 @@ def build_parser():
     g.add_argument("--out", required=True, help="results folder (runs.csv, notebooks/, rows/)")
     g.add_argument("--datasets", nargs="+"); g.add_argument("--methods", nargs="+"); g.add_argument("--seeds", nargs="+")
     executor_args(g)
+    g.add_argument("--plain", action="store_true", help="train each method alone instead of in lock-step (same results, slower)")
     g.add_argument("--val-fraction", type=float, default=0.0, help="carve a validation split off each train subset")
     g.add_argument("--mask-padding", action="store_true", help="variant: mask twenty_news padding")
     g.add_argument("--patch-size", type=int, default=0, help="variant: 4 for 4x4 patches (0 = the paper's)")
@@ -171,14 +206,24 @@ def build_parser():
     a.add_argument("--profile", default="quick"); a.add_argument("--out", default=None); a.add_argument("--model", default="")
     a.add_argument("--val-fraction", type=float, default=0.1, help="validation split for leakage-free ratio selection")
     executor_args(a)
+    b = sub.add_parser("bench", help="speed benchmarks: ratios measured side by side in one process")
+    b.add_argument("what", choices=["normalizers", "grid"], help="normalizers (forward+backward) or grid (training epochs)")
+    b.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 20 for normalizers, 1 for grid)")
+    b.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 = as in one grid job per core)")
+    b.add_argument("--datasets", nargs="+", help="grid: datasets (default fashion_mnist twenty_news)")
+    b.add_argument("--epochs", type=int, default=1, help="grid: epochs per run")
+    b.add_argument("--train-limit", type=int, default=0, help="grid: train examples (0 = the paper's)")
+    b.add_argument("--jobs", type=int, default=2, help="grid: parallel jobs assumed by the projection")
     return p
 
-COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "site": cmd_site, "reproduce": cmd_reproduce}
+COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "site": cmd_site, "reproduce": cmd_reproduce,
+            "bench": cmd_bench}
 
 def main(argv=None):
     "Entry point of `sparse-repro`; returns the exit status."
     try:
         args = build_parser().parse_args(argv)
+        if args.command == "bench" and args.repeats is None: args.repeats = 20 if args.what == "normalizers" else 1
         fails = COMMANDS[args.command](args)
     except UsageError as e:
         print(f"sparse-repro: error: {e}", file=sys.stderr); return 2

@@ -1,0 +1,154 @@
+# %% [markdown]
+# # Benchmarks
+# > Speed of the normalizers and of study A training as ratios measured side by side in one process: `sparse-repro bench`.
+
+# %%
+#| default_exp bench
+
+# %% [markdown]
+# Speed claims in this project are ratios, measured here and printed by `sparse-repro bench normalizers` and
+# `sparse-repro bench grid` — never timed assertions in tests. The machines are shared and noisy, so every variant
+# is run *interleaved* with the others (a burst of load hits all of them alike) and the median of the repeats is
+# reported. Numbers quoted in the README come from these commands.
+#
+# * `bench_normalizers`: forward + backward of each normalizer on the paper's two attention shapes (`[96, 4, 17, 17]`
+#   for image patches, `[96, 4, 97, 97]` for text), for our C kernels, our torch path and the `entmax` package where it
+#   offers the mapping, as a ratio to softmax's forward + backward.
+# * `bench_grid`: one epoch of study A training per method at paper size, (a) as before this benchmark existed — each
+#   method alone, torch normalizers —, (b) each method alone with the kernels, (c) all methods in lock-step with the
+#   kernels (the grid's default); the per-method time relative to softmax (the paper's "entmax trains ~4× slower"),
+#   the speed-ups, and the `paper` profile's wall time projected from the measured epochs.
+
+# %%
+#| export
+import statistics, time
+import pandas as pd
+import torch
+from sparse_attention_repro.normalizers import NORMALIZERS, get_normalizer
+from sparse_attention_repro.kernels import use_kernels
+from sparse_attention_repro.train import PAPER_SIZES, PROFILES, profile_config, run_methods, _load
+
+# %%
+from fastcore.test import test_eq
+
+
+# %% [markdown]
+# ## Normalizers
+
+# %%
+#| export
+def _entmax_package(name, num_heads):
+    "The `entmax` package's version of a normalizer, or None."
+    import entmax
+    if name == "sparsemax": return lambda s: entmax.sparsemax(s, dim=-1)
+    if name == "entmax15": return lambda s: entmax.entmax15(s, dim=-1)
+    if name == "headwise_adaptive_entmax":
+        logit = torch.zeros(num_heads, requires_grad=True)
+        return lambda s: entmax.entmax_bisect(s, (1.05 + 0.9 * torch.sigmoid(logit)).view(-1, 1, 1), dim=-1)
+    return None
+
+def _fwd_bwd_seconds(fn, scores, g, kernels_on=True):
+    s = scores.detach().requires_grad_()
+    with use_kernels(kernels_on):
+        t0 = time.perf_counter(); fn(s).backward(g); return time.perf_counter() - t0
+
+def bench_normalizers(shapes=((96, 4, 17, 17), (96, 4, 97, 97)), repeats=20, methods=NORMALIZERS) -> pd.DataFrame:
+    "Median forward+backward seconds of each normalizer (kernels, torch path, entmax package) and ratios to softmax."
+    rows = []
+    for shape in shapes:
+        torch.manual_seed(0)
+        scores, g = torch.randn(shape), torch.randn(shape)
+        variants = {}
+        for name in methods:
+            norm = get_normalizer(name, num_heads=shape[1])
+            variants[(name, "kernels")] = (norm, True)
+            if name != "softmax": variants[(name, "torch")] = (norm, False)
+            if (pkg := _entmax_package(name, shape[1])) is not None: variants[(name, "entmax_pkg")] = (pkg, True)
+        variants.setdefault(("softmax", "kernels"), (get_normalizer("softmax"), True))
+        times = {k: [] for k in variants}
+        for r in range(repeats + 2):                              # 2 warm-up rounds, then interleaved repeats
+            for k, (fn, on) in variants.items():
+                t = _fwd_bwd_seconds(fn, scores, g, on)
+                if r >= 2: times[k].append(t)
+        base = statistics.median(times[("softmax", "kernels")])
+        for (name, impl), ts in times.items():
+            med = statistics.median(ts)
+            rows.append(dict(shape="x".join(map(str, shape)), normalizer=name, implementation=impl,
+                             ms=med * 1e3, ratio_to_softmax=med / base))
+    return pd.DataFrame(rows)
+
+def normalizer_table(df) -> pd.DataFrame:
+    "One row per normalizer, one column per (shape, implementation): the ratio to softmax."
+    t = df.pivot_table(index="normalizer", columns=["shape", "implementation"], values="ratio_to_softmax")
+    return t.reindex([m for m in NORMALIZERS if m in t.index]).round(2)
+
+
+# %% [markdown]
+# A tiny run (the numbers mean nothing at this size; the test checks the table's shape and that softmax is 1×):
+
+# %%
+nb = bench_normalizers(shapes=((4, 2, 5, 5),), repeats=2, methods=("softmax", "sparsemax", "topk_softmax_025"))
+test_eq(set(nb.implementation), {"kernels", "torch", "entmax_pkg"})
+test_eq(float(nb.query("normalizer == 'softmax'").ratio_to_softmax.iloc[0]), 1.0)
+test_eq(normalizer_table(nb).shape, (3, 3))
+
+# %% [markdown]
+# ## Training
+#
+# Each path trains the methods of seed 0 for `epochs` epochs on the paper's train subset of each dataset (same data,
+# same initial weights). `repeats` rounds are interleaved and the median kept. The projection multiplies each
+# dataset's measured lock-step seconds per epoch by the `paper` profile's epochs and 10 seeds, and divides by `jobs`
+# parallel notebooks — a projection, labelled as one; `sparse-repro grid --profile paper` measures the real thing.
+
+# %%
+#| export
+PATHS = {"before": dict(kernels=False, lockstep=False), "kernels": dict(kernels=True, lockstep=False),
+         "kernels+lockstep": dict(kernels=True, lockstep=True)}
+
+def bench_grid(datasets=("fashion_mnist", "twenty_news"), epochs=1, repeats=1, methods=NORMALIZERS, train_limit=None):
+    "Per dataset and path: wall seconds of one seed's methods and each method's train seconds. Returns (runs, summary)."
+    runs = []
+    for ds in datasets:
+        cfg = profile_config("paper", ds, epochs=epochs, progress=False, test_limit=200,
+                             **({"train_limit": train_limit} if train_limit else {}))
+        data = _load(ds, 0, cfg)
+        for r in range(repeats):
+            for path, opt in PATHS.items():
+                with use_kernels(opt["kernels"]):
+                    t0 = time.perf_counter()
+                    rows = run_methods(ds, methods, 0, cfg, data, lockstep=opt["lockstep"])
+                    wall = time.perf_counter() - t0
+                runs += [dict(dataset=ds, path=path, repeat=r, wall_seconds=wall, method=x["method"],
+                              train_seconds=x["train_seconds"], epochs=epochs, train_n=cfg.train_limit) for x in rows]
+    runs = pd.DataFrame(runs)
+    med = runs.groupby(["dataset", "path", "method"]).median(numeric_only=True).reset_index()
+    wall = med.groupby(["dataset", "path"]).wall_seconds.first().unstack()
+    summary = pd.DataFrame({"seconds_before": wall["before"], "seconds_kernels": wall["kernels"],
+                            "seconds_kernels_lockstep": wall["kernels+lockstep"]})
+    summary["speedup"] = summary.seconds_before / summary.seconds_kernels_lockstep
+    return med, summary
+
+def method_ratios(med) -> pd.DataFrame:
+    "Train seconds of each method relative to softmax, per dataset and path."
+    base = med[med.method == "softmax"].set_index(["dataset", "path"]).train_seconds
+    r = med.assign(ratio=med.train_seconds / med.set_index(["dataset", "path"]).index.map(base))
+    t = r.pivot_table(index="method", columns=["dataset", "path"], values="ratio")
+    return t.reindex([m for m in NORMALIZERS if m in t.index]).round(2)
+
+def project_paper(summary, epochs_measured, jobs=2, train_limits=None) -> pd.DataFrame:
+    "The `paper` profile's wall time per dataset, projected from measured lock-step seconds per epoch (1 job per core)."
+    rows = []
+    for ds, s in summary.iterrows():
+        ep, n_train, _ = PAPER_SIZES[ds]
+        scale = n_train / (train_limits or {}).get(ds, n_train)
+        per_seed = s.seconds_kernels_lockstep / epochs_measured * ep * scale
+        rows.append(dict(dataset=ds, seconds_per_seed=per_seed, seeds=len(PROFILES["paper"]["seeds"]),
+                         projected_minutes=per_seed * len(PROFILES["paper"]["seeds"]) / jobs / 60))
+    return pd.DataFrame(rows)
+
+
+# %%
+med, summ = bench_grid(datasets=("fashion_mnist",), methods=("softmax", "sparsemax"), train_limit=192)
+test_eq(sorted(summ.columns), sorted(["seconds_before", "seconds_kernels", "seconds_kernels_lockstep", "speedup"]))
+test_eq(method_ratios(med).loc["softmax"].tolist(), [1.0] * 3)
+test_eq(project_paper(summ, 1, train_limits={"fashion_mnist": 192}).seeds.tolist(), [10])
