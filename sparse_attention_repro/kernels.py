@@ -54,6 +54,7 @@ static inline float log_f(float x) {             /* x > 0 and normal */
 
 static inline float row_max(const float* x, long n) {
     float m = -INFINITY;
+    #pragma omp simd reduction(max:m)
     for (long j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
     return m;
 }
@@ -177,9 +178,9 @@ void entmax_bwd(const float* P, const float* G, float* DX, const float* A, float
     }
 }
 
-static float kth_largest(float* b, long n, long k) {  /* k-th largest (1-based) of b[0..n); reorders b */
-    if (n <= 128) {                                    /* short rows: the smallest value with fewer than k above it */
-        int above[128];
+static float kth_largest(const float* b, long n, long k) {   /* k-th largest (1-based) of b[0..n) */
+    if (n <= 32) {                                     /* short rows: the smallest value with fewer than k above it */
+        int above[32];
         for (long i = 0; i < n; i++) above[i] = 0;
         for (long j = 0; j < n; j++) {
             float v = b[j];
@@ -191,28 +192,44 @@ static float kth_largest(float* b, long n, long k) {  /* k-th largest (1-based) 
         for (long i = 0; i < n; i++) best = fminf(best, above[i] < k ? b[i] : INFINITY);
         return best;
     }
-    long lo = 0, hi = n - 1, want = k - 1;             /* longer rows: quickselect */
-    while (lo < hi) {
-        float piv = b[(lo + hi) / 2]; long i = lo, j = hi;
-        while (i <= j) {
-            while (b[i] > piv) i++;
-            while (b[j] < piv) j--;
-            if (i <= j) { float t = b[i]; b[i] = b[j]; b[j] = t; i++; j--; }
-        }
-        if (want <= j) hi = j; else if (want >= i) lo = i; else break;
+    /* longer rows: bisect on the floats' bits mapped to order-preserving integers; each step is one vectorised count,
+       and it ends as soon as exactly k values lie above the midpoint (ties: down to one key, 32 steps at most).
+       Invariant: at least k values have key >= lo, fewer than k have key > hi. Exact. */
+    int32_t key[n], lo = INT32_MAX, hi = INT32_MIN;
+    for (long j = 0; j < n; j++) {
+        union { float f; int32_t i; } u = { b[j] };
+        key[j] = u.i ^ ((u.i >> 31) & 0x7fffffff);
+        lo = key[j] < lo ? key[j] : lo; hi = key[j] > hi ? key[j] : hi;
     }
-    return b[want];
+    while (lo < hi) {
+        int32_t mid = (int32_t)(lo + ((int64_t)hi - lo + 1) / 2);
+        int c = 0;
+        #pragma omp simd reduction(+:c)
+        for (long j = 0; j < n; j++) c += key[j] >= mid;
+        if (c == k) {                                  /* exactly k values above mid: the k-th is the smallest of them */
+            float best = INFINITY;
+            #pragma omp simd reduction(min:best)
+            for (long j = 0; j < n; j++) best = fminf(best, key[j] >= mid ? b[j] : INFINITY);
+            return best;
+        }
+        if (c > k) lo = mid; else hi = mid - 1;
+    }
+    union { int32_t i; float f; } u = { lo ^ ((lo >> 31) & 0x7fffffff) };
+    return u.f;
 }
 
 /* softmax over the keys scoring at least the k-th largest, k = max(1, ceil(ratio * valid keys)) */
 void topk_softmax_fwd(const float* X, float* P, float* BUF, long rows, long n, double ratio) {
     for (long r = 0; r < rows; r++) {
         const float* x = X + r * n; float* p = P + r * n;
-        long nv = 0; float m = -INFINITY;
-        for (long j = 0; j < n; j++) if (x[j] > -INFINITY) { BUF[nv++] = x[j]; m = x[j] > m ? x[j] : m; }
+        long nv = 0; float m = row_max(x, n);
+        #pragma omp simd reduction(+:nv)
+        for (long j = 0; j < n; j++) nv += x[j] > -INFINITY;
         if (!nv) { memset(p, 0, n * sizeof(float)); continue; }
+        const float* valid = x;                            /* masked keys (-inf) are left out of the selection */
+        if (nv < n) { long c = 0; for (long j = 0; j < n; j++) if (x[j] > -INFINITY) BUF[c++] = x[j]; valid = BUF; }
         long k = (long)ceil(round((double)nv * ratio * 1e9) / 1e9); k = k < 1 ? 1 : (k > nv ? nv : k);
-        float thr = kth_largest(BUF, nv, k), s = 0;
+        float thr = kth_largest(valid, nv, k), s = 0;
         #pragma omp simd reduction(+:s)
         for (long j = 0; j < n; j++) { int on = x[j] >= thr; p[j] = on ? exp_f(on ? x[j] - m : 0.0f) : 0.0f; s += p[j]; }
         float inv = 1 / s;
