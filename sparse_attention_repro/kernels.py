@@ -115,19 +115,26 @@ void entmax15_fwd(const float* X, float* P, long rows, long n, long max_iter, fl
     }
 }
 
-/* alpha-entmax with one alpha per row (A): Newton from the left on sum(max(z - tau, 0)^beta) = 1, beta = 1/(alpha-1) */
-void entmax_alpha_fwd(const float* X, float* P, const float* A, long rows, long n, long max_iter, float tol) {
+/* alpha-entmax with one alpha per row (A): Newton from the left on sum(max(z - tau, 0)^beta) = 1, beta = 1/(alpha-1).
+   tau only grows, so a key that falls out of the support stays out: the iterations run over the keys with z > -1 only
+   (copied, branch-free, into the scratch row ZB of n + 16 floats, padded to whole vectors). Each iteration costs an
+   exp and a log per key, so this pays here; for entmax-1.5's two multiply-adds per key it did not. */
+void entmax_alpha_fwd(const float* X, float* P, const float* A, float* ZB, long rows, long n, long max_iter, float tol) {
     for (long r = 0; r < rows; r++) {
         const float* x = X + r * n; float* p = P + r * n;
         float m = row_max(x, n);
         if (!(m > -INFINITY)) { memset(p, 0, n * sizeof(float)); continue; }
         float am1 = A[r] - 1, beta = 1 / am1, bm1 = beta - 1;
-        float tau = -1;                                    /* z = (x - max)(alpha - 1), f(-1) >= 0 */
+        long c = 0;                                        /* z = (x - max)(alpha - 1) <= 0, f(-1) >= 0 */
+        for (long j = 0; j < n; j++) { float z = (x[j] - m) * am1; ZB[c] = z; c += z > -1.0f; }
+        for (long j = c; j < ((c + 15) & ~15L); j++) ZB[j] = -2.0f;   /* pad to whole vectors with keys below tau */
+        c = (c + 15) & ~15L;
+        float tau = -1;
         for (long it = 0; it < max_iter; it++) {
             float s1 = 0, s2 = 0;
             #pragma omp simd reduction(+:s1, s2)
-            for (long j = 0; j < n; j++) {
-                float d = (x[j] - m) * am1 - tau; int on = d > 0;
+            for (long j = 0; j < c; j++) {
+                float d = ZB[j] - tau; int on = d > 0;
                 float dp = on ? exp_f(bm1 * log_f(on ? d : 1.0f)) : 0.0f;   /* d^(beta-1) */
                 s1 += dp; s2 += dp * (on ? d : 0.0f);
             }
@@ -148,28 +155,28 @@ void entmax_alpha_fwd(const float* X, float* P, const float* A, long rows, long 
 }
 
 /* backward of alpha-entmax, w = p^(2-alpha) on the support: dx = w*g - w*<w,g>/sum(w).
-   A: alpha per row, or NULL for alpha = 1.5 (w = sqrt p). DA (may be NULL): per-row d loss / d alpha. */
-void entmax_bwd(const float* P, const float* G, float* DX, const float* A, float* DA, long rows, long n) {
+   A: alpha per row, or NULL for alpha = 1.5 (w = sqrt p). DA (may be NULL): per-row d loss / d alpha, from
+   dp/dalpha = (p - s)/(alpha-1)^2 - (p log p - s <p, log p>)/(alpha-1), s = w/sum(w). One log and one exp per key:
+   w is kept in DX and p log p in the scratch row PL between the passes. */
+void entmax_bwd(const float* P, const float* G, float* DX, const float* A, float* DA, float* PL, long rows, long n) {
     for (long r = 0; r < rows; r++) {
         const float* p = P + r * n; const float* g = G + r * n; float* dx = DX + r * n;
-        float a = A ? A[r] : 1.5f, e = 2 - a, sw = 0, swg = 0;
-        #pragma omp simd reduction(+:sw, swg)
+        float a = A ? A[r] : 1.5f, e = 2 - a, sw = 0, swg = 0, ent = 0;
+        #pragma omp simd reduction(+:sw, swg, ent)
         for (long j = 0; j < n; j++) {
             int on = p[j] > 0;
-            float w = on ? (A ? exp_f(e * log_f(on ? p[j] : 1.0f)) : sqrtf(p[j])) : 0.0f;
-            dx[j] = w; sw += w; swg += w * g[j];
+            float lp = A ? log_f(on ? p[j] : 1.0f) : 0.0f;
+            float w = on ? (A ? exp_f(e * lp) : sqrtf(p[j])) : 0.0f;
+            float pl = on ? p[j] * lp : 0.0f;
+            dx[j] = w; PL[j] = pl; sw += w; swg += w * g[j]; ent += pl;
         }
         float q = sw > 0 ? swg / sw : 0;
         if (DA) {
-            float am1 = a - 1, ent = 0;
-            #pragma omp simd reduction(+:ent)
-            for (long j = 0; j < n; j++) { int on = p[j] > 0; ent += on ? p[j] * log_f(on ? p[j] : 1.0f) : 0.0f; }
-            float da = 0, isw = sw > 0 ? 1 / sw : 0;
+            float am1 = a - 1, da = 0, isw = sw > 0 ? 1 / sw : 0;
             #pragma omp simd reduction(+:da)
             for (long j = 0; j < n; j++) {
-                int on = p[j] > 0;
-                float skew = dx[j] * isw, pl = on ? p[j] * log_f(on ? p[j] : 1.0f) : 0.0f;
-                da += g[j] * ((p[j] - skew) / (am1 * am1) - (pl - skew * ent) / am1);
+                float skew = dx[j] * isw;
+                da += g[j] * ((p[j] - skew) / (am1 * am1) - (PL[j] - skew * ent) / am1);
             }
             DA[r] = da;
         }
@@ -253,8 +260,8 @@ void softmax_bwd(const float* P, const float* G, float* DX, long rows, long n) {
 # %% ../nbs/00_kernels.ipynb
 CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
 _SIGNATURES = {  # name: argument types (P = pointer, L = long, F = float, D = double)
-    "sparsemax_fwd": "PPLL", "sparsemax_bwd": "PPPLL", "entmax15_fwd": "PPLLLF", "entmax_alpha_fwd": "PPPLLLF",
-    "entmax_bwd": "PPPPPLL", "topk_softmax_fwd": "PPPLLD", "softmax_bwd": "PPPLL"}
+    "sparsemax_fwd": "PPLL", "sparsemax_bwd": "PPPLL", "entmax15_fwd": "PPLLLF", "entmax_alpha_fwd": "PPPPLLLF",
+    "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPLLD", "softmax_bwd": "PPPLL"}
 _CTYPES = {"P": ctypes.c_void_p, "L": ctypes.c_long, "F": ctypes.c_float, "D": ctypes.c_double}
 _state = {"lib": None, "tried": False, "enabled": True, "calls": 0}
 
@@ -316,7 +323,7 @@ def _run(name, row_tensors, rows, n, *scalars, per_row=(), scratch=False):
         if hi <= lo: return
         ptrs = [t.data_ptr() + lo * n * 4 for t in row_tensors]
         ptrs += [None if t is None else t.data_ptr() + lo * 4 for t in per_row]
-        buf = torch.empty(n) if scratch else None                   # per-call scratch row (top-k's selection)
+        buf = torch.empty(n + 16) if scratch else None              # per-call scratch row (+ padding to whole vectors)
         fn(*ptrs, *([buf.data_ptr()] if scratch else []), hi - lo, n, *scalars)
     if threads == 1: call(0, rows); return
     if threads not in _pool: _pool[threads] = ThreadPoolExecutor(threads)
@@ -342,13 +349,14 @@ def entmax15_fwd(x, max_iter=50):
 def entmax_alpha_fwd(x, alpha_rows, max_iter=30):
     "alpha-entmax of every row of `x`, with `alpha_rows[..., 0]` the alpha of each row."
     x = x.contiguous(); p = torch.empty_like(x)
-    _run("entmax_alpha_fwd", [x, p], *_rows(x), max_iter, _TOL, per_row=[alpha_rows.contiguous()]); return p
+    _run("entmax_alpha_fwd", [x, p], *_rows(x), max_iter, _TOL, per_row=[alpha_rows.contiguous()], scratch=True); return p
 
 def entmax_bwd(p, g, alpha_rows=None, d_alpha=False):
     "Gradient of alpha-entmax (alpha 1.5 when `alpha_rows` is None) and, if `d_alpha`, d loss / d alpha per row `[..., 1]`."
     p, g = p.contiguous(), g.contiguous(); dx = torch.empty_like(p)
     da = torch.empty(p.shape[:-1] + (1,)) if d_alpha else None
-    _run("entmax_bwd", [p, g, dx], *_rows(p), per_row=[None if alpha_rows is None else alpha_rows.contiguous(), da])
+    _run("entmax_bwd", [p, g, dx], *_rows(p), per_row=[None if alpha_rows is None else alpha_rows.contiguous(), da],
+         scratch=True)
     return dx, da
 
 def topk_softmax_fwd(x, ratio):

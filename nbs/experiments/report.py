@@ -114,7 +114,8 @@ if runs is not None:
     save(fig, "train_time_ratio")
     md(f"Median training-time ratio to softmax: " + ", ".join(
         f"{m} {r:.2f}×" for m, r in tr.groupby("method").ratio.median().items() if m != "softmax") +
-       ". (The paper's ≈4× for entmax/HAE was measured on their GPU; ours on the grid's hardware.)")
+       ". (The paper's ≈4× for entmax/HAE was measured on their GPU; ours on the grid's hardware, each method charged its "
+       "own compute plus the dropout masks it uses — what it costs trained alone, also when trained in lock-step.)")
 
 # %% [markdown]
 # ### Learned α per head over training (HAE)

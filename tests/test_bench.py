@@ -1,0 +1,14 @@
+"`sparse-repro bench`: the benchmark commands run end to end on real data and print their ratio tables."
+from conftest import cli
+
+def test_bench_grid_prints_ratios_and_projection(data_root):
+    r = cli("bench", "grid", "--datasets", "fashion_mnist", "--train-limit", "192")
+    assert r.returncode == 0, r.stderr
+    for text in ("relative to softmax", "headwise_adaptive_entmax", "speedup", "projected"):
+        assert text in r.stdout, (text, r.stdout)
+
+def test_bench_normalizers_prints_every_normalizer():
+    r = cli("bench", "normalizers", "--repeats", "1")
+    assert r.returncode == 0, r.stderr
+    for text in ("sparsemax", "entmax15", "topk_softmax_05", "entmax_pkg", "kernels", "torch"):
+        assert text in r.stdout, (text, r.stdout)
