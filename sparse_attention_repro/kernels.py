@@ -59,7 +59,7 @@ static inline float row_max(const float* x, long n) {
     return m;
 }
 
-void sparsemax_fwd(const float* X, float* P, long rows, long n) {
+static void sparsemax_fwd_rows(const float* X, float* P, long rows, long n) {
     for (long r = 0; r < rows; r++) {
         const float* x = X + r * n; float* p = P + r * n;
         float m = row_max(x, n);
@@ -80,7 +80,7 @@ void sparsemax_fwd(const float* X, float* P, long rows, long n) {
     }
 }
 
-void sparsemax_bwd(const float* P, const float* G, float* DX, long rows, long n) {
+static void sparsemax_bwd_rows(const float* P, const float* G, float* DX, long rows, long n) {
     for (long r = 0; r < rows; r++) {
         const float* p = P + r * n; const float* g = G + r * n; float* dx = DX + r * n;
         float s = 0; int c = 0;
@@ -92,33 +92,10 @@ void sparsemax_bwd(const float* P, const float* G, float* DX, long rows, long n)
     }
 }
 
-void entmax15_fwd(const float* X, float* P, long rows, long n, long max_iter, float tol) {
-    for (long r = 0; r < rows; r++) {
-        const float* x = X + r * n; float* p = P + r * n;
-        float m = row_max(x, n);
-        if (!(m > -INFINITY)) { memset(p, 0, n * sizeof(float)); continue; }
-        float tau = -1;                                    /* z = (x - max)/2, f(-1) >= 0: Newton from the left */
-        for (long it = 0; it < max_iter; it++) {
-            float s1 = 0, s2 = 0;
-            #pragma omp simd reduction(+:s1, s2)
-            for (long j = 0; j < n; j++) { float d = (x[j] - m) * 0.5f - tau; d = d > 0 ? d : 0; s1 += d; s2 += d * d; }
-            float step = (s2 - 1) / (2 * s1);
-            tau += step;
-            if (fabsf(step) <= tol) break;
-        }
-        float s = 0;
-        #pragma omp simd reduction(+:s)
-        for (long j = 0; j < n; j++) { float d = (x[j] - m) * 0.5f - tau; d = d > 0 ? d : 0; p[j] = d * d; s += p[j]; }
-        float inv = 1 / s;
-        #pragma omp simd
-        for (long j = 0; j < n; j++) p[j] *= inv;
-    }
-}
-
 /* alpha-entmax with one alpha per row (A): Newton from the left on sum(max(z - tau, 0)^beta) = 1, beta = 1/(alpha-1).
    tau only grows, so a key that falls out of the support stays out: the iterations run over the keys with z > -1 only
-   (copied, branch-free, into the scratch row ZB of n + 16 floats, padded to whole vectors). Each iteration costs an
-   exp and a log per key, so this pays here; for entmax-1.5's two multiply-adds per key it did not. */
+   (copied, branch-free, into the scratch row ZB, padded to whole vectors). Each iteration costs an exp and a log
+   per key, so this pays here. */
 void entmax_alpha_fwd(const float* X, float* P, const float* A, float* ZB, long rows, long n, long max_iter, float tol) {
     for (long r = 0; r < rows; r++) {
         const float* x = X + r * n; float* p = P + r * n;
@@ -158,17 +135,21 @@ void entmax_alpha_fwd(const float* X, float* P, const float* A, float* ZB, long 
    A: alpha per row, or NULL for alpha = 1.5 (w = sqrt p). DA (may be NULL): per-row d loss / d alpha, from
    dp/dalpha = (p - s)/(alpha-1)^2 - (p log p - s <p, log p>)/(alpha-1), s = w/sum(w). One log and one exp per key:
    w is kept in DX and p log p in the scratch row PL between the passes. */
-void entmax_bwd(const float* P, const float* G, float* DX, const float* A, float* DA, float* PL, long rows, long n) {
+static void entmax_bwd_rows(const float* P, const float* G, float* DX, const float* A, float* DA, float* PL, long rows, long n) {
     for (long r = 0; r < rows; r++) {
         const float* p = P + r * n; const float* g = G + r * n; float* dx = DX + r * n;
         float a = A ? A[r] : 1.5f, e = 2 - a, sw = 0, swg = 0, ent = 0;
-        #pragma omp simd reduction(+:sw, swg, ent)
-        for (long j = 0; j < n; j++) {
-            int on = p[j] > 0;
-            float lp = A ? log_f(on ? p[j] : 1.0f) : 0.0f;
-            float w = on ? (A ? exp_f(e * lp) : sqrtf(p[j])) : 0.0f;
-            float pl = on ? p[j] * lp : 0.0f;
-            dx[j] = w; PL[j] = pl; sw += w; swg += w * g[j]; ent += pl;
+        if (A) {
+            #pragma omp simd reduction(+:sw, swg, ent)
+            for (long j = 0; j < n; j++) {
+                int on = p[j] > 0;
+                float lp = log_f(on ? p[j] : 1.0f);
+                float w = on ? exp_f(e * lp) : 0.0f, pl = on ? p[j] * lp : 0.0f;
+                dx[j] = w; PL[j] = pl; sw += w; swg += w * g[j]; ent += pl;
+            }
+        } else {
+            #pragma omp simd reduction(+:sw, swg)
+            for (long j = 0; j < n; j++) { float w = p[j] > 0 ? sqrtf(p[j]) : 0.0f; dx[j] = w; sw += w; swg += w * g[j]; }
         }
         float q = sw > 0 ? swg / sw : 0;
         if (DA) {
@@ -185,67 +166,7 @@ void entmax_bwd(const float* P, const float* G, float* DX, const float* A, float
     }
 }
 
-static float kth_largest(const float* b, long n, long k) {   /* k-th largest (1-based) of b[0..n) */
-    if (n <= 32) {                                     /* short rows: the smallest value with fewer than k above it */
-        int above[32];
-        for (long i = 0; i < n; i++) above[i] = 0;
-        for (long j = 0; j < n; j++) {
-            float v = b[j];
-            #pragma omp simd
-            for (long i = 0; i < n; i++) above[i] += v > b[i];
-        }
-        float best = INFINITY;
-        #pragma omp simd reduction(min:best)
-        for (long i = 0; i < n; i++) best = fminf(best, above[i] < k ? b[i] : INFINITY);
-        return best;
-    }
-    /* longer rows: bisect on the floats' bits mapped to order-preserving integers; each step is one vectorised count,
-       and it ends as soon as exactly k values lie above the midpoint (ties: down to one key, 32 steps at most).
-       Invariant: at least k values have key >= lo, fewer than k have key > hi. Exact. */
-    int32_t key[n], lo = INT32_MAX, hi = INT32_MIN;
-    for (long j = 0; j < n; j++) {
-        union { float f; int32_t i; } u = { b[j] };
-        key[j] = u.i ^ ((u.i >> 31) & 0x7fffffff);
-        lo = key[j] < lo ? key[j] : lo; hi = key[j] > hi ? key[j] : hi;
-    }
-    while (lo < hi) {
-        int32_t mid = (int32_t)(lo + ((int64_t)hi - lo + 1) / 2);
-        int c = 0;
-        #pragma omp simd reduction(+:c)
-        for (long j = 0; j < n; j++) c += key[j] >= mid;
-        if (c == k) {                                  /* exactly k values above mid: the k-th is the smallest of them */
-            float best = INFINITY;
-            #pragma omp simd reduction(min:best)
-            for (long j = 0; j < n; j++) best = fminf(best, key[j] >= mid ? b[j] : INFINITY);
-            return best;
-        }
-        if (c > k) lo = mid; else hi = mid - 1;
-    }
-    union { int32_t i; float f; } u = { lo ^ ((lo >> 31) & 0x7fffffff) };
-    return u.f;
-}
-
-/* softmax over the keys scoring at least the k-th largest, k = max(1, ceil(ratio * valid keys)) */
-void topk_softmax_fwd(const float* X, float* P, float* BUF, long rows, long n, double ratio) {
-    for (long r = 0; r < rows; r++) {
-        const float* x = X + r * n; float* p = P + r * n;
-        long nv = 0; float m = row_max(x, n);
-        #pragma omp simd reduction(+:nv)
-        for (long j = 0; j < n; j++) nv += x[j] > -INFINITY;
-        if (!nv) { memset(p, 0, n * sizeof(float)); continue; }
-        const float* valid = x;                            /* masked keys (-inf) are left out of the selection */
-        if (nv < n) { long c = 0; for (long j = 0; j < n; j++) if (x[j] > -INFINITY) BUF[c++] = x[j]; valid = BUF; }
-        long k = (long)ceil(round((double)nv * ratio * 1e9) / 1e9); k = k < 1 ? 1 : (k > nv ? nv : k);
-        float thr = kth_largest(valid, nv, k), s = 0;
-        #pragma omp simd reduction(+:s)
-        for (long j = 0; j < n; j++) { int on = x[j] >= thr; p[j] = on ? exp_f(on ? x[j] - m : 0.0f) : 0.0f; s += p[j]; }
-        float inv = 1 / s;
-        #pragma omp simd
-        for (long j = 0; j < n; j++) p[j] *= inv;
-    }
-}
-
-void softmax_bwd(const float* P, const float* G, float* DX, long rows, long n) {
+static void softmax_bwd_rows(const float* P, const float* G, float* DX, long rows, long n) {
     for (long r = 0; r < rows; r++) {
         const float* p = P + r * n; const float* g = G + r * n; float* dx = DX + r * n;
         float s = 0;
@@ -255,13 +176,242 @@ void softmax_bwd(const float* P, const float* G, float* DX, long rows, long n) {
         for (long j = 0; j < n; j++) dx[j] = p[j] * (g[j] - s);
     }
 }
+
+/* ---- Short rows: 16 rows at a time, one per vector lane. ------------------------------------------------------
+   A row of 17 keys is one full vector plus one scalar leftover, and each Newton step ends in a horizontal sum: most
+   of the time goes to overhead. Transposed into a [n][16] block, every step is n plain vector operations across 16
+   rows, with per-lane sums and thresholds and no horizontal work. Lanes past the last row repeat it (discarded). */
+#define LN 16
+
+static void load_lanes(const float* X, long r0, long L, long n, float* Z) {
+    for (long l = 0; l < LN; l++) {
+        const float* x = X + (r0 + (l < L ? l : L - 1)) * n;
+        for (long j = 0; j < n; j++) Z[j * LN + l] = x[j];
+    }
+}
+
+static void store_lanes(float* P, long r0, long L, long n, const float* Z) {
+    for (long l = 0; l < L; l++) {
+        float* p = P + (r0 + l) * n;
+        for (long j = 0; j < n; j++) p[j] = Z[j * LN + l];
+    }
+}
+
+/* row max per lane; Z becomes (Z - max) * scale; `dead` marks lanes whose row has no finite key */
+static void center_lanes(float* Z, long n, float scale, float* m, int* dead) {
+    for (long l = 0; l < LN; l++) m[l] = -INFINITY;
+    for (long j = 0; j < n; j++) {
+        #pragma omp simd
+        for (long l = 0; l < LN; l++) m[l] = Z[j * LN + l] > m[l] ? Z[j * LN + l] : m[l];
+    }
+    for (long l = 0; l < LN; l++) { dead[l] = !(m[l] > -INFINITY); if (dead[l]) m[l] = 0; }
+    for (long j = 0; j < n; j++) {
+        #pragma omp simd
+        for (long l = 0; l < LN; l++) Z[j * LN + l] = (Z[j * LN + l] - m[l]) * scale;
+    }
+}
+
+static void normalise_lanes(float* Z, long n, const int* dead) {
+    float s[LN];
+    for (long l = 0; l < LN; l++) s[l] = 0;
+    for (long j = 0; j < n; j++) {
+        #pragma omp simd
+        for (long l = 0; l < LN; l++) s[l] += Z[j * LN + l];
+    }
+    for (long l = 0; l < LN; l++) s[l] = dead[l] ? 0 : 1 / s[l];
+    for (long j = 0; j < n; j++) {
+        #pragma omp simd
+        for (long l = 0; l < LN; l++) Z[j * LN + l] *= s[l];
+    }
+}
+
+static void sparsemax_fwd_lanes(const float* X, float* P, float* Z, long rows, long n) {
+    for (long r0 = 0; r0 < rows; r0 += LN) {
+        long L = rows - r0 < LN ? rows - r0 : LN;
+        float m[LN], tau[LN], s[LN]; int dead[LN], k[LN], c[LN], done[LN];
+        load_lanes(X, r0, L, n, Z);
+        center_lanes(Z, n, 1.0f, m, dead);
+        for (long l = 0; l < LN; l++) s[l] = 0;
+        for (long j = 0; j < n; j++) {                 /* start: max(mean(z) - 1/n, -1), as the row kernel */
+            #pragma omp simd
+            for (long l = 0; l < LN; l++) { float z = Z[j * LN + l]; s[l] += z > -1e4f ? z : -1e4f; }
+        }
+        int left = 0;
+        for (long l = 0; l < LN; l++) { tau[l] = (s[l] - 1) / n; tau[l] = tau[l] > -1 ? tau[l] : -1; k[l] = -1; done[l] = dead[l]; left += !done[l]; }
+        for (long it = 0; it <= n && left; it++) {
+            for (long l = 0; l < LN; l++) { s[l] = 0; c[l] = 0; }
+            for (long j = 0; j < n; j++) {
+                #pragma omp simd
+                for (long l = 0; l < LN; l++) { float d = Z[j * LN + l] - tau[l]; s[l] += d > 0 ? d : 0; c[l] += d > 0; }
+            }
+            left = 0;
+            for (long l = 0; l < LN; l++) {
+                if (done[l]) continue;
+                if (c[l] == k[l]) { done[l] = 1; continue; }
+                k[l] = c[l]; tau[l] += (s[l] - 1) / c[l]; left++;
+            }
+        }
+        for (long j = 0; j < n; j++) {
+            #pragma omp simd
+            for (long l = 0; l < LN; l++) { float d = Z[j * LN + l] - tau[l]; Z[j * LN + l] = dead[l] ? 0 : (d > 0 ? d : 0); }
+        }
+        store_lanes(P, r0, L, n, Z);
+    }
+}
+
+static void entmax15_fwd_lanes(const float* X, float* P, float* Z, long rows, long n, long max_iter, float tol) {
+    for (long r0 = 0; r0 < rows; r0 += LN) {
+        long L = rows - r0 < LN ? rows - r0 : LN;
+        float m[LN], tau[LN], s1[LN], s2[LN]; int dead[LN], done[LN];
+        load_lanes(X, r0, L, n, Z);
+        center_lanes(Z, n, 0.5f, m, dead);
+        int left = 0;
+        for (long l = 0; l < LN; l++) { tau[l] = -1; done[l] = dead[l]; left += !done[l]; }
+        for (long it = 0; it < max_iter && left; it++) {
+            for (long l = 0; l < LN; l++) { s1[l] = 0; s2[l] = 0; }
+            for (long j = 0; j < n; j++) {
+                #pragma omp simd
+                for (long l = 0; l < LN; l++) { float d = Z[j * LN + l] - tau[l]; d = d > 0 ? d : 0; s1[l] += d; s2[l] += d * d; }
+            }
+            left = 0;
+            for (long l = 0; l < LN; l++) {
+                if (done[l]) continue;
+                float step = (s2[l] - 1) / (2 * s1[l]);
+                tau[l] += step;
+                if (fabsf(step) <= tol) done[l] = 1; else left++;
+            }
+        }
+        for (long j = 0; j < n; j++) {
+            #pragma omp simd
+            for (long l = 0; l < LN; l++) { float d = Z[j * LN + l] - tau[l]; d = d > 0 ? d : 0; Z[j * LN + l] = dead[l] ? 0 : d * d; }
+        }
+        normalise_lanes(Z, n, dead);
+        store_lanes(P, r0, L, n, Z);
+    }
+}
+
+/* top-k: per lane, bisect on order-preserving integer keys for the k-th largest (32 steps, all lanes together) */
+static void topk_softmax_fwd_lanes(const float* X, float* P, float* Z, long rows, long n, double ratio) {
+    int32_t* K = (int32_t*)(Z + n * LN);               /* keys, [n][16], after the values */
+    for (long r0 = 0; r0 < rows; r0 += LN) {
+        long L = rows - r0 < LN ? rows - r0 : LN;
+        float m[LN], thr[LN]; int32_t lo[LN], hi[LN]; int nv[LN], k[LN], c[LN], dead[LN];
+        load_lanes(X, r0, L, n, Z);
+        for (long l = 0; l < LN; l++) { m[l] = -INFINITY; nv[l] = 0; lo[l] = INT32_MAX; hi[l] = INT32_MIN; }
+        for (long j = 0; j < n; j++) {
+            #pragma omp simd
+            for (long l = 0; l < LN; l++) {
+                float v = Z[j * LN + l];
+                m[l] = v > m[l] ? v : m[l]; nv[l] += v > -INFINITY;
+                union { float f; int32_t i; } u = { v };
+                int32_t key = u.i ^ ((u.i >> 31) & 0x7fffffff);
+                K[j * LN + l] = key;
+                lo[l] = key < lo[l] ? key : lo[l]; hi[l] = key > hi[l] ? key : hi[l];
+            }
+        }
+        for (long l = 0; l < LN; l++) {
+            dead[l] = nv[l] == 0;
+            long kk = (long)ceil(round((double)nv[l] * ratio * 1e9) / 1e9); kk = kk < 1 ? 1 : (kk > nv[l] ? nv[l] : kk);
+            k[l] = (int)kk;
+        }
+        if (n <= 32) {                                 /* short rows: the smallest value with fewer than k above it */
+            for (long l = 0; l < LN; l++) thr[l] = INFINITY;
+            for (long i = 0; i < n; i++) {
+                for (long l = 0; l < LN; l++) c[l] = 0;
+                for (long j = 0; j < n; j++) {
+                    #pragma omp simd
+                    for (long l = 0; l < LN; l++) c[l] += Z[j * LN + l] > Z[i * LN + l];
+                }
+                #pragma omp simd
+                for (long l = 0; l < LN; l++) thr[l] = (c[l] < k[l] && Z[i * LN + l] < thr[l]) ? Z[i * LN + l] : thr[l];
+            }
+            for (long l = 0; l < LN; l++) lo[l] = hi[l];   /* skip the bisection */
+        }
+        for (int it = 0; it < 33; it++) {              /* invariant: >= k keys >= lo, < k keys > hi */
+            int open = 0;
+            int32_t mid[LN];
+            for (long l = 0; l < LN; l++) { mid[l] = (int32_t)(lo[l] + ((int64_t)hi[l] - lo[l] + 1) / 2); c[l] = 0; open += lo[l] < hi[l]; }
+            if (!open) break;
+            for (long j = 0; j < n; j++) {
+                #pragma omp simd
+                for (long l = 0; l < LN; l++) c[l] += K[j * LN + l] >= mid[l];
+            }
+            for (long l = 0; l < LN; l++) {
+                if (lo[l] >= hi[l]) continue;
+                if (c[l] >= k[l]) lo[l] = mid[l]; else hi[l] = mid[l] - 1;
+            }
+        }
+        for (long l = 0; l < LN; l++) {
+            if (n > 32) { union { int32_t i; float f; } u = { lo[l] ^ ((lo[l] >> 31) & 0x7fffffff) }; thr[l] = u.f; }
+            if (dead[l]) m[l] = 0;
+        }
+        for (long j = 0; j < n; j++) {
+            #pragma omp simd
+            for (long l = 0; l < LN; l++) {
+                float v = Z[j * LN + l]; int on = v >= thr[l] && !dead[l];
+                Z[j * LN + l] = exp_f(on ? v - m[l] : 0.0f) * (float)on;
+            }
+        }
+        normalise_lanes(Z, n, dead);
+        store_lanes(P, r0, L, n, Z);
+    }
+}
+
+/* ---- Entry points: rows or lanes, whichever measured faster for the row length (sparsemax in lanes loses at long
+   rows; learned-alpha entmax stays in rows: the compiler does not vectorise its exp/log across lanes).
+   W: scratch of 32 * (n + 16) floats. */
+void sparsemax_fwd(const float* X, float* P, float* W, long rows, long n) {
+    if (n <= 32) sparsemax_fwd_lanes(X, P, W, rows, n); else sparsemax_fwd_rows(X, P, rows, n);
+}
+void entmax15_fwd(const float* X, float* P, float* W, long rows, long n, long max_iter, float tol) {
+    entmax15_fwd_lanes(X, P, W, rows, n, max_iter, tol);
+}
+void topk_softmax_fwd(const float* X, float* P, float* W, long rows, long n, double ratio) {
+    topk_softmax_fwd_lanes(X, P, W, rows, n, ratio);
+}
+
+/* Backward passes of short rows in lanes: W holds the p, g and output blocks. kind 0: sparsemax, 1: entmax-1.5
+   (w = sqrt p), 2: softmax. */
+static void bwd_lanes(int kind, const float* P, const float* G, float* DX, float* W, long rows, long n) {
+    float *Zp = W, *Zg = W + n * LN;
+    for (long r0 = 0; r0 < rows; r0 += LN) {
+        long L = rows - r0 < LN ? rows - r0 : LN;
+        float a[LN], b[LN];
+        load_lanes(P, r0, L, n, Zp); load_lanes(G, r0, L, n, Zg);
+        for (long l = 0; l < LN; l++) { a[l] = 0; b[l] = 0; }
+        for (long j = 0; j < n; j++) {
+            #pragma omp simd
+            for (long l = 0; l < LN; l++) {
+                float p = Zp[j * LN + l], g = Zg[j * LN + l];
+                float w = kind == 0 ? (float)(p > 0) : (kind == 1 ? (p > 0 ? sqrtf(p) : 0.0f) : p);
+                Zp[j * LN + l] = w; a[l] += w * g; b[l] += w;
+            }
+        }
+        for (long l = 0; l < LN; l++) a[l] = kind == 2 ? a[l] : (b[l] > 0 ? a[l] / b[l] : 0);   /* softmax: sum p = 1 */
+        for (long j = 0; j < n; j++) {
+            #pragma omp simd
+            for (long l = 0; l < LN; l++) Zp[j * LN + l] = Zp[j * LN + l] * (Zg[j * LN + l] - a[l]);
+        }
+        store_lanes(DX, r0, L, n, Zp);
+    }
+}
+
+void sparsemax_bwd(const float* P, const float* G, float* DX, float* W, long rows, long n) {
+    if (n <= 32) bwd_lanes(0, P, G, DX, W, rows, n); else sparsemax_bwd_rows(P, G, DX, rows, n);
+}
+void softmax_bwd(const float* P, const float* G, float* DX, float* W, long rows, long n) {
+    if (n <= 32) bwd_lanes(2, P, G, DX, W, rows, n); else softmax_bwd_rows(P, G, DX, rows, n);
+}
+void entmax_bwd(const float* P, const float* G, float* DX, const float* A, float* DA, float* W, long rows, long n) {
+    if (n <= 32 && !A) bwd_lanes(1, P, G, DX, W, rows, n); else entmax_bwd_rows(P, G, DX, A, DA, W, rows, n);
+}
 """
 
 # %% ../nbs/00_kernels.ipynb
 CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
 _SIGNATURES = {  # name: argument types (P = pointer, L = long, F = float, D = double)
-    "sparsemax_fwd": "PPLL", "sparsemax_bwd": "PPPLL", "entmax15_fwd": "PPLLLF", "entmax_alpha_fwd": "PPPPLLLF",
-    "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPLLD", "softmax_bwd": "PPPLL"}
+    "sparsemax_fwd": "PPPLL", "sparsemax_bwd": "PPPPLL", "entmax15_fwd": "PPPLLLF", "entmax_alpha_fwd": "PPPPLLLF",
+    "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPLLD", "softmax_bwd": "PPPPLL"}
 _CTYPES = {"P": ctypes.c_void_p, "L": ctypes.c_long, "F": ctypes.c_float, "D": ctypes.c_double}
 _state = {"lib": None, "tried": False, "enabled": True, "calls": 0}
 
@@ -323,7 +473,7 @@ def _run(name, row_tensors, rows, n, *scalars, per_row=(), scratch=False):
         if hi <= lo: return
         ptrs = [t.data_ptr() + lo * n * 4 for t in row_tensors]
         ptrs += [None if t is None else t.data_ptr() + lo * 4 for t in per_row]
-        buf = torch.empty(n + 16) if scratch else None              # per-call scratch row (+ padding to whole vectors)
+        buf = torch.empty(32 * (n + 16)) if scratch else None       # per-call scratch: a row, or a 16-row block
         fn(*ptrs, *([buf.data_ptr()] if scratch else []), hi - lo, n, *scalars)
     if threads == 1: call(0, rows); return
     if threads not in _pool: _pool[threads] = ThreadPoolExecutor(threads)
@@ -336,15 +486,15 @@ def _rows(x): return x.numel() // x.shape[-1], x.shape[-1]
 
 def sparsemax_fwd(x):
     "Sparsemax of every row of `x` (Michelot's algorithm, exact)."
-    x = x.contiguous(); p = torch.empty_like(x); _run("sparsemax_fwd", [x, p], *_rows(x)); return p
+    x = x.contiguous(); p = torch.empty_like(x); _run("sparsemax_fwd", [x, p], *_rows(x), scratch=True); return p
 
 def sparsemax_bwd(p, g):
     "Gradient of sparsemax: `g` minus its mean over the support, 0 off the support."
-    p, g = p.contiguous(), g.contiguous(); dx = torch.empty_like(p); _run("sparsemax_bwd", [p, g, dx], *_rows(p)); return dx
+    p, g = p.contiguous(), g.contiguous(); dx = torch.empty_like(p); _run("sparsemax_bwd", [p, g, dx], *_rows(p), scratch=True); return dx
 
 def entmax15_fwd(x, max_iter=50):
     "1.5-entmax of every row of `x` (Newton from the left)."
-    x = x.contiguous(); p = torch.empty_like(x); _run("entmax15_fwd", [x, p], *_rows(x), max_iter, _TOL); return p
+    x = x.contiguous(); p = torch.empty_like(x); _run("entmax15_fwd", [x, p], *_rows(x), max_iter, _TOL, scratch=True); return p
 
 def entmax_alpha_fwd(x, alpha_rows, max_iter=30):
     "alpha-entmax of every row of `x`, with `alpha_rows[..., 0]` the alpha of each row."
@@ -365,4 +515,4 @@ def topk_softmax_fwd(x, ratio):
 
 def softmax_bwd(p, g):
     "Gradient of softmax: p * (g - <p, g>)."
-    p, g = p.contiguous(), g.contiguous(); dx = torch.empty_like(p); _run("softmax_bwd", [p, g, dx], *_rows(p)); return dx
+    p, g = p.contiguous(), g.contiguous(); dx = torch.empty_like(p); _run("softmax_bwd", [p, g, dx], *_rows(p), scratch=True); return dx
