@@ -48,6 +48,7 @@ C_SOURCE = r"""
 
 /* Branch-free expf / logf (Cephes polynomials, ~1 ulp on the ranges used): they vectorise, and unlike
    libm's vector versions have no slow path for the zeros and -inf that masked attention rows are full of. */
+#pragma omp declare simd notinbranch
 static inline float exp_f(float xin) {           /* 0 below -87, as float32 underflows there */
     float x = xin < -87.0f ? -87.0f : (xin > 88.0f ? 88.0f : xin);
     float n = floorf(x * 1.44269504088896341f + 0.5f);
@@ -60,6 +61,7 @@ static inline float exp_f(float xin) {           /* 0 below -87, as float32 unde
     return xin < -87.0f ? 0.0f : y * u.f;
 }
 
+#pragma omp declare simd notinbranch
 static inline float log_f(float x) {             /* x > 0 and normal */
     union { float f; int32_t i; } u = { x };
     float e = (float)(((u.i >> 23) & 0xff) - 126);
@@ -315,7 +317,8 @@ static void entmax15_fwd_lanes(const float* X, float* P, float* Z, long rows, lo
     }
 }
 
-/* top-k: per lane, bisect on order-preserving integer keys for the k-th largest (32 steps, all lanes together) */
+/* top-k: per lane, the k-th largest by counting (short rows) or by bisection on order-preserving integer keys
+   (32 steps at most, all lanes together) */
 static void topk_softmax_fwd_lanes(const float* X, float* P, float* Z, long rows, long n, double ratio) {
     int32_t* K = (int32_t*)(Z + n * LN);               /* keys, [n][16], after the values */
     for (long r0 = 0; r0 < rows; r0 += LN) {
