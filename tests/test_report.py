@@ -33,3 +33,12 @@ def test_holm_recomputed_with_scipy(smoke_results):
     adj = np.minimum(1, np.maximum.accumulate((m - np.arange(m)) * raw[ok][order]))
     holm = np.empty(m); holm[order] = adj
     np.testing.assert_allclose(main.p_holm.to_numpy()[ok], holm, rtol=1e-6)
+
+def test_experiment_notebooks_name_their_kernel_and_parameters():
+    "papermill needs a kernelspec and a `parameters` cell in every experiment notebook (a jupytext round trip can drop them)."
+    import json
+    from conftest import ROOT
+    for nb in sorted((ROOT / "nbs" / "experiments").glob("*.ipynb")):
+        meta = json.loads(nb.read_text())
+        assert meta["metadata"].get("kernelspec", {}).get("name") == "python3", nb.name
+        assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in meta["cells"]), nb.name
