@@ -152,3 +152,43 @@ med, summ = bench_grid(datasets=("fashion_mnist",), methods=("softmax", "sparsem
 test_eq(sorted(summ.columns), sorted(["seconds_before", "seconds_kernels", "seconds_kernels_lockstep", "speedup"]))
 test_eq(method_ratios(med).loc["softmax"].tolist(), [1.0] * 3)
 test_eq(project_paper(summ, 1, train_limits={"fashion_mnist": 192}).seeds.tolist(), [10])
+
+
+# %% [markdown]
+# ## Are two paths the same study?
+#
+# Speed must not change the science. `compare_runs` takes the `runs.csv` of two grids run on the same datasets and
+# seeds — e.g. the default path and `--plain` with `SPARSE_REPRO_KERNELS=0` — and reports per method the mean of each,
+# the number of bit-identical results and the paired difference over seeds with its 95 % CI and p (pingouin, via
+# `stats.paired_stats`). `sparse-repro bench compare A B` prints it.
+
+# %%
+#| export
+def compare_runs(a, b, metric="accuracy") -> pd.DataFrame:
+    "Per (dataset, method): means of `a` and `b` (runs.csv paths or tables), identical pairs, paired Δ a − b with 95% CI and p."
+    from sparse_attention_repro.stats import paired_stats
+    a, b = (pd.read_csv(x) if not isinstance(x, pd.DataFrame) else x for x in (a, b))
+    j = a.merge(b, on=["dataset", "method", "seed"], suffixes=("_a", "_b"))
+    rows = []
+    for (ds, m), g in j.groupby(["dataset", "method"], sort=False):
+        st = paired_stats(g[f"{metric}_a"], g[f"{metric}_b"])
+        rows.append(dict(dataset=ds, method=m, n=len(g), mean_a=g[f"{metric}_a"].mean(), mean_b=g[f"{metric}_b"].mean(),
+                         identical=int((g[f"{metric}_a"] == g[f"{metric}_b"]).sum()), delta=st["mean_delta"],
+                         ci_low=st["ci_low"], ci_high=st["ci_high"], p=st["p"]))
+    return pd.DataFrame(rows)
+
+
+# %% [markdown]
+# A real check at toy size: two seeds of two methods trained with the kernels and with the torch normalizers. Softmax
+# does not use the kernels, so its results are identical; the comparison pairs rows by seed.
+
+# %%
+import numpy as np
+cfg = profile_config("smoke", "fashion_mnist", train_limit=192, test_limit=100, progress=False)
+def _grid(kernels_on):
+    with use_kernels(kernels_on):
+        return pd.DataFrame([r for s in (0, 1) for r in run_methods("fashion_mnist", ["softmax", "sparsemax"], s, cfg)])
+cmp = compare_runs(_grid(True), _grid(False))
+test_eq(cmp.method.tolist(), ["softmax", "sparsemax"])
+test_eq(cmp.set_index("method").loc["softmax", ["n", "identical", "delta"]].tolist(), [2, 2, 0.0])
+assert np.isfinite(cmp.mean_a).all() and cmp.mean_a.between(0, 1).all()

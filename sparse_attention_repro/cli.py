@@ -144,6 +144,13 @@ def cmd_bench(args):
     if args.threads < 1: raise UsageError(f"--threads must be >= 1, got {args.threads}")
     if args.repeats < 1: raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     torch_threads(args.threads)
+    if args.what == "compare":
+        if len(args.results or []) != 2: raise UsageError("bench compare needs two results folders: --results A B")
+        for d in args.results:
+            if not (Path(d) / "runs.csv").exists(): raise UsageError(f"{d}/runs.csv does not exist; run `sparse-repro grid --out {d}` first")
+        print(f"A = {args.results[0]}, B = {args.results[1]}: accuracy per method, paired by (dataset, seed)")
+        print(bench.compare_runs(*(Path(d) / "runs.csv" for d in args.results)).round(4).to_string(index=False))
+        return {}
     print(f"{args.what} benchmark, {args.threads} thread(s), median of {args.repeats} interleaved repeat(s)")
     if args.what == "normalizers":
         df = bench.bench_normalizers(repeats=args.repeats)
@@ -207,7 +214,9 @@ def build_parser():
     a.add_argument("--val-fraction", type=float, default=0.1, help="validation split for leakage-free ratio selection")
     executor_args(a)
     b = sub.add_parser("bench", help="speed benchmarks: ratios measured side by side in one process")
-    b.add_argument("what", choices=["normalizers", "grid"], help="normalizers (forward+backward) or grid (training epochs)")
+    b.add_argument("what", choices=["normalizers", "grid", "compare"],
+                   help="normalizers (forward+backward), grid (training epochs) or compare (two results folders)")
+    b.add_argument("--results", nargs="+", help="compare: two results folders (e.g. default path vs --plain)")
     b.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 20 for normalizers, 1 for grid)")
     b.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 = as in one grid job per core)")
     b.add_argument("--datasets", nargs="+", help="grid: datasets (default fashion_mnist twenty_news)")
