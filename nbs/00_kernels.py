@@ -14,6 +14,12 @@
 # normalizer and direction, vectorised by the compiler (`#pragma omp simd`), compiled once with the system C compiler
 # into a shared library that `ctypes` calls on the tensors' memory.
 #
+# * **Short rows** (≤ 32 keys — the 17 of the image datasets) are transposed and processed 16 at a time, one row per
+#   vector lane: a row of 17 would otherwise be one vector plus one leftover element, with a horizontal sum at every
+#   step. Learned-α entmax stays row by row (gcc does not vectorise its exp/log across lanes); instead its iterations
+#   skip the keys that can no longer be in the support.
+# * **Top-k** needs the k-th largest score of each row: by counting on short rows, by bisection on the scores' bits
+#   mapped to order-preserving integers on long ones. No sort.
 # * They handle **float32**, the training dtype (half precision is upcast to it by the normalizers). float64 and
 #   non-CPU tensors take the torch path, which is what the float64 tests against the `entmax` package check.
 # * `exp`/`log` are small branch-free polynomials (Cephes): libm's vector versions take a slow scalar path for the
