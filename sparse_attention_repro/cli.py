@@ -4,7 +4,7 @@
 
 # %% auto 0
 __all__ = ['STUDY_A_KEYS', 'CRISP_KEYS', 'COMMANDS', 'UsageError', 'experiments_dir', 'grid_tasks', 'cmd_grid', 'crisp_tasks',
-           'cmd_crisp', 'cmd_report', 'cmd_site', 'cmd_reproduce', 'cmd_bench', 'torch_threads', 'build_parser', 'main']
+           'cmd_crisp', 'cmd_report', 'cmd_site', 'cmd_reproduce', 'cmd_bench', 'build_parser', 'main']
 
 # %% ../nbs/07_cli.ipynb
 import argparse, os, sys
@@ -140,10 +140,12 @@ def cmd_reproduce(args):
 
 def cmd_bench(args):
     "Print the normalizer or the training benchmark tables."
+    import torch
     from sparse_attention_repro import bench
+    if args.repeats is None: args.repeats = 20 if args.what == "normalizers" else 1
     if args.threads < 1: raise UsageError(f"--threads must be >= 1, got {args.threads}")
     if args.repeats < 1: raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
-    torch_threads(args.threads)
+    torch.set_num_threads(args.threads)
     if args.what == "compare":
         if len(args.results or []) != 2: raise UsageError("bench compare needs two results folders: --results A B")
         for d in args.results:
@@ -173,10 +175,6 @@ def cmd_bench(args):
     print(f"\npaper profile, projected from these epochs, {args.jobs} parallel job(s) (a projection, not a measurement)")
     print(proj.round(1).to_string(index=False))
     return {}
-
-def torch_threads(n):
-    import torch
-    torch.set_num_threads(n)
 
 # %% ../nbs/07_cli.ipynb
 class _Parser(argparse.ArgumentParser):
@@ -232,7 +230,6 @@ def main(argv=None):
     "Entry point of `sparse-repro`; returns the exit status."
     try:
         args = build_parser().parse_args(argv)
-        if args.command == "bench" and args.repeats is None: args.repeats = 20 if args.what == "normalizers" else 1
         fails = COMMANDS[args.command](args)
     except UsageError as e:
         print(f"sparse-repro: error: {e}", file=sys.stderr); return 2
