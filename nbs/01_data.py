@@ -37,7 +37,7 @@ DATASETS = ("cifar10", "fashion_mnist", "kmnist", "twenty_news", "synthetic_mark
 TEXT_VOCAB = 20000  # hashed vocabulary of 20 Newsgroups: ids 2..19999
 TEXT_LEN = 96       # tokens per document / marker sequence, without the CLS token
 PAD_ID, MARKER_ID = 0, 1
-CACHE_VERSION = "v2"  # bump when the content of a cached array changes
+CACHE_VERSION = "v3"  # bump when the content of a cached array changes
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 
@@ -363,16 +363,30 @@ with tempfile.TemporaryDirectory() as d:
 #
 # Offline, CIFAR-10 exists only as JPEG quality 75 (4:2:0 chroma) in the torchvision `ImageFolder` layout
 # `train/<class>/NNNN.jpg`. It is an approximation of CIFAR-10: results are labelled `cifar10` with
-# `dataset_source = "local:jpeg-q75"`. Row order is `ImageFolder`'s: classes in sorted name order (airplane … truck, which is
-# also torchvision's CIFAR-10 label order) and files in sorted name order within a class. This is not the row order of
-# the official batches, so seed `s` selects *different images* than on official CIFAR-10 (`download=True`).
+# `dataset_source = "local:jpeg-q75"` (pixels differ from the official ones by about 6/255 on average).
+#
+# **Row order.** The seeded permutation indexes rows, so the row order decides *which* images a seed trains on. The
+# official order is that of the python batches (`data_batch_1` … `data_batch_5`, `test_batch`), which torchvision keeps.
+# The JPEG copy was written class by class in that order: official row $i$ is the file `<class of label i>/NNNN.jpg` where
+# `NNNN` counts the earlier rows with the same label. So the official label sequence (`official_order.npz`: `train_labels`,
+# `test_labels`, uint8) is all that is needed to read the copy in the official order — and then seed `s` selects the same
+# images as torchvision's CIFAR-10 (`download=True`). Without that file the loader refuses rather than fall back to the
+# folder order, which would silently select different images.
 #
 # The JPEGs are decoded once, straight from the tarball (no extraction), into uint8 `[N, 32, 32, 3]` arrays that are cached.
 
 # %%
 #| export
-def decode_cifar_jpeg_tar(path) -> dict:
-    "Decode `train/<class>/*.jpg` and `test/<class>/*.jpg` from a tar.gz into uint8 `[N,32,32,3]` images and int64 labels."
+def official_cifar_keys(labels: np.ndarray) -> list[tuple[str, str]]:
+    "(class folder, file name) of each official row: label `l` at row `i` is `<class l>/NNNN.jpg`, NNNN = earlier rows labelled `l`."
+    seen = np.zeros(len(CIFAR10_CLASSES), dtype=np.int64)
+    keys = []
+    for l in labels.astype(np.int64):
+        keys.append((CIFAR10_CLASSES[l], f"{seen[l]:04d}.jpg")); seen[l] += 1
+    return keys
+
+def decode_cifar_jpeg_tar(path, order_path) -> dict:
+    "Decode `train/<class>/*.jpg` and `test/<class>/*.jpg` from a tar.gz into uint8 `[N,32,32,3]` images and int64 labels, in the official row order."
     from PIL import Image
     from tqdm.auto import tqdm
     imgs = {"train": {}, "test": {}}
@@ -386,17 +400,43 @@ def decode_cifar_jpeg_tar(path) -> dict:
                     imgs[parts[-3]][(parts[-2], parts[-1])] = np.asarray(im.convert("RGB"))
     except (OSError, EOFError, zlib.error, tarfile.TarError) as e:
         raise DataUnavailableError(f"cannot decode {path} ({_one_line(e)})") from None
+    try:
+        with np.load(order_path) as z: labels = {split: z[f"{split}_labels"] for split in ("train", "test")}
+    except (OSError, ValueError, KeyError, EOFError, zlib.error) as e:
+        raise DataUnavailableError(f"cannot read the official CIFAR-10 row order {order_path} ({_one_line(e)})") from None
     out = {}
     for split, n in (("train", 50000), ("test", 10000)):
-        keys = sorted(imgs[split])                                   # ImageFolder: sorted class, then sorted file name
-        classes = sorted({c for c, _ in keys})
-        if tuple(classes) != CIFAR10_CLASSES or len(keys) != n:
-            raise DataUnavailableError(f"{path}: {split} has {len(keys)} images in classes {classes}, expected {n} in {list(CIFAR10_CLASSES)}")
-        x = np.stack([imgs[split][k] for k in keys])                 # [N, 32, 32, 3] uint8
+        y = labels[split]
+        if y.shape != (n,) or y.max() > 9 or (np.bincount(y, minlength=10) != n // 10).any():
+            raise DataUnavailableError(f"{order_path}: {split}_labels has shape {y.shape} and counts {np.bincount(y).tolist()}, "
+                                       f"expected {n} labels, {n // 10} per class")
+        keys = official_cifar_keys(y)
+        missing = [k for k in keys if k not in imgs[split]]
+        if missing or len(imgs[split]) != n:
+            raise DataUnavailableError(f"{path}: {split} has {len(imgs[split])} images, expected {n} named <class>/NNNN.jpg "
+                                       f"(first missing: {'/'.join(missing[0]) if missing else 'none'})")
+        x = np.stack([imgs[split][k] for k in keys])                 # [N, 32, 32, 3] uint8, official row order
         if x.shape[1:] != (32, 32, 3): raise DataUnavailableError(f"{path}: images of shape {x.shape[1:]}, expected (32, 32, 3)")
-        out[f"{split}_x"], out[f"{split}_y"] = x, np.array([classes.index(c) for c, _ in keys], dtype=np.int64)
+        out[f"{split}_x"], out[f"{split}_y"] = x, y.astype(np.int64)
     return out
 
+
+# %% [markdown]
+# The file of each official row, checked by brute force on a short label sequence, and on the real order file when it is
+# available: its first ten train labels are the ones torchvision's `CIFAR10(train=True).targets` starts with.
+
+# %%
+lab = np.array([6, 9, 9, 4, 1, 1, 2, 7, 8, 3, 6])
+test_eq(official_cifar_keys(lab)[:3], [("frog", "0000.jpg"), ("truck", "0000.jpg"), ("truck", "0001.jpg")])
+test_eq(official_cifar_keys(lab)[-1], ("frog", "0001.jpg"))
+for i, (c, f) in enumerate(official_cifar_keys(lab)):      # brute force: NNNN = earlier rows with the same label
+    test_eq((c, int(f[:4])), (CIFAR10_CLASSES[lab[i]], int((lab[:i] == lab[i]).sum())))
+_order = resolve_data_root() / "cifar10-jpeg/official_order.npz" if resolve_data_root() else None
+if _order is None or not _order.is_file(): print("SKIPPED official CIFAR-10 order checks: set SPARSE_REPRO_DATA to the offline data folder")
+else:
+    with np.load(_order) as z:
+        test_eq(z["train_labels"][:10].tolist(), [6, 9, 9, 4, 1, 1, 2, 7, 8, 3])   # torchvision CIFAR10 train targets[:10]
+        test_eq(z["test_labels"][:10].tolist(), [3, 8, 8, 0, 6, 6, 1, 6, 3, 1])    # torchvision CIFAR10 test targets[:10]
 
 # %% [markdown]
 # ## 20 Newsgroups: text, order, tokens
@@ -413,30 +453,29 @@ def decode_cifar_jpeg_tar(path) -> dict:
 # Offline we do exactly these steps on the extracted `20news-bydate` tree (which is what scikit-learn downloads);
 # a slow test below checks row-by-row identity with `fetch_20newsgroups` itself.
 #
-# **Caveat — the offline train split is flattened.** In the workspace copy of `20news-bydate.tar.gz`, every file of
-# `20news-bydate-train` is a single line: each internal newline was replaced by a tab (the test split is intact). Read
-# as is, `strip_newsgroup_header` (which cuts at the first blank line) would leave *every* training document empty.
-# We therefore turn tabs back into newlines in any post that has no internal newline (a real post always has a multi-line
-# header, so intact files are never touched). This cannot tell an original tab from a former newline, so it is an
-# approximation: simulating the damage on the intact test split, about 11% of documents (837 of 7532) end with
-# different first-96 ids than the original, mostly through quote/footer stripping of tab-indented lines. Online
-# (`download=True`) the original data are used and no repair happens.
+# **A damaged copy is refused, not repaired.** A copy of `20news-bydate.tar.gz` circulates in which every training post
+# was flattened onto one line (newlines turned into tabs). Read as is, `strip_newsgroup_header` (which cuts at the first
+# blank line) would leave every training document empty; repairing it cannot tell an original tab from a former newline
+# (about 11 % of documents change). A real post always has a multi-line header, so a folder where most posts are a
+# single line is that damaged copy: the loader stops with an error that says to replace the archive.
 
 # %%
 #| export
 NEWS_REMOVE = ("headers", "footers", "quotes")
 
-def unflatten_post(text: str) -> str:
-    "Undo newline→tab flattening: a post with tabs but no internal newline gets its tabs back as newlines."
-    return text.replace("\t", "\n") if "\t" in text and "\n" not in text.rstrip("\n") else text
+def is_flattened(posts: list[str]) -> bool:
+    "Whether most posts are a single line (the damaged copy whose newlines became tabs)."
+    return sum("\n" not in t.rstrip("\n") for t in posts) > len(posts) / 2
 
-def news_texts_from_folder(folder, repair: bool = True) -> tuple[list[str], np.ndarray, list[str]]:
+def news_texts_from_folder(folder) -> tuple[list[str], np.ndarray, list[str]]:
     "Texts, labels and class names of one extracted `20news-bydate-{train,test}` folder, in `fetch_20newsgroups` default order."
     from sklearn.datasets import load_files
     from sklearn.datasets._twenty_newsgroups import strip_newsgroup_header, strip_newsgroup_footer, strip_newsgroup_quoting
     b = load_files(folder, encoding="latin1")            # as sklearn's cache builder: shuffle=True, random_state=0
-    raw = [unflatten_post(t) for t in b.data] if repair else b.data
-    texts = [strip_newsgroup_quoting(strip_newsgroup_footer(strip_newsgroup_header(t))) for t in raw]
+    if is_flattened(b.data):
+        raise DataUnavailableError(f"{folder}: most posts are a single line (a damaged copy whose newlines became tabs); "
+                                   f"replace 20news-bydate.tar.gz with the original archive")
+    texts = [strip_newsgroup_quoting(strip_newsgroup_footer(strip_newsgroup_header(t))) for t in b.data]
     order = np.arange(len(texts))
     np.random.RandomState(42).shuffle(order)             # fetch_20newsgroups(shuffle=True, random_state=42)
     return [texts[i] for i in order], b.target[order].astype(np.int64), list(b.target_names)
@@ -444,10 +483,16 @@ def news_texts_from_folder(folder, repair: bool = True) -> tuple[list[str], np.n
 
 # %%
 post = "From: a@b.c\nSubject: hi\n\nBody line\n\tindented\n> quoted\n"
-flat = post[:-1].replace("\n", "\t") + "\n"            # the damage seen in the offline train split
-test_eq(unflatten_post(flat), post.replace("\tindented", "\nindented"))  # original tabs cannot be told apart
-test_eq(unflatten_post(post), post)                            # intact posts are untouched
-test_eq(unflatten_post("one line, no tab\n"), "one line, no tab\n")
+flat = post[:-1].replace("\n", "\t") + "\n"            # the damage of the flattened copy
+test_eq(is_flattened([post] * 3), False)
+test_eq(is_flattened([flat, flat, post]), True)
+with tempfile.TemporaryDirectory() as d:
+    for i, text in enumerate([flat, flat, post]):
+        f = Path(d) / "alt.test" / str(i); f.parent.mkdir(exist_ok=True); f.write_text(text)
+    test_fail(lambda: news_texts_from_folder(d), exc=DataUnavailableError, contains="replace 20news-bydate.tar.gz")
+    (Path(d) / "alt.test" / "0").write_text(post); (Path(d) / "alt.test" / "1").write_text(post)
+    texts, y, names = news_texts_from_folder(d)
+    test_eq((texts[0], names), ("Body line\n\tindented\n", ["alt.test"]))   # header and quote stripped
 
 # %% [markdown]
 # Tokens are the matches of `[a-zA-Z]{2,}`, lower-cased. Each token is hashed with BLAKE2b (4-byte digest read as a
@@ -572,16 +617,24 @@ test_eq(set(np.unique(ids12)), set(range(1, 12))); test_eq(set(y12), set(range(1
 # `download=True` uses the official online distribution instead — torchvision `FashionMNIST`/`KMNIST`/`CIFAR10` and
 # scikit-learn `fetch_20newsgroups`, downloaded into the cache folder (`dataset_source` `torchvision` / `sklearn`). A corrupt
 # file stops the search with an error rather than being skipped silently.
+#
+# **A cache entry remembers its source files** — name, size and modification time of each (`source_identity`). When the
+# files are there and differ from the ones the entry was built from (an archive was replaced), the entry is rebuilt
+# instead of silently reused; an extracted 20 Newsgroups tree lives in a folder named after its archive's identity.
 
 # %%
 #| export
 _HINTS = {
     "fashion_mnist": "install the Debian package dataset-fashion-mnist, set SPARSE_REPRO_DATA (or data_root) to a folder with FashionMNIST/raw/*-ubyte.gz, or pass download=True when online",
     "kmnist": "set SPARSE_REPRO_DATA (or data_root) to a folder with KMNIST/raw/*-ubyte.gz, or pass download=True when online",
-    "cifar10": "set SPARSE_REPRO_DATA (or data_root) to a folder with cifar10-jpeg/cifar10-jpeg-q75.tar.gz, or pass download=True when online (official torchvision CIFAR-10)",
+    "cifar10": "set SPARSE_REPRO_DATA (or data_root) to a folder with cifar10-jpeg/cifar10-jpeg-q75.tar.gz and cifar10-jpeg/official_order.npz, or pass download=True when online (official torchvision CIFAR-10)",
     "twenty_news": "set SPARSE_REPRO_DATA (or data_root) to a folder with 20newsgroups/20news-bydate.tar.gz, or pass download=True when online (scikit-learn fetch_20newsgroups)",
 }
 _TV_CLASSES = {"fashion_mnist": "FashionMNIST", "kmnist": "KMNIST", "cifar10": "CIFAR10"}
+
+def source_identity(paths) -> list:
+    "Name, size and modification time (ns) of each source file; a cache entry built from other files is stale."
+    return [[Path(p).name, Path(p).stat().st_size, Path(p).stat().st_mtime_ns] for p in paths]
 
 def _torchvision_arrays(name: str, cache: Path) -> dict:
     "Download (if needed) through torchvision into `cache/torchvision` and return uint8 images / int64 labels."
@@ -602,9 +655,14 @@ def _sklearn_news_arrays(cache: Path) -> dict:
         out[f"{split}_x"], out[f"{split}_y"] = encode_news(b.data), np.asarray(b.target, dtype=np.int64)
     return out
 
+def news_home(tar_path: Path, cache: Path) -> Path:
+    "The extracted tree of `tar_path` in the cache, in a folder named after the archive's identity (extracted on first use)."
+    tag = hashlib.sha256(json.dumps(source_identity([tar_path])).encode()).hexdigest()[:12]
+    return _extract_tar(tar_path, cache / "20news_home" / tag)
+
 def _local_news_arrays(tar_path: Path, cache: Path) -> dict:
     "Token ids from the offline `20news-bydate.tar.gz`, in `fetch_20newsgroups` order."
-    home = _extract_tar(tar_path, cache / "20news_home")
+    home = news_home(tar_path, cache)
     out = {}
     for split in ("train", "test"):
         texts, y, _ = news_texts_from_folder(home / f"20news-bydate-{split}")
@@ -612,39 +670,44 @@ def _local_news_arrays(tar_path: Path, cache: Path) -> dict:
     return out
 
 def _sources(name: str, root: Path | None, cache: Path, download: bool) -> list[tuple]:
-    "(dataset_source, path shown in messages, files-present check, builder) for each candidate source, in order."
+    "(dataset_source, path shown in messages, source files (empty: none to check), builder) for each candidate, in order."
     if download:
-        if name == "twenty_news": return [("sklearn", "scikit-learn fetch_20newsgroups", lambda: True, lambda: _sklearn_news_arrays(cache))]
-        return [("torchvision", f"torchvision.datasets.{_TV_CLASSES[name]}", lambda: True, lambda: _torchvision_arrays(name, cache))]
+        if name == "twenty_news": return [("sklearn", "scikit-learn fetch_20newsgroups", [], lambda: _sklearn_news_arrays(cache))]
+        return [("torchvision", f"torchvision.datasets.{_TV_CLASSES[name]}", [], lambda: _torchvision_arrays(name, cache))]
     at = lambda rel: root / rel if root else None
     show = lambda rel: str(root / rel) if root else f"$SPARSE_REPRO_DATA/{rel} (SPARSE_REPRO_DATA unset)"
+    files = lambda *paths: list(paths) if all(p is not None and p.is_file() for p in paths) else None
     if name in ("fashion_mnist", "kmnist"):
+        idx = lambda folder: [_idx_file(folder, s) for s in _IDX_FILES.values()] if idx_files_present(folder) else None
         rel = f"{_TV_CLASSES[name]}/raw"
-        srcs = [("local:idx", show(rel), lambda: idx_files_present(at(rel)), lambda: load_idx_folder(at(rel)))]
+        srcs = [("local:idx", show(rel), idx(at(rel)), lambda: load_idx_folder(at(rel)))]
         if name == "fashion_mnist":
             deb = Path("/usr/share/datasets/fashion-mnist")
-            srcs.append(("debian", str(deb), lambda: idx_files_present(deb), lambda: load_idx_folder(deb)))
+            srcs.append(("debian", str(deb), idx(deb), lambda: load_idx_folder(deb)))
         return srcs
-    rel = {"cifar10": "cifar10-jpeg/cifar10-jpeg-q75.tar.gz", "twenty_news": "20newsgroups/20news-bydate.tar.gz"}[name]
-    ready = lambda: at(rel) is not None and at(rel).is_file()
-    if name == "cifar10": return [("local:jpeg-q75", show(rel), ready, lambda: decode_cifar_jpeg_tar(at(rel)))]
-    return [("local:20news-bydate", show(rel), ready, lambda: _local_news_arrays(at(rel), cache))]
+    if name == "cifar10":
+        rel, order = "cifar10-jpeg/cifar10-jpeg-q75.tar.gz", "cifar10-jpeg/official_order.npz"
+        return [("local:jpeg-q75", f"{show(rel)} with {order}", files(at(rel), at(order)),
+                 lambda: decode_cifar_jpeg_tar(at(rel), at(order)))]
+    rel = "20newsgroups/20news-bydate.tar.gz"
+    return [("local:20news-bydate", show(rel), files(at(rel)), lambda: _local_news_arrays(at(rel), cache))]
 
 def full_arrays(name: str, data_root=None, cache_dir=None, download=False) -> tuple[dict, str]:
     "All rows of a real dataset, `{train,test}_{x,y}` numpy arrays in canonical row order, and the `dataset_source`."
     root, cache = resolve_data_root(data_root), resolve_cache_dir(cache_dir)
     tried = []
-    for source, shown, ready, build in _sources(name, root, cache, download):
+    for source, shown, src_files, build in _sources(name, root, cache, download):
         folder = _cache_folder(cache, name, source)
         hit = load_cached(folder)
-        if hit is not None: return hit[0], source
+        identity = None if src_files is None else source_identity(src_files)
+        if hit is not None and (identity is None or hit[1].get("identity") == identity): return hit[0], source
         tried.append(shown)
-        if not ready(): continue
+        if src_files is None: continue
         try: arrays = build()
         except DataUnavailableError as e: raise DataUnavailableError(f"{name}: {e}; {_HINTS[name]}") from None
         except Exception as e:  # e.g. a failed torchvision / scikit-learn download
             raise DataUnavailableError(f"{name}: {shown} failed ({_one_line(e)}); {_HINTS[name]}") from None
-        save_cached(folder, arrays, {"name": name, "source": source, "from": shown})
+        save_cached(folder, arrays, {"name": name, "source": source, "from": shown, "identity": identity})
         return arrays, source
     raise DataUnavailableError(f"{name}: data not found; tried {'; '.join(tried)}; {_HINTS[name]}")
 
@@ -787,6 +850,26 @@ with tempfile.TemporaryDirectory() as d:
         assert not (d / "cache" / f"data-{CACHE_VERSION}" / "kmnist__local_idx" / "meta.json").exists()  # nothing cached
 
 # %% [markdown]
+# ### A replaced source file rebuilds the cache
+#
+# Copy the real KMNIST files, load them (the cache is built), then replace the train labels by a copy with the first
+# label changed: the next load must see the new label, not the cached one.
+
+# %%
+if have_root:
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d); raw = d / "root/KMNIST/raw"; raw.mkdir(parents=True)
+        for f in (resolve_data_root() / "KMNIST/raw").iterdir(): shutil.copy(f, raw / f.name)
+        before, _ = full_arrays("kmnist", data_root=d / "root", cache_dir=d / "cache")
+        labels = read_idx(raw / "train-labels-idx1-ubyte.gz").copy(); labels[0] = (labels[0] + 1) % 10
+        write_idx(raw / "train-labels-idx1-ubyte.gz", labels)
+        after, _ = full_arrays("kmnist", data_root=d / "root", cache_dir=d / "cache")
+        test_eq(int(after["train_y"][0]), int(labels[0])); test_ne(int(after["train_y"][0]), int(before["train_y"][0]))
+        test_eq(after["train_y"][1:], before["train_y"][1:])
+        shutil.rmtree(raw)                                   # files gone: the last cache entry still serves
+        test_eq(full_arrays("kmnist", data_root=d / "root", cache_dir=d / "cache")[0]["train_y"], after["train_y"])
+
+# %% [markdown]
 # ### CIFAR-10 (slow: decodes 60000 JPEGs on first use)
 #
 # Uses the real cache folder, so later runs (and training) reuse the decoded arrays.
@@ -803,7 +886,15 @@ test_eq(c2.train.x, c.train.x)
 arrs, _ = full_arrays("cifar10")
 test_eq((arrs["train_x"].shape, arrs["test_x"].shape, arrs["train_x"].dtype), ((50000, 32, 32, 3), (10000, 32, 32, 3), np.uint8))
 test_eq(np.bincount(arrs["train_y"]), [5000] * 10); test_eq(np.bincount(arrs["test_y"]), [1000] * 10)
-test_eq(arrs["train_y"][:5000], np.zeros(5000))                                           # ImageFolder order: airplane first
+test_eq(arrs["train_y"][:10].tolist(), [6, 9, 9, 4, 1, 1, 2, 7, 8, 3])                  # official order (torchvision's targets)
+test_eq(arrs["test_y"][:10].tolist(), [3, 8, 8, 0, 6, 6, 1, 6, 3, 1])
+from PIL import Image
+jpg = lambda tar, name: np.asarray(Image.open(io.BytesIO(tar.extractfile(name).read())).convert("RGB"))
+with tarfile.open(resolve_data_root() / "cifar10-jpeg/cifar10-jpeg-q75.tar.gz") as tar:
+    test_eq(arrs["train_x"][3], jpg(tar, "train/deer/0000.jpg"))           # row 3 is the first deer of the official order
+    for i in np.random.default_rng(0).integers(0, 10000, 5):               # random test rows: class and rank of row i
+        c = int(arrs["test_y"][i]); rank = int((arrs["test_y"][:i] == c).sum())
+        test_eq(arrs["test_x"][i], jpg(tar, f"test/{CIFAR10_CLASSES[c]}/{rank:04d}.jpg"))
 i = int(np.random.default_rng(0).permutation(50000)[0])                                   # first train item of seed 0
 test_eq(c.train.x[0], patchify(torch.from_numpy(arrs["train_x"][i].transpose(2, 0, 1).copy())[None], 8)[0] / 255)
 test_eq(load_dataset("cifar10", 0, 10, 10, patch_size=4).train.x.shape, (10, 64, 48))
@@ -836,13 +927,12 @@ test_eq(len(np.bincount(arrs["train_y"])), 20)
 import codecs, pickle
 from sklearn.datasets import fetch_20newsgroups, load_files
 from sklearn.datasets import _twenty_newsgroups as tn
-home = resolve_cache_dir() / "20news_home"
+home = news_home(resolve_data_root() / "20newsgroups/20news-bydate.tar.gz", resolve_cache_dir())
 with tempfile.TemporaryDirectory() as dh:
     sk_cache = dict(train=load_files(home / "20news-bydate-train", encoding="latin1"),
                     test=load_files(home / "20news-bydate-test", encoding="latin1"))  # what _download_20newsgroups stores
-    test_eq(sum(t.count("\n") <= 1 for t in sk_cache["train"].data), 11314)            # the flattened train split...
-    test_eq(sum(t.count("\n") <= 1 for t in sk_cache["test"].data), 0)                 # ...and the intact test split
-    sk_cache["train"].data = [unflatten_post(t) for t in sk_cache["train"].data]       # same repair, before sklearn's code
+    for split in ("train", "test"):                                                     # intact: multi-line posts
+        test_eq(sum(t.count("\n") <= 1 for t in sk_cache[split].data), 0)
     Path(tn._pkl_filepath(dh, tn.CACHE_NAME)).write_bytes(codecs.encode(pickle.dumps(sk_cache), "zlib_codec"))
     for split in ("train", "test"):
         ref = fetch_20newsgroups(data_home=dh, subset=split, remove=NEWS_REMOVE, download_if_missing=False)
@@ -851,20 +941,11 @@ with tempfile.TemporaryDirectory() as dh:
         test_eq(arrs[f"{split}_x"], encode_news(ref.data)); test_eq(arrs[f"{split}_y"], ref.target)
         print(split, "parity with fetch_20newsgroups: OK,", len(ref.data), "documents")
 
-# %% [markdown]
-# How lossy is the repair? Flatten the intact test split the same way, repair it, and count documents whose ids change.
-
 # %%
 #| slow
-from sklearn.datasets._twenty_newsgroups import strip_newsgroup_header, strip_newsgroup_footer, strip_newsgroup_quoting
-prep = lambda t: encode_text(strip_newsgroup_quoting(strip_newsgroup_footer(strip_newsgroup_header(t))))
-orig = sk_cache["test"].data
-changed = sum(not np.array_equal(prep(t), prep(unflatten_post(t[:-1].replace("\n", "\t") + t[-1:]))) for t in orig)
-print(f"repair changes the ids of {changed} / {len(orig)} documents ({changed / len(orig):.1%})")
-assert changed / len(orig) < 0.15
 empty_train = int((arrs["train_x"] == 0).all(1).sum()); empty_test = int((arrs["test_x"] == 0).all(1).sum())
-print(f"all-padding documents: train {empty_train}, test {empty_test}")
-assert empty_train < 0.05 * 11314 and empty_test < 0.05 * 7532                        # the repair worked
+print(f"all-padding documents: train {empty_train}, test {empty_test}; padding share of train ids {(arrs['train_x'] == 0).mean():.3f}")
+assert empty_train < 0.05 * 11314 and empty_test < 0.05 * 7532
 
 # %%
 #| hide

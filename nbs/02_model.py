@@ -9,7 +9,10 @@
 # Study A deliberately uses a *tiny* model (embed 64, 4 heads, 2 blocks, about 105k parameters on Fashion-MNIST) so that the
 # attention normalizer is the only thing that changes between runs. PROTOCOL.md fixes every piece:
 #
-# * inputs: image patches through `Linear(patch_dim → 64)`, or token ids through an embedding table;
+# * inputs: image patches through `Linear(patch_dim → 64)`, or token ids through an embedding table whose padding row
+#   (id 0) is zero and never updated, as in the original study (`nn.Embedding(20000, 64, padding_idx=0)`): a pad position
+#   then carries only its positional embedding. `learned_pad_row=True` is the variant that learns that row like any other
+#   (it changes attention to padding measurably — see below);
 # * a learned CLS token and learned positional embeddings, both initialised $\mathcal N(0, 0.02^2)$;
 # * **post-norm** blocks: $x \leftarrow \mathrm{LN}(x + \mathrm{Dropout}(\mathrm{Attn}(x)))$, then
 #   $x \leftarrow \mathrm{LN}(x + \mathrm{Dropout}(\mathrm{MLP}(x)))$ with MLP = Linear(64→256) · GELU · Dropout · Linear(256→64);
@@ -44,6 +47,7 @@ class ClassifierConfig:
     num_layers: int = 2
     mlp_ratio: int = 4
     dropout: float = 0.1
+    learned_pad_row: bool = False   # token ids: learn the embedding of id 0 (padding) instead of the original's frozen zero row
 
 
 # %% [markdown]
@@ -168,7 +172,8 @@ class CompactClassifier(nn.Module):
         if (cfg.input_dim is None) == (cfg.vocab_size is None):
             raise ValueError("give exactly one of input_dim (image patches) or vocab_size (token ids)")
         self.cfg = cfg
-        self.embed = nn.Linear(cfg.input_dim, cfg.embed_dim) if cfg.input_dim else nn.Embedding(cfg.vocab_size, cfg.embed_dim)
+        self.embed = (nn.Linear(cfg.input_dim, cfg.embed_dim) if cfg.input_dim else
+                      nn.Embedding(cfg.vocab_size, cfg.embed_dim, padding_idx=None if cfg.learned_pad_row else 0))
         self.cls = nn.Parameter(torch.randn(1, 1, cfg.embed_dim) * 0.02)
         self.pos = nn.Parameter(torch.randn(1, cfg.seq_len + 1, cfg.embed_dim) * 0.02)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
@@ -263,3 +268,24 @@ test_close(torch.stack(m.densities()), torch.full((2,), 5 / 17), eps=1e-6)   # k
 test_eq(m.alphas(), None)
 hae = CompactClassifier(ClassifierConfig(10, 16, input_dim=49, normalizer="headwise_adaptive_entmax"))
 test_close(torch.stack(hae.alphas()), torch.full((2, 4), 1.5))
+
+# %% [markdown]
+# **The padding row.** By default the embedding of id 0 is zero and gets no gradient, exactly as
+# `nn.Embedding(..., padding_idx=0)` in the original; both variants draw the same initial weights for every other row
+# (the paired design holds across them). With a learned pad row, padding stops being "only a position": at
+# initialisation sparsemax already spreads over a different share of keys.
+
+# %%
+torch.manual_seed(0); frozen = CompactClassifier(ClassifierConfig(20, 96, vocab_size=200, normalizer="sparsemax"))
+torch.manual_seed(0); learned = CompactClassifier(ClassifierConfig(20, 96, vocab_size=200, normalizer="sparsemax", learned_pad_row=True))
+test_eq(frozen.embed.weight[0].detach(), torch.zeros(64)); assert learned.embed.weight[0].abs().sum() > 0
+test_eq(frozen.embed.weight[1:].detach(), learned.embed.weight[1:].detach())                   # same draw for every real token
+test_eq(count_parameters(frozen), count_parameters(learned))                 # the frozen row is still a parameter entry
+ids_pad = torch.randint(2, 200, (8, 96)); ids_pad[:, 40:] = 0
+frozen(ids_pad).sum().backward()
+test_eq(frozen.embed.weight.grad[0], torch.zeros(64))                        # ... that never receives a gradient
+frozen.eval(); learned.eval(); frozen.set_recording(True); learned.set_recording(True)
+with torch.no_grad(): frozen(ids_pad); learned(ids_pad)
+d_frozen, d_learned = float(torch.stack(frozen.densities()).mean()), float(torch.stack(learned.densities()).mean())
+print(f"sparsemax density at initialisation, 56 of 96 tokens padding: frozen pad row {d_frozen:.3f}, learned {d_learned:.3f}")
+assert abs(d_frozen - d_learned) > 0.02

@@ -103,10 +103,11 @@ test_eq(pd.read_csv(d / "runs.csv").shape, (2, 3))
 
 # %%
 #| export
-def check_manifest(out_dir, study, options: dict):
+def check_manifest(out_dir, study, options: dict, defaults: dict | None = None):
     "Record `options` of `study` in `out_dir/manifest.json`, or raise if the folder holds results made differently."
     path = Path(out_dir) / "manifest.json"
     manifest = json.loads(path.read_text()) if path.exists() else {}
+    if study in manifest: manifest[study] = {**(defaults or {}), **manifest[study]}   # options added since the folder was made
     for other in manifest.values():
         if "profile" in other and other["profile"] != options.get("profile"):
             raise ValueError(f"{out_dir} holds results of profile {other['profile']!r}, not {options.get('profile')!r}; "
@@ -127,6 +128,8 @@ check_manifest(d, "crisp", dict(profile="smoke", model="tiny"))
 test_fail(lambda: check_manifest(d, "study_a", dict(profile="quick", patch_size=None)), contains="profile 'smoke'")
 test_fail(lambda: check_manifest(d, "study_a", dict(profile="smoke", patch_size=4)), contains="patch_size=None (now 4)")
 test_eq(sorted(json.loads((d / "manifest.json").read_text())), ["crisp", "study_a"])
+check_manifest(d, "study_a", dict(profile="smoke", patch_size=None, pad=False), defaults=dict(pad=False))  # a newer option at its default
+test_fail(lambda: check_manifest(d, "crisp", dict(profile="smoke", model="tiny", pad=True), defaults=dict(pad=False)), contains="pad=False (now True)")
 
 
 # %% [markdown]

@@ -52,6 +52,7 @@ def _seeds(values):
 # %%
 #| export
 STUDY_A_KEYS = ("dataset", "method", "seed")
+STUDY_A_OPTION_DEFAULTS = dict(learned_pad_row=False)   # options newer than some results folders: absent means this value
 
 def _check_executor(args):
     if args.executor not in ("local", "dask"): raise UsageError(f"unknown executor {args.executor!r}; choose local or dask")
@@ -75,7 +76,7 @@ def grid_tasks(args):
     seeds = _seeds(args.seeds) if args.seeds else list(PROFILES[args.profile]["seeds"])
     if args.val_fraction < 0 or args.val_fraction >= 1: raise UsageError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
     options = dict(profile=args.profile, val_fraction=args.val_fraction, mask_padding=args.mask_padding,
-                   patch_size=args.patch_size, marker_vocab=args.marker_vocab)
+                   patch_size=args.patch_size, marker_vocab=args.marker_vocab, learned_pad_row=args.learned_pad_row)
     for d in datasets:                           # data present and readable? (also warms the decode cache once)
         try: load_dataset(d, 0, 1, 1, patch_size=args.patch_size or None, marker_vocab=args.marker_vocab)
         except DataUnavailableError as e: raise UsageError(str(e).splitlines()[0]) from None
@@ -99,7 +100,7 @@ def grid_tasks(args):
 def cmd_grid(args):
     "Run the study A grid; returns the failures."
     tasks, options = grid_tasks(args)
-    check_manifest(args.out, "study_a", options)
+    check_manifest(args.out, "study_a", options, defaults=STUDY_A_OPTION_DEFAULTS)
     return run_tasks(tasks, Path(args.out) / "runs.csv", STUDY_A_KEYS, Path(args.out) / "rows" / "study_a",
                      jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="study A notebooks")
 
@@ -159,7 +160,7 @@ def cmd_reproduce(args):
     args.out = args.out or f"outputs/{args.profile}"
     run = dict(profile=args.profile, out=args.out, seeds=None, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler)
     grid = argparse.Namespace(**run, datasets=None, methods=None, val_fraction=args.val_fraction, mask_padding=False,
-                              patch_size=0, marker_vocab=20000, plain=False)
+                              patch_size=0, marker_vocab=20000, learned_pad_row=False, plain=False)
     crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row")
     grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
     fails = {**cmd_grid(grid), **cmd_crisp(crisp)}
@@ -229,6 +230,7 @@ def build_parser():
     g.add_argument("--plain", action="store_true", help="train each method alone instead of in lock-step (same results, slower)")
     g.add_argument("--val-fraction", type=float, default=0.0, help="carve a validation split off each train subset")
     g.add_argument("--mask-padding", action="store_true", help="variant: mask twenty_news padding")
+    g.add_argument("--learned-pad-row", action="store_true", help="variant: learn the padding embedding (the original keeps it zero)")
     g.add_argument("--patch-size", type=int, default=0, help="variant: 4 for 4x4 patches (0 = the paper's)")
     g.add_argument("--marker-vocab", type=int, default=20000, help="variant: small vocabulary for a learnable marker task")
     c = sub.add_parser("crisp", help="study B: Crisp configurations x seeds")

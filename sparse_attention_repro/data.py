@@ -6,8 +6,9 @@
 __all__ = ['DATASETS', 'TEXT_VOCAB', 'TEXT_LEN', 'PAD_ID', 'MARKER_ID', 'CACHE_VERSION', 'CIFAR10_CLASSES', 'NEWS_REMOVE',
            'Split', 'DatasetBundle', 'DataUnavailableError', 'resolve_data_root', 'resolve_cache_dir', 'save_cached',
            'load_cached', 'subset_indices', 'train_val_indices', 'patchify', 'read_idx', 'idx_files_present',
-           'load_idx_folder', 'decode_cifar_jpeg_tar', 'unflatten_post', 'news_texts_from_folder', 'tokenize',
-           'hash_token', 'encode_text', 'encode_news', 'make_marker', 'full_arrays', 'load_dataset']
+           'load_idx_folder', 'official_cifar_keys', 'decode_cifar_jpeg_tar', 'is_flattened', 'news_texts_from_folder',
+           'tokenize', 'hash_token', 'encode_text', 'encode_news', 'make_marker', 'source_identity', 'news_home',
+           'full_arrays', 'load_dataset']
 
 # %% ../nbs/01_data.ipynb
 import gzip, hashlib, io, json, os, re, shutil, struct, tarfile, tempfile, zlib
@@ -23,7 +24,7 @@ DATASETS = ("cifar10", "fashion_mnist", "kmnist", "twenty_news", "synthetic_mark
 TEXT_VOCAB = 20000  # hashed vocabulary of 20 Newsgroups: ids 2..19999
 TEXT_LEN = 96       # tokens per document / marker sequence, without the CLS token
 PAD_ID, MARKER_ID = 0, 1
-CACHE_VERSION = "v2"  # bump when the content of a cached array changes
+CACHE_VERSION = "v3"  # bump when the content of a cached array changes
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 # %% ../nbs/01_data.ipynb
@@ -165,8 +166,16 @@ def load_idx_folder(folder: Path, n_train=60000, n_test=10000) -> dict:
     return arrays
 
 # %% ../nbs/01_data.ipynb
-def decode_cifar_jpeg_tar(path) -> dict:
-    "Decode `train/<class>/*.jpg` and `test/<class>/*.jpg` from a tar.gz into uint8 `[N,32,32,3]` images and int64 labels."
+def official_cifar_keys(labels: np.ndarray) -> list[tuple[str, str]]:
+    "(class folder, file name) of each official row: label `l` at row `i` is `<class l>/NNNN.jpg`, NNNN = earlier rows labelled `l`."
+    seen = np.zeros(len(CIFAR10_CLASSES), dtype=np.int64)
+    keys = []
+    for l in labels.astype(np.int64):
+        keys.append((CIFAR10_CLASSES[l], f"{seen[l]:04d}.jpg")); seen[l] += 1
+    return keys
+
+def decode_cifar_jpeg_tar(path, order_path) -> dict:
+    "Decode `train/<class>/*.jpg` and `test/<class>/*.jpg` from a tar.gz into uint8 `[N,32,32,3]` images and int64 labels, in the official row order."
     from PIL import Image
     from tqdm.auto import tqdm
     imgs = {"train": {}, "test": {}}
@@ -180,31 +189,42 @@ def decode_cifar_jpeg_tar(path) -> dict:
                     imgs[parts[-3]][(parts[-2], parts[-1])] = np.asarray(im.convert("RGB"))
     except (OSError, EOFError, zlib.error, tarfile.TarError) as e:
         raise DataUnavailableError(f"cannot decode {path} ({_one_line(e)})") from None
+    try:
+        with np.load(order_path) as z: labels = {split: z[f"{split}_labels"] for split in ("train", "test")}
+    except (OSError, ValueError, KeyError, EOFError, zlib.error) as e:
+        raise DataUnavailableError(f"cannot read the official CIFAR-10 row order {order_path} ({_one_line(e)})") from None
     out = {}
     for split, n in (("train", 50000), ("test", 10000)):
-        keys = sorted(imgs[split])                                   # ImageFolder: sorted class, then sorted file name
-        classes = sorted({c for c, _ in keys})
-        if tuple(classes) != CIFAR10_CLASSES or len(keys) != n:
-            raise DataUnavailableError(f"{path}: {split} has {len(keys)} images in classes {classes}, expected {n} in {list(CIFAR10_CLASSES)}")
-        x = np.stack([imgs[split][k] for k in keys])                 # [N, 32, 32, 3] uint8
+        y = labels[split]
+        if y.shape != (n,) or y.max() > 9 or (np.bincount(y, minlength=10) != n // 10).any():
+            raise DataUnavailableError(f"{order_path}: {split}_labels has shape {y.shape} and counts {np.bincount(y).tolist()}, "
+                                       f"expected {n} labels, {n // 10} per class")
+        keys = official_cifar_keys(y)
+        missing = [k for k in keys if k not in imgs[split]]
+        if missing or len(imgs[split]) != n:
+            raise DataUnavailableError(f"{path}: {split} has {len(imgs[split])} images, expected {n} named <class>/NNNN.jpg "
+                                       f"(first missing: {'/'.join(missing[0]) if missing else 'none'})")
+        x = np.stack([imgs[split][k] for k in keys])                 # [N, 32, 32, 3] uint8, official row order
         if x.shape[1:] != (32, 32, 3): raise DataUnavailableError(f"{path}: images of shape {x.shape[1:]}, expected (32, 32, 3)")
-        out[f"{split}_x"], out[f"{split}_y"] = x, np.array([classes.index(c) for c, _ in keys], dtype=np.int64)
+        out[f"{split}_x"], out[f"{split}_y"] = x, y.astype(np.int64)
     return out
 
 # %% ../nbs/01_data.ipynb
 NEWS_REMOVE = ("headers", "footers", "quotes")
 
-def unflatten_post(text: str) -> str:
-    "Undo newline→tab flattening: a post with tabs but no internal newline gets its tabs back as newlines."
-    return text.replace("\t", "\n") if "\t" in text and "\n" not in text.rstrip("\n") else text
+def is_flattened(posts: list[str]) -> bool:
+    "Whether most posts are a single line (the damaged copy whose newlines became tabs)."
+    return sum("\n" not in t.rstrip("\n") for t in posts) > len(posts) / 2
 
-def news_texts_from_folder(folder, repair: bool = True) -> tuple[list[str], np.ndarray, list[str]]:
+def news_texts_from_folder(folder) -> tuple[list[str], np.ndarray, list[str]]:
     "Texts, labels and class names of one extracted `20news-bydate-{train,test}` folder, in `fetch_20newsgroups` default order."
     from sklearn.datasets import load_files
     from sklearn.datasets._twenty_newsgroups import strip_newsgroup_header, strip_newsgroup_footer, strip_newsgroup_quoting
     b = load_files(folder, encoding="latin1")            # as sklearn's cache builder: shuffle=True, random_state=0
-    raw = [unflatten_post(t) for t in b.data] if repair else b.data
-    texts = [strip_newsgroup_quoting(strip_newsgroup_footer(strip_newsgroup_header(t))) for t in raw]
+    if is_flattened(b.data):
+        raise DataUnavailableError(f"{folder}: most posts are a single line (a damaged copy whose newlines became tabs); "
+                                   f"replace 20news-bydate.tar.gz with the original archive")
+    texts = [strip_newsgroup_quoting(strip_newsgroup_footer(strip_newsgroup_header(t))) for t in b.data]
     order = np.arange(len(texts))
     np.random.RandomState(42).shuffle(order)             # fetch_20newsgroups(shuffle=True, random_state=42)
     return [texts[i] for i in order], b.target[order].astype(np.int64), list(b.target_names)
@@ -266,10 +286,14 @@ def make_marker(n: int, rng: np.random.Generator, vocab: int = TEXT_VOCAB, seq_l
 _HINTS = {
     "fashion_mnist": "install the Debian package dataset-fashion-mnist, set SPARSE_REPRO_DATA (or data_root) to a folder with FashionMNIST/raw/*-ubyte.gz, or pass download=True when online",
     "kmnist": "set SPARSE_REPRO_DATA (or data_root) to a folder with KMNIST/raw/*-ubyte.gz, or pass download=True when online",
-    "cifar10": "set SPARSE_REPRO_DATA (or data_root) to a folder with cifar10-jpeg/cifar10-jpeg-q75.tar.gz, or pass download=True when online (official torchvision CIFAR-10)",
+    "cifar10": "set SPARSE_REPRO_DATA (or data_root) to a folder with cifar10-jpeg/cifar10-jpeg-q75.tar.gz and cifar10-jpeg/official_order.npz, or pass download=True when online (official torchvision CIFAR-10)",
     "twenty_news": "set SPARSE_REPRO_DATA (or data_root) to a folder with 20newsgroups/20news-bydate.tar.gz, or pass download=True when online (scikit-learn fetch_20newsgroups)",
 }
 _TV_CLASSES = {"fashion_mnist": "FashionMNIST", "kmnist": "KMNIST", "cifar10": "CIFAR10"}
+
+def source_identity(paths) -> list:
+    "Name, size and modification time (ns) of each source file; a cache entry built from other files is stale."
+    return [[Path(p).name, Path(p).stat().st_size, Path(p).stat().st_mtime_ns] for p in paths]
 
 def _torchvision_arrays(name: str, cache: Path) -> dict:
     "Download (if needed) through torchvision into `cache/torchvision` and return uint8 images / int64 labels."
@@ -290,9 +314,14 @@ def _sklearn_news_arrays(cache: Path) -> dict:
         out[f"{split}_x"], out[f"{split}_y"] = encode_news(b.data), np.asarray(b.target, dtype=np.int64)
     return out
 
+def news_home(tar_path: Path, cache: Path) -> Path:
+    "The extracted tree of `tar_path` in the cache, in a folder named after the archive's identity (extracted on first use)."
+    tag = hashlib.sha256(json.dumps(source_identity([tar_path])).encode()).hexdigest()[:12]
+    return _extract_tar(tar_path, cache / "20news_home" / tag)
+
 def _local_news_arrays(tar_path: Path, cache: Path) -> dict:
     "Token ids from the offline `20news-bydate.tar.gz`, in `fetch_20newsgroups` order."
-    home = _extract_tar(tar_path, cache / "20news_home")
+    home = news_home(tar_path, cache)
     out = {}
     for split in ("train", "test"):
         texts, y, _ = news_texts_from_folder(home / f"20news-bydate-{split}")
@@ -300,39 +329,44 @@ def _local_news_arrays(tar_path: Path, cache: Path) -> dict:
     return out
 
 def _sources(name: str, root: Path | None, cache: Path, download: bool) -> list[tuple]:
-    "(dataset_source, path shown in messages, files-present check, builder) for each candidate source, in order."
+    "(dataset_source, path shown in messages, source files (empty: none to check), builder) for each candidate, in order."
     if download:
-        if name == "twenty_news": return [("sklearn", "scikit-learn fetch_20newsgroups", lambda: True, lambda: _sklearn_news_arrays(cache))]
-        return [("torchvision", f"torchvision.datasets.{_TV_CLASSES[name]}", lambda: True, lambda: _torchvision_arrays(name, cache))]
+        if name == "twenty_news": return [("sklearn", "scikit-learn fetch_20newsgroups", [], lambda: _sklearn_news_arrays(cache))]
+        return [("torchvision", f"torchvision.datasets.{_TV_CLASSES[name]}", [], lambda: _torchvision_arrays(name, cache))]
     at = lambda rel: root / rel if root else None
     show = lambda rel: str(root / rel) if root else f"$SPARSE_REPRO_DATA/{rel} (SPARSE_REPRO_DATA unset)"
+    files = lambda *paths: list(paths) if all(p is not None and p.is_file() for p in paths) else None
     if name in ("fashion_mnist", "kmnist"):
+        idx = lambda folder: [_idx_file(folder, s) for s in _IDX_FILES.values()] if idx_files_present(folder) else None
         rel = f"{_TV_CLASSES[name]}/raw"
-        srcs = [("local:idx", show(rel), lambda: idx_files_present(at(rel)), lambda: load_idx_folder(at(rel)))]
+        srcs = [("local:idx", show(rel), idx(at(rel)), lambda: load_idx_folder(at(rel)))]
         if name == "fashion_mnist":
             deb = Path("/usr/share/datasets/fashion-mnist")
-            srcs.append(("debian", str(deb), lambda: idx_files_present(deb), lambda: load_idx_folder(deb)))
+            srcs.append(("debian", str(deb), idx(deb), lambda: load_idx_folder(deb)))
         return srcs
-    rel = {"cifar10": "cifar10-jpeg/cifar10-jpeg-q75.tar.gz", "twenty_news": "20newsgroups/20news-bydate.tar.gz"}[name]
-    ready = lambda: at(rel) is not None and at(rel).is_file()
-    if name == "cifar10": return [("local:jpeg-q75", show(rel), ready, lambda: decode_cifar_jpeg_tar(at(rel)))]
-    return [("local:20news-bydate", show(rel), ready, lambda: _local_news_arrays(at(rel), cache))]
+    if name == "cifar10":
+        rel, order = "cifar10-jpeg/cifar10-jpeg-q75.tar.gz", "cifar10-jpeg/official_order.npz"
+        return [("local:jpeg-q75", f"{show(rel)} with {order}", files(at(rel), at(order)),
+                 lambda: decode_cifar_jpeg_tar(at(rel), at(order)))]
+    rel = "20newsgroups/20news-bydate.tar.gz"
+    return [("local:20news-bydate", show(rel), files(at(rel)), lambda: _local_news_arrays(at(rel), cache))]
 
 def full_arrays(name: str, data_root=None, cache_dir=None, download=False) -> tuple[dict, str]:
     "All rows of a real dataset, `{train,test}_{x,y}` numpy arrays in canonical row order, and the `dataset_source`."
     root, cache = resolve_data_root(data_root), resolve_cache_dir(cache_dir)
     tried = []
-    for source, shown, ready, build in _sources(name, root, cache, download):
+    for source, shown, src_files, build in _sources(name, root, cache, download):
         folder = _cache_folder(cache, name, source)
         hit = load_cached(folder)
-        if hit is not None: return hit[0], source
+        identity = None if src_files is None else source_identity(src_files)
+        if hit is not None and (identity is None or hit[1].get("identity") == identity): return hit[0], source
         tried.append(shown)
-        if not ready(): continue
+        if src_files is None: continue
         try: arrays = build()
         except DataUnavailableError as e: raise DataUnavailableError(f"{name}: {e}; {_HINTS[name]}") from None
         except Exception as e:  # e.g. a failed torchvision / scikit-learn download
             raise DataUnavailableError(f"{name}: {shown} failed ({_one_line(e)}); {_HINTS[name]}") from None
-        save_cached(folder, arrays, {"name": name, "source": source, "from": shown})
+        save_cached(folder, arrays, {"name": name, "source": source, "from": shown, "identity": identity})
         return arrays, source
     raise DataUnavailableError(f"{name}: data not found; tried {'; '.join(tried)}; {_HINTS[name]}")
 

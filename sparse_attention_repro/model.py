@@ -26,6 +26,7 @@ class ClassifierConfig:
     num_layers: int = 2
     mlp_ratio: int = 4
     dropout: float = 0.1
+    learned_pad_row: bool = False   # token ids: learn the embedding of id 0 (padding) instead of the original's frozen zero row
 
 # %% ../nbs/02_model.ipynb
 class SelfAttention(nn.Module):
@@ -105,7 +106,8 @@ class CompactClassifier(nn.Module):
         if (cfg.input_dim is None) == (cfg.vocab_size is None):
             raise ValueError("give exactly one of input_dim (image patches) or vocab_size (token ids)")
         self.cfg = cfg
-        self.embed = nn.Linear(cfg.input_dim, cfg.embed_dim) if cfg.input_dim else nn.Embedding(cfg.vocab_size, cfg.embed_dim)
+        self.embed = (nn.Linear(cfg.input_dim, cfg.embed_dim) if cfg.input_dim else
+                      nn.Embedding(cfg.vocab_size, cfg.embed_dim, padding_idx=None if cfg.learned_pad_row else 0))
         self.cls = nn.Parameter(torch.randn(1, 1, cfg.embed_dim) * 0.02)
         self.pos = nn.Parameter(torch.randn(1, cfg.seq_len + 1, cfg.embed_dim) * 0.02)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))

@@ -45,10 +45,11 @@ def collect_rows(rows_dir, out_csv, keys):
     return df
 
 # %% ../nbs/06_runner.ipynb
-def check_manifest(out_dir, study, options: dict):
+def check_manifest(out_dir, study, options: dict, defaults: dict | None = None):
     "Record `options` of `study` in `out_dir/manifest.json`, or raise if the folder holds results made differently."
     path = Path(out_dir) / "manifest.json"
     manifest = json.loads(path.read_text()) if path.exists() else {}
+    if study in manifest: manifest[study] = {**(defaults or {}), **manifest[study]}   # options added since the folder was made
     for other in manifest.values():
         if "profile" in other and other["profile"] != options.get("profile"):
             raise ValueError(f"{out_dir} holds results of profile {other['profile']!r}, not {options.get('profile')!r}; "

@@ -35,6 +35,7 @@ class TrainConfig:
     mask_padding: bool = False       # variant: mask padding tokens of twenty_news (the paper does not)
     patch_size: int | None = None    # variant: 4 for 4x4 patches (None = the paper's 7x7 / 8x8)
     marker_vocab: int = 20000        # variant: a small vocabulary makes the marker task learnable
+    learned_pad_row: bool = False    # variant: learn the padding embedding (the original keeps it zero and frozen)
     progress: bool = True            # tqdm bar
 
 # Paper sizes per dataset: epochs, train / test examples (PROTOCOL.md, "run family" table)
@@ -135,10 +136,10 @@ def train_model(model, train, cfg: TrainConfig, seed: int, desc="") -> TrainResu
     return train_lockstep([model], train, cfg, seed, desc)[0]
 
 # %% ../nbs/03_train.ipynb
-def _new_model(data, method, seed):
+def _new_model(data, method, seed, learned_pad_row=False):
     torch.manual_seed(seed); np.random.seed(seed)
     return CompactClassifier(ClassifierConfig(num_classes=data.num_classes, seq_len=data.seq_len, input_dim=data.input_dim,
-                                              vocab_size=data.vocab_size, normalizer=method))
+                                              vocab_size=data.vocab_size, normalizer=method, learned_pad_row=learned_pad_row))
 
 def _row(dataset, method, seed, config, data, model, result: TrainResult, lockstep_size) -> dict:
     "Evaluate a trained `model` and return its metrics row."
@@ -170,7 +171,7 @@ def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None
     data = _load(dataset, seed, config) if data is None else data
     if not lockstep:
         return [r for m in methods for r in run_methods(dataset, [m], seed, config, data)]
-    models = [_new_model(data, m, seed) for m in methods]
+    models = [_new_model(data, m, seed, config.learned_pad_row) for m in methods]
     results = train_lockstep(models, data.train, config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0] if len(methods) == 1 else f"{len(methods)} methods"))
     return [_row(dataset, m, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
 
