@@ -6,10 +6,11 @@ config = ConfigParser(delimiters=['='])
 config.read('settings.ini', encoding='utf-8')
 cfg = config['DEFAULT']
 
-cfg_keys = 'version description keywords author author_email'.split()
-expected = cfg_keys + "lib_name user branch license status min_python audience language".split()
+cfg_keys = 'version description keywords'.split()
+expected = cfg_keys + "lib_name branch license status min_python audience language".split()
 for o in expected: assert o in cfg, "missing expected setting: {}".format(o)
-setup_cfg = {o: cfg[o] for o in cfg_keys}
+setup_cfg = {o: cfg[o] for o in cfg_keys + ['author', 'author_email', 'git_url'] if cfg.get(o)}   # unknown fields stay out
+if 'git_url' in setup_cfg: setup_cfg['url'] = setup_cfg.pop('git_url')
 
 licenses = {'apache2': ('Apache Software License 2.0', 'OSI Approved :: Apache Software License')}
 statuses = ['1 - Planning', '2 - Pre-Alpha', '3 - Alpha', '4 - Beta', '5 - Production/Stable', '6 - Mature', '7 - Inactive']
@@ -28,7 +29,6 @@ setuptools.setup(
                  'Natural Language :: ' + cfg['language'].title()]
                 + ['Programming Language :: Python :: ' + o for o in py_versions[py_versions.index(min_python):]]
                 + (['License :: ' + lic[1]] if lic[1] else []),
-    url=cfg['git_url'],
     packages=setuptools.find_packages(include=[cfg['lib_name'], cfg['lib_name'] + '.*']),
     include_package_data=True,
     install_requires=requirements,

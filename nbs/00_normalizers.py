@@ -338,7 +338,6 @@ e1 = torch.zeros_like(alpha); e1[1] = eps
 fd = (f(alpha.detach() + e1) - f(alpha.detach() - e1)) / (2 * eps)
 test_close(ga[1], fd, eps=1e-6)
 
-
 # %% [markdown]
 # ## The original study's entmax: 18 bisection steps, gradient through the loop
 #
@@ -461,6 +460,7 @@ assert rel.median() > 0.05                                                      
 p15 = entmax_bisect(x, 1.5)
 test_close(p15, autograd_bisect(x, torch.tensor(1.5, dtype=torch.float64)), eps=1e-12)
 test_close(p15, entmax15(x), eps=1e-4)
+
 
 # %% [markdown]
 # ## Top-k softmax

@@ -50,6 +50,7 @@ class TrainConfig:
     patch_size: int | None = None    # variant: 4 for 4x4 patches (None = the paper's 7x7 / 8x8)
     marker_vocab: int = 20000        # variant: a small vocabulary makes the marker task learnable
     learned_pad_row: bool = False    # variant: learn the padding embedding (the original keeps it zero and frozen)
+    download: bool = False           # fetch the dataset online when no offline copy is found (the source is recorded per row)
     progress: bool = True            # tqdm bar
 
 # Paper sizes per dataset: epochs, train / test examples (PROTOCOL.md, "run family" table)
@@ -224,7 +225,8 @@ def _row(dataset, method, seed, config, data, model, result: TrainResult, lockst
 
 def _load(dataset, seed, config):
     return load_dataset(dataset, seed, config.train_limit, config.test_limit, val_fraction=config.val_fraction,
-                        patch_size=config.patch_size, mask_padding=config.mask_padding, marker_vocab=config.marker_vocab)
+                        patch_size=config.patch_size, mask_padding=config.mask_padding, marker_vocab=config.marker_vocab,
+                        download=config.download)
 
 def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None, lockstep=True) -> list:
     "Train and evaluate every method of `methods` on one (dataset, seed); one metrics row per method."

@@ -46,7 +46,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from sparse_attention_repro.normalizers import get_normalizer, topk_name, attention_density, _keep_count
-from sparse_attention_repro.data import resolve_data_root, subset_indices
+from pathlib import Path
+from sparse_attention_repro.data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data
 
 
 # %% [markdown]
@@ -523,19 +524,46 @@ test_fail(lambda: apply_crisp(m, "fixed_080", scope="matrix"), contains="scope m
 #
 # SST-2 is read from `$SPARSE_REPRO_DATA/sst2/{train,validation,test}.tsv` (or `data_root`), header `sentence<TAB>label`.
 # `test` is the labelled SST binary test split (1821 sentences), used as the held-out estimate the paper lacks.
+# Online (`download=True`), the splits come from the Hugging Face hub — GLUE's `sst2` train and validation, and the
+# labelled SST binary test split from `SetFit/sst2` (GLUE's own test split has no labels) — and are kept as the same TSV
+# files under the cache folder, so later runs read them offline.
 
 # %%
 #| export
 SST2_SPLITS = ("train", "validation", "test")
 
-def read_sst2(split, data_root=None):
-    "SST-2 `split` as a DataFrame with columns sentence, label."
+SST2_HUB = {"train": ("glue", "sst2", "train"), "validation": ("glue", "sst2", "validation"), "test": ("SetFit/sst2", None, "test")}
+
+def _sst2_from_hub(split, path):
+    "Download `split` from the Hugging Face hub and write it as `path` (TSV, `sentence<TAB>label`)."
+    from datasets import load_dataset as hub_dataset
+    name, config, hub_split = SST2_HUB[split]
+    ds = hub_dataset(name, config, split=hub_split)
+    text = "sentence" if "sentence" in ds.column_names else "text"
+    df = pd.DataFrame({"sentence": [s.replace("\t", " ").strip() for s in ds[text]], "label": ds["label"]})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    df.to_csv(tmp, sep="\t", index=False, quoting=3)
+    os.replace(tmp, path)                                                    # atomic: never a half-written split
+
+def sst2_path(split, data_root=None, cache_dir=None, download=False) -> Path:
+    "The TSV file of SST-2 `split`: offline copy, else a cached download (made now if `download`); one-line error otherwise."
     if split not in SST2_SPLITS: raise ValueError(f"unknown SST-2 split {split!r}; choose one of {SST2_SPLITS}")
     root = resolve_data_root(data_root)
-    path = (root / "sst2" / f"{split}.tsv") if root else None
-    if path is None or not path.is_file():
-        where = str(path) if path else "$SPARSE_REPRO_DATA/sst2 (SPARSE_REPRO_DATA is unset)"
-        raise ValueError(f"SST-2 {split} not found at {where}: set SPARSE_REPRO_DATA (or data_root) to a folder holding sst2/{{train,validation,test}}.tsv")
+    offline, cached = (root / "sst2" / f"{split}.tsv") if root else None, resolve_cache_dir(cache_dir) / "sst2" / f"{split}.tsv"
+    for path in (offline, cached):
+        if path is not None and path.is_file(): return path
+    if download:
+        try: _sst2_from_hub(split, cached)
+        except Exception as e: raise DataUnavailableError(f"SST-2 {split}: download from the Hugging Face hub failed ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+        return cached
+    where = str(offline) if offline else "$SPARSE_REPRO_DATA/sst2 (SPARSE_REPRO_DATA is unset)"
+    raise DataUnavailableError(f"SST-2 {split} not found at {where}: set SPARSE_REPRO_DATA (or data_root) to a folder holding "
+                               f"sst2/{{train,validation,test}}.tsv, or download it when online (--download)")
+
+def read_sst2(split, data_root=None, cache_dir=None, download=False):
+    "SST-2 `split` as a DataFrame with columns sentence, label."
+    path = sst2_path(split, data_root, cache_dir, download)
     df = pd.read_csv(path, sep="\t", quoting=3, keep_default_na=False, dtype={"sentence": str})
     if list(df.columns) != ["sentence", "label"]: raise ValueError(f"{path}: expected header 'sentence<TAB>label', got {list(df.columns)}")
     return df.astype({"label": int})
@@ -544,12 +572,14 @@ def read_sst2(split, data_root=None):
 # %%
 import tempfile
 have_data = resolve_data_root() is not None and (resolve_data_root() / "sst2" / "validation.tsv").is_file()
-if have_data:
+if skip_unless_data(have_data, "SST-2 checks: set SPARSE_REPRO_DATA to the offline data folder"):
     test_eq([len(read_sst2(s)) for s in ("validation", "test")], [872, 1821])
     test_eq(sorted(read_sst2("test").label.unique()), [0, 1])
-else: print("SKIPPED SST-2 checks: set SPARSE_REPRO_DATA to the offline data folder")
 with tempfile.TemporaryDirectory() as d:
-    test_fail(lambda: read_sst2("train", data_root=d), contains="set SPARSE_REPRO_DATA")
+    test_fail(lambda: read_sst2("train", data_root=d, cache_dir=d), exc=DataUnavailableError, contains="--download")
+    cached = Path(d) / "cache" / "sst2" / "validation.tsv"; cached.parent.mkdir(parents=True)
+    cached.write_text("sentence\tlabel\na fine film\t1\n")                 # an earlier download in the cache folder
+    test_eq(read_sst2("validation", data_root=d, cache_dir=Path(d) / "cache").values.tolist(), [["a fine film", 1]])
 test_fail(lambda: read_sst2("dev"), contains="unknown SST-2 split")
 
 
@@ -842,14 +872,14 @@ test_fail(lambda: resolve_finetune("huge"), contains="unknown profile")
 
 # %%
 #| export
-def run_crisp(config, seed, profile, model=None, data_root=None, scope="row", threads=0, **overrides) -> list[dict]:
+def run_crisp(config, seed, profile, model=None, data_root=None, scope="row", threads=0, download=False, **overrides) -> list[dict]:
     "Fine-tune and evaluate one Crisp configuration for one seed; one row per eval split (validation, test)."
     crisp_target(config)
     cfg = resolve_finetune(profile, **overrides)
     if threads: torch.set_num_threads(int(threads))                          # 0 = leave the torch default
     model_name = model or CRISP_PROFILES[profile]["model"]
-    train = read_sst2("train", data_root)
-    evals = {s: read_sst2(s, data_root) for s in ("validation", "test")}
+    train = read_sst2("train", data_root, download=download)
+    evals = {s: read_sst2(s, data_root, download=download) for s in ("validation", "test")}
     net, tok, recorded = load_crisp_model(model_name, seed)
     pad = tok.pad_token_id
     tr = train.iloc[subset_indices(len(train), cfg.train_n, seed)]

@@ -133,6 +133,50 @@ test_fail(lambda: check_manifest(d, "crisp", dict(profile="smoke", model="tiny",
 
 
 # %% [markdown]
+# ## One writer per results folder
+#
+# Two grids started on the same folder would both run every unfinished notebook — twice the compute for the same rows.
+# A command that writes into a results folder holds an exclusive `flock` on `<folder>/.lock` for as long as it runs; a
+# second one is refused with one line naming the holder. The kernel drops the lock when its holder exits, however it
+# exits (a killed run leaves no stale lock behind).
+
+# %%
+#| export
+import contextlib, fcntl
+
+class FolderBusyError(ValueError):
+    "Another process is writing into the same results folder."
+
+@contextlib.contextmanager
+def results_lock(out_dir):
+    "Hold the results folder `out_dir` exclusively while the block runs; raise `FolderBusyError` if another process does."
+    path = Path(out_dir) / ".lock"; path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+")
+    try:
+        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0); holder = f.read().strip() or "another process"
+            raise FolderBusyError(f"{out_dir} is in use by {holder}; wait for it to finish or use another --out") from None
+        f.seek(0); f.truncate(); f.write(f"pid {os.getpid()} (started {time.strftime('%Y-%m-%d %H:%M:%S')})"); f.flush()
+        yield
+    finally:
+        f.close()                                                    # closing the file releases the lock
+
+# %%
+import subprocess, sys, signal
+lock_dir = Path(_tf.mkdtemp())
+with results_lock(lock_dir):
+    test_fail(lambda: results_lock(lock_dir).__enter__(), exc=FolderBusyError, contains=f"in use by pid {os.getpid()}")
+with results_lock(lock_dir): pass                                     # released: the folder can be taken again
+holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from sparse_attention_repro.runner import results_lock\n"
+                           f"with results_lock({str(lock_dir)!r}):\n    print('locked', flush=True); time.sleep(60)"],
+                          stdout=subprocess.PIPE, text=True)
+test_eq(holder.stdout.readline().strip(), "locked")
+test_fail(lambda: results_lock(lock_dir).__enter__(), exc=FolderBusyError, contains=f"pid {holder.pid}")
+holder.send_signal(signal.SIGKILL); holder.wait()
+with results_lock(lock_dir): pass                                     # a killed holder leaves no stale lock
+
+# %% [markdown]
 # ## Tasks and execution
 #
 # A task names a notebook, its parameters, where the executed copy goes and which rows files mark it done. `run_tasks`

@@ -11,7 +11,7 @@ __all__ = ['STUDY_A_KEYS', 'STUDY_A_OPTION_DEFAULTS', 'CRISP_KEYS', 'COMMANDS', 
 import argparse, os, sys
 from pathlib import Path
 import sparse_attention_repro
-from .runner import NotebookTask, run_tasks, check_manifest
+from .runner import NotebookTask, run_tasks, check_manifest, results_lock
 
 # %% ../nbs/07_cli.ipynb
 class UsageError(ValueError):
@@ -61,7 +61,7 @@ def grid_tasks(args):
     options = dict(profile=args.profile, val_fraction=args.val_fraction, mask_padding=args.mask_padding,
                    patch_size=args.patch_size, marker_vocab=args.marker_vocab, learned_pad_row=args.learned_pad_row)
     for d in datasets:                           # data present and readable? (also warms the decode cache once)
-        try: load_dataset(d, 0, 1, 1, patch_size=args.patch_size or None, marker_vocab=args.marker_vocab)
+        try: load_dataset(d, 0, 1, 1, patch_size=args.patch_size or None, marker_vocab=args.marker_vocab, download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e).splitlines()[0]) from None
     out, nb = Path(args.out).resolve(), experiments_dir() / "study_a.ipynb"
     threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
@@ -77,15 +77,16 @@ def grid_tasks(args):
             tasks.append(NotebookTask(f"{d}/seed{s}", nb, record,
                                       [rows_dir / f"{m}.csv" for m in methods],
                                       dict(dataset=d, seed=s, methods=todo, threads=threads, rows_dir=str(rows_dir),
-                                           lockstep=not args.plain, **options)))
+                                           lockstep=not args.plain, download=args.download, **options)))
     return tasks, options
 
 def cmd_grid(args):
     "Run the study A grid; returns the failures."
     tasks, options = grid_tasks(args)
-    check_manifest(args.out, "study_a", options, defaults=STUDY_A_OPTION_DEFAULTS)
-    return run_tasks(tasks, Path(args.out) / "runs.csv", STUDY_A_KEYS, Path(args.out) / "rows" / "study_a",
-                     jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="study A notebooks")
+    with results_lock(args.out):
+        check_manifest(args.out, "study_a", options, defaults=STUDY_A_OPTION_DEFAULTS)
+        return run_tasks(tasks, Path(args.out) / "runs.csv", STUDY_A_KEYS, Path(args.out) / "rows" / "study_a",
+                         jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="study A notebooks")
 
 # %% ../nbs/07_cli.ipynb
 CRISP_KEYS = ("config", "seed", "split")
@@ -93,7 +94,8 @@ CRISP_KEYS = ("config", "seed", "split")
 def crisp_tasks(args):
     "Validate the Crisp arguments and return (tasks, options)."
     _check_executor(args)
-    from sparse_attention_repro.crisp import CRISP_CONFIGS, CRISP_PROFILES
+    from sparse_attention_repro.crisp import CRISP_CONFIGS, CRISP_PROFILES, sst2_path
+    from sparse_attention_repro.data import DataUnavailableError
     if args.profile not in CRISP_PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(CRISP_PROFILES)}")
     configs = _split(args.configs) if args.configs else list(CRISP_CONFIGS)
     for c in configs:
@@ -101,20 +103,24 @@ def crisp_tasks(args):
     if args.scope not in ("row", "head"): raise UsageError(f"--scope must be row or head, got {args.scope!r}")
     seeds = _seeds(args.seeds) if args.seeds else list(CRISP_PROFILES[args.profile]["seeds"])
     options = dict(profile=args.profile, model=args.model or "", scope=args.scope)
+    for split in ("train", "validation", "test"):  # SST-2 present (or downloaded now), before any notebook starts
+        try: sst2_path(split, download=args.download)
+        except DataUnavailableError as e: raise UsageError(str(e)) from None
     out, nb = Path(args.out).resolve(), experiments_dir() / "crisp.ipynb"
     threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
     rows = lambda c, s: (out / "rows" / "crisp" / c / f"seed{s}.csv").resolve()
     tasks = [NotebookTask(f"{c}/seed{s}", nb, out / "notebooks" / "crisp" / c / f"seed{s}.ipynb", [rows(c, s)],
-                          dict(config=c, seed=s, threads=threads, rows_path=str(rows(c, s)), **options))
+                          dict(config=c, seed=s, threads=threads, rows_path=str(rows(c, s)), download=args.download, **options))
              for c in configs for s in seeds]
     return tasks, options
 
 def cmd_crisp(args):
     "Run the Crisp grid; returns the failures."
     tasks, options = crisp_tasks(args)
-    check_manifest(args.out, "crisp", options)
-    return run_tasks(tasks, Path(args.out) / "crisp_runs.csv", CRISP_KEYS, Path(args.out) / "rows" / "crisp",
-                     jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="Crisp notebooks")
+    with results_lock(args.out):
+        check_manifest(args.out, "crisp", options)
+        return run_tasks(tasks, Path(args.out) / "crisp_runs.csv", CRISP_KEYS, Path(args.out) / "rows" / "crisp",
+                         jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="Crisp notebooks")
 
 # %% ../nbs/07_cli.ipynb
 def cmd_report(args):
@@ -131,7 +137,8 @@ def cmd_site(args):
 def cmd_reproduce(args):
     "Study A grid, Crisp grid and the report into one folder."
     args.out = args.out or f"outputs/{args.profile}"
-    run = dict(profile=args.profile, out=args.out, seeds=None, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler)
+    run = dict(profile=args.profile, out=args.out, seeds=None, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
+               download=args.download)
     grid = argparse.Namespace(**run, datasets=None, methods=None, val_fraction=args.val_fraction, mask_padding=False,
                               patch_size=0, marker_vocab=20000, learned_pad_row=False, plain=False)
     crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row")
@@ -190,6 +197,7 @@ def build_parser():
         sp.add_argument("--jobs", **jobs)
         sp.add_argument("--executor", default="local", help="local (threads driving kernels) or dask (dask.distributed)")
         sp.add_argument("--scheduler", default=None, help="dask scheduler address (tcp://host:8786); none = a LocalCluster")
+        sp.add_argument("--download", action="store_true", help="fetch missing datasets from their official online sources")
     g = sub.add_parser("grid", help="study A: every dataset x method x seed of a profile")
     g.add_argument("--profile", default="smoke", help="smoke | quick | paper")
     g.add_argument("--out", required=True, help="results folder (runs.csv, notebooks/, rows/)")

@@ -17,6 +17,7 @@ model: str = ""  # empty: the profile model; else minilm | tiny-distilbert | dis
 scope: str = "row"  # percentile scope of the top-k mask: row | head
 threads: int = 0  # torch CPU threads, 0 keeps the torch default
 rows_path: str = "crisp_rows.csv"  # the result rows (one per eval split) are written here as CSV
+download: bool = False  # fetch SST-2 from the Hugging Face hub when no offline copy is found
 
 # %%
 import pandas as pd
@@ -24,7 +25,7 @@ from sparse_attention_repro.crisp import run_crisp
 from sparse_attention_repro.runner import save_rows
 
 # %%
-rows = run_crisp(config, seed, profile, model=model or None, scope=scope, threads=threads)
+rows = run_crisp(config, seed, profile, model=model or None, scope=scope, threads=threads, download=download)
 
 # %%
 pd.DataFrame(rows)[["config", "split", "n_eval", "accuracy", "sparsity_mean", "attention_entropy", "train_seconds", "status"]]

