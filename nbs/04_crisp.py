@@ -380,7 +380,7 @@ test_fail(lambda: crisp_target("fixed_090"), contains="unknown crisp config")
 # those lengths:
 # $$S(r) = 1 - \frac{\sum_i n_i\,k(r, n_i)}{\sum_i n_i^2}.$$
 #
-# **Choice.** `fixed_080` is kept as the issue and the paper define it — nominal ratio 0.2 — and its *measured* sparsity is
+# **Choice.** `fixed_080` is kept as the paper defines it — nominal ratio 0.2 — and its *measured* sparsity is
 # reported next to it (≈ 78 % on SST-2). For the adaptive configurations the target is a *measured* average, so each
 # layer's keep ratio is **calibrated** on the token lengths of the *training* sentences: $r_l$ is the ratio whose $S(r_l)$
 # is closest to $s_l$ (row scope). The evaluation splits are never looked at; their measured sparsity is reported in every
