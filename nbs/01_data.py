@@ -127,6 +127,7 @@ def skip_unless_data(present: bool, message: str) -> bool:
     print(f"SKIPPED {message}")
     return False
 
+
 # %%
 _ci = os.environ.pop("CI", None)
 try:
@@ -135,6 +136,7 @@ try:
 finally:
     os.environ.pop("CI", None)
     if _ci is not None: os.environ["CI"] = _ci
+
 
 # %% [markdown]
 # ## Atomic array cache

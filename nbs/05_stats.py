@@ -748,7 +748,11 @@ test_eq(verdict("level", 0.9062, 0.905, 0.896, 0.914, np.nan, 5), "reproduced")
 
 # %%
 #| export
-def _fmt_pt(x): return f"{100 * x:+.2f} pt" if np.isfinite(x) else "n/a"
+def _fmt_pt(x): return f"{100 * x:+.1f} pt" if np.isfinite(x) else "n/a"
+
+def fmt_p(p):
+    "A p-value to two significant digits (`p < 0.0001` below that)."
+    return "n/a" if not np.isfinite(p) else "< 0.0001" if p < 1e-4 else f"{p:.2g}"
 
 def _claim_row(c, tests, crisp, runs, profile):
     "Our estimate and verdict for one claim."
@@ -803,7 +807,7 @@ def _sentence(r):
                 f"so the paper's absolute number cannot be checked here — not comparable.")
     if k in ("delta", "null"):
         s = (f"{r['claim']}: over {n} matched seeds we measure {_fmt_pt(r['estimate'])} "
-             f"(95% CI {_fmt_pt(r['ci_low'])} to {_fmt_pt(r['ci_high'])}, Holm p = {r['p_holm']:.3g})")
+             f"(95% CI {_fmt_pt(r['ci_low'])} to {_fmt_pt(r['ci_high'])}, Holm p = {fmt_p(r['p_holm'])})")
         if np.isfinite(r["pi_low"]):
             s += f"; a single seed pair would land between {_fmt_pt(r['pi_low'])} and {_fmt_pt(r['pi_high'])} (95% PI)"
         return s + f" — {v}."
@@ -837,6 +841,7 @@ def claims_table(runs=None, crisp=None, tests=None, ctests=None, claims=CLAIMS):
 # the same numbers as in the test tables.
 
 # %%
+test_eq([fmt_p(p) for p in (0.048312, 0.0011014, 1.0, 3e-7, np.nan)], ["0.048", "0.0011", "1", "< 0.0001", "n/a"])
 cl = claims_table(runs, crisp)
 test_eq(len(cl), len(CLAIMS))
 assert set(cl.verdict) <= {"reproduced", "not reproduced", "inconclusive", "not run"}

@@ -15,7 +15,7 @@
 
 # %%
 #| export
-import html, shutil
+import html, os, shutil
 from pathlib import Path
 
 import nbformat
@@ -23,6 +23,7 @@ import papermill as pm
 from nbconvert import HTMLExporter
 
 import sparse_attention_repro
+from sparse_attention_repro.runner import scrub_record
 
 # %%
 from fastcore.test import test_eq, test_fail
@@ -52,7 +53,9 @@ assert report_notebook().name == "report.ipynb"
 # ## HTML export
 #
 # `embed_images=True` inlines the PNGs as data URIs — that is what makes the report self-contained; `exclude_input`
-# hides the code (the report is for readers of results; the `.ipynb` beside it keeps the code).
+# hides the code (the report is for readers of results; the `.ipynb` beside it keeps the code). A raw front-matter cell
+# (`skip_exec: true`, which keeps `nbdev_test` off the experiment notebooks) is instructions for tools, not for readers,
+# so it is left out of the HTML.
 
 # %%
 #| export
@@ -60,7 +63,9 @@ def to_html(nb_path, html_path=None, exclude_input=False):
     "Convert a notebook to one self-contained HTML file (images embedded); returns the HTML path."
     nb_path = Path(nb_path); html_path = Path(html_path or nb_path.with_suffix(".html"))
     ex = HTMLExporter(template_name="lab", embed_images=True, exclude_input=exclude_input)
-    body, _ = ex.from_notebook_node(nbformat.read(nb_path, as_version=4), resources={"metadata": {"path": str(nb_path.parent)}})
+    nb = nbformat.read(nb_path, as_version=4)
+    nb.cells = [c for c in nb.cells if not (c.cell_type == "raw" and c.source.lstrip().startswith("---"))]
+    body, _ = ex.from_notebook_node(nb, resources={"metadata": {"path": str(nb_path.parent)}})
     html_path.write_text(body, encoding="utf-8")
     return html_path
 
@@ -81,8 +86,14 @@ def make_report(results_dir, # folder holding runs.csv and/or crisp_runs.csv
     out = Path(out_dir) if out_dir else res
     out.mkdir(parents=True, exist_ok=True)
     nb_out = out / "report.ipynb"
+    # paths relative to the report's own folder (its working directory): the executed record names no machine path
+    rel = os.path.relpath(res.resolve(), out.resolve())
+    shown = os.path.relpath(res.resolve())
+    shown = shown if not shown.startswith("..") else res.resolve().name
     pm.execute_notebook(str(report_notebook()), str(nb_out), cwd=str(out), kernel_name=kernel_name, progress_bar=False,
-                        parameters=dict(results_dir=str(res.resolve()), out_dir=str(out.resolve())))
+                        parameters=dict(results_dir=rel, out_dir=".", results_label=shown),
+                        extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+    scrub_record(nb_out, out)
     return to_html(nb_out, out / "report.html", exclude_input=exclude_input)
 
 
@@ -101,6 +112,8 @@ with tempfile.TemporaryDirectory() as d:
     p = make_report(d)
     test_eq(p.name, "report.html")
     assert (Path(d) / "tables" / "paired_tests.csv").exists()
+    page, record = p.read_text(), (Path(d) / "report.ipynb").read_text()
+    assert str(Path(d).resolve()) not in page + record and "skip_exec" not in page       # no machine path, no front matter
 
 
 # %% [markdown]

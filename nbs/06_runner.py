@@ -69,6 +69,36 @@ test_eq(sorted(p.name for p in (d / "sub").iterdir()), ["r.csv"])  # ... and no 
 
 
 # %% [markdown]
+# An executed notebook is a record meant to be kept and shared, so it should not name the machine it ran on. Papermill
+# stores absolute paths (its input and output paths, and our task parameters such as the rows folder); `scrub_record`
+# rewrites every path under the results folder relative to it and keeps only the file name of papermill's paths.
+
+# %%
+#| export
+import nbformat
+
+def scrub_record(nb_path, root):
+    "Rewrite the executed notebook `nb_path` so that paths under `root` are relative to it and papermill's paths are bare names."
+    nb = nbformat.read(nb_path, as_version=4)
+    meta = nb.metadata.get("papermill", {})
+    for k in ("input_path", "output_path"):
+        if meta.get(k): meta[k] = Path(meta[k]).name
+    root = str(Path(root).resolve())
+    text = nbformat.writes(nb).replace(root + os.sep, "").replace(root, ".")
+    atomic_write(nb_path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+# %%
+nb = nbformat.v4.new_notebook(metadata={"papermill": {"input_path": "/x/nbs/experiments/a.ipynb", "output_path": f"{d}/nbs/a.ipynb"}})
+nb.cells = [nbformat.v4.new_code_cell(f'rows_dir = "{d}/rows/a/seed0"\nout = "{d}"')]
+nbformat.write(nb, d / "rec.ipynb")
+scrub_record(d / "rec.ipynb", d)
+back = nbformat.read(d / "rec.ipynb", as_version=4)
+test_eq(back.cells[0].source, 'rows_dir = "rows/a/seed0"\nout = "."')
+test_eq(back.metadata.papermill, {"input_path": "a.ipynb", "output_path": "a.ipynb"})
+assert str(d) not in (d / "rec.ipynb").read_text()
+
+# %% [markdown]
 # ## Collecting rows
 #
 # The tidy CSV is the concatenation of every rows file, sorted by the key columns. If two rows files ever held the same
@@ -211,7 +241,7 @@ def execute_task(task: NotebookTask, kernel_name="python3"):
             # no `cwd=`: papermill would os.chdir the whole process, which races between parallel tasks
         pm.execute_notebook(str(task.notebook), str(task.output), kernel_name=kernel_name, language="python",
                             progress_bar=False, parameters=task.parameters,
-                            extra_arguments=["--IPKernelApp.log_level=ERROR"])   # no per-kernel TCP warning
+                            extra_arguments=["--IPKernelApp.log_level=CRITICAL"])   # no kernel log noise (TCP warning, shutdown)
     except Exception as e:
         return _error_line(e)
     if not task.done: return "notebook finished without writing its rows"
@@ -259,7 +289,8 @@ def _dask_pool(jobs, scheduler):
         if cluster is not None: cluster.close()
     return submit, dask_completed, (lambda fut: fut.result()), close
 
-def run_tasks(tasks, out_csv, keys, rows_dir, jobs=1, executor="local", scheduler=None, progress=True, desc="runs"):
+def run_tasks(tasks, out_csv, keys, rows_dir, jobs=1, executor="local", scheduler=None, progress=True, desc="runs",
+              scrub_root=None):
     "Run the unfinished `tasks` (`executor` local threads or dask); keep `out_csv` up to date; return {task name: error}."
     pending = [t for t in tasks if not t.done]
     if len(pending) < len(tasks) and progress: print(f"{len(tasks) - len(pending)} of {len(tasks)} tasks already done; resuming")
@@ -277,6 +308,7 @@ def run_tasks(tasks, out_csv, keys, rows_dir, jobs=1, executor="local", schedule
                 try: err, files = result(fut)
                 except Exception as e: err, files = _error_line(e), None
                 if files: _write_files(files)
+                if scrub_root is not None and Path(task.output).exists(): scrub_record(task.output, scrub_root)
                 if err: failures[task.name] = err; tqdm.write(f"FAILED {task.name}: {err} (see {task.output})")
                 else: collect_rows(rows_dir, out_csv, keys)
                 bar.update()
@@ -300,8 +332,9 @@ nb.cells = [params, nbformat.v4.new_code_cell(
 nbformat.write(nb, d / "square.ipynb")
 tasks = [NotebookTask(f"x{x}", d / "square.ipynb", d / "nbs" / f"x{x}.ipynb", [d / "rows2" / f"x{x}.csv"],
                       dict(x=x, rows_path=str(d / "rows2" / f"x{x}.csv"))) for x in (2, 3, -1)]
-fails = run_tasks(tasks, d / "squares.csv", ["x"], d / "rows2", jobs=2, progress=False)
+fails = run_tasks(tasks, d / "squares.csv", ["x"], d / "rows2", jobs=2, progress=False, scrub_root=d)
 test_eq(fails, {"x-1": "ValueError: x must be >= 0"})
+assert str(d) not in (d / "nbs" / "x2.ipynb").read_text()          # the kept records name no machine path
 test_eq(pd.read_csv(d / "squares.csv").values.tolist(), [[2, 4], [3, 9]])
 assert (d / "nbs" / "x-1.ipynb").exists()
 mtime = (d / "rows2" / "x2.csv").stat().st_mtime

@@ -86,7 +86,8 @@ def cmd_grid(args):
     with results_lock(args.out):
         check_manifest(args.out, "study_a", options, defaults=STUDY_A_OPTION_DEFAULTS)
         return run_tasks(tasks, Path(args.out) / "runs.csv", STUDY_A_KEYS, Path(args.out) / "rows" / "study_a",
-                         jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="study A notebooks")
+                         jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="study A notebooks",
+                         scrub_root=Path(args.out))
 
 # %% ../nbs/07_cli.ipynb
 CRISP_KEYS = ("config", "seed", "split")
@@ -120,7 +121,8 @@ def cmd_crisp(args):
     with results_lock(args.out):
         check_manifest(args.out, "crisp", options)
         return run_tasks(tasks, Path(args.out) / "crisp_runs.csv", CRISP_KEYS, Path(args.out) / "rows" / "crisp",
-                         jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="Crisp notebooks")
+                         jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="Crisp notebooks",
+                         scrub_root=Path(args.out))
 
 # %% ../nbs/07_cli.ipynb
 def cmd_report(args):

@@ -6,7 +6,7 @@
 __all__ = ['report_notebook', 'to_html', 'make_report', 'render_site']
 
 # %% ../nbs/05a_report.ipynb
-import html, shutil
+import html, os, shutil
 from pathlib import Path
 
 import nbformat
@@ -14,6 +14,7 @@ import papermill as pm
 from nbconvert import HTMLExporter
 
 import sparse_attention_repro
+from .runner import scrub_record
 
 # %% ../nbs/05a_report.ipynb
 def _repo_root():
@@ -33,7 +34,9 @@ def to_html(nb_path, html_path=None, exclude_input=False):
     "Convert a notebook to one self-contained HTML file (images embedded); returns the HTML path."
     nb_path = Path(nb_path); html_path = Path(html_path or nb_path.with_suffix(".html"))
     ex = HTMLExporter(template_name="lab", embed_images=True, exclude_input=exclude_input)
-    body, _ = ex.from_notebook_node(nbformat.read(nb_path, as_version=4), resources={"metadata": {"path": str(nb_path.parent)}})
+    nb = nbformat.read(nb_path, as_version=4)
+    nb.cells = [c for c in nb.cells if not (c.cell_type == "raw" and c.source.lstrip().startswith("---"))]
+    body, _ = ex.from_notebook_node(nb, resources={"metadata": {"path": str(nb_path.parent)}})
     html_path.write_text(body, encoding="utf-8")
     return html_path
 
@@ -49,8 +52,14 @@ def make_report(results_dir, # folder holding runs.csv and/or crisp_runs.csv
     out = Path(out_dir) if out_dir else res
     out.mkdir(parents=True, exist_ok=True)
     nb_out = out / "report.ipynb"
+    # paths relative to the report's own folder (its working directory): the executed record names no machine path
+    rel = os.path.relpath(res.resolve(), out.resolve())
+    shown = os.path.relpath(res.resolve())
+    shown = shown if not shown.startswith("..") else res.resolve().name
     pm.execute_notebook(str(report_notebook()), str(nb_out), cwd=str(out), kernel_name=kernel_name, progress_bar=False,
-                        parameters=dict(results_dir=str(res.resolve()), out_dir=str(out.resolve())))
+                        parameters=dict(results_dir=rel, out_dir=".", results_label=shown),
+                        extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+    scrub_record(nb_out, out)
     return to_html(nb_out, out / "report.html", exclude_input=exclude_input)
 
 # %% ../nbs/05a_report.ipynb

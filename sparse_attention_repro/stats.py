@@ -8,7 +8,7 @@ __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'BASELINE', 'SPARSE_METHODS', '
            'holm', 'family_of', 'paired_tests', 'crisp_tests', 'seed_deltas', 'single_seed_summary',
            'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas', 'power_table',
            'accuracy_ci', 'select_topk', 'alpha_long', 'time_ratios', 'layer_sparsity', 'prediction_interval',
-           'verdict', 'claims_table', 'analyse']
+           'verdict', 'fmt_p', 'claims_table', 'analyse']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -375,7 +375,11 @@ def verdict(kind, paper, est, lo, hi, p_holm, n, alpha=0.05):
     return "inconclusive"
 
 # %% ../nbs/05_stats.ipynb
-def _fmt_pt(x): return f"{100 * x:+.2f} pt" if np.isfinite(x) else "n/a"
+def _fmt_pt(x): return f"{100 * x:+.1f} pt" if np.isfinite(x) else "n/a"
+
+def fmt_p(p):
+    "A p-value to two significant digits (`p < 0.0001` below that)."
+    return "n/a" if not np.isfinite(p) else "< 0.0001" if p < 1e-4 else f"{p:.2g}"
 
 def _claim_row(c, tests, crisp, runs, profile):
     "Our estimate and verdict for one claim."
@@ -430,7 +434,7 @@ def _sentence(r):
                 f"so the paper's absolute number cannot be checked here — not comparable.")
     if k in ("delta", "null"):
         s = (f"{r['claim']}: over {n} matched seeds we measure {_fmt_pt(r['estimate'])} "
-             f"(95% CI {_fmt_pt(r['ci_low'])} to {_fmt_pt(r['ci_high'])}, Holm p = {r['p_holm']:.3g})")
+             f"(95% CI {_fmt_pt(r['ci_low'])} to {_fmt_pt(r['ci_high'])}, Holm p = {fmt_p(r['p_holm'])})")
         if np.isfinite(r["pi_low"]):
             s += f"; a single seed pair would land between {_fmt_pt(r['pi_low'])} and {_fmt_pt(r['pi_high'])} (95% PI)"
         return s + f" — {v}."

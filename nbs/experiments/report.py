@@ -12,6 +12,7 @@
 # %% tags=["parameters"]
 results_dir: str = "outputs/smoke"  # folder holding runs.csv and/or crisp_runs.csv
 out_dir: str = ""  # folder for report figures and tables, empty means results_dir
+results_label: str = ""  # how the results folder is named in the text, empty means results_dir
 
 # %%
 import warnings
@@ -50,7 +51,7 @@ profiles = sorted({*(runs.profile if runs is not None else []), *(crisp.profile 
 if len(profiles) > 1:
     md(f"**Several profiles in these results:** {', '.join(profiles)}. Tests and claims are computed per profile; "
        "the figures pool them.")
-md(f"**Results folder:** `{RES}`. " + (f"**Missing:** {', '.join(missing)} — the sections that need it are skipped."
+md(f"**Results folder:** `{results_label or RES}`. " + (f"**Missing:** {', '.join(missing)} — the sections that need it are skipped."
                                         if missing else "Both result files found."))
 
 # %%
