@@ -15,6 +15,7 @@ def cli(*args, timeout=900, **kw):
 def data_root():
     root = os.environ.get("SPARSE_REPRO_DATA")
     if not root or not Path(root).is_dir():
+        if os.environ.get("CI"): pytest.fail("SPARSE_REPRO_DATA is not set to the offline data folder (missing data fails under CI)")
         pytest.skip("SPARSE_REPRO_DATA is not set to the offline data folder")
     return root
 

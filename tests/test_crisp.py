@@ -14,7 +14,9 @@ NB = Path(__file__).resolve().parent.parent / "nbs" / "experiments" / "crisp.ipy
 def sst2_root():
     root = os.environ.get("SPARSE_REPRO_DATA")
     if not root or not (Path(root) / "sst2" / "train.tsv").is_file():
-        pytest.skip("SPARSE_REPRO_DATA does not point at a folder with sst2/{train,validation,test}.tsv")
+        msg = "SPARSE_REPRO_DATA does not point at a folder with sst2/{train,validation,test}.tsv"
+        if os.environ.get("CI"): pytest.fail(msg + " (missing data fails under CI)")
+        pytest.skip(msg)
     return root
 
 def test_experiment_notebook_smoke(tmp_path, sst2_root):
