@@ -21,6 +21,14 @@ dev_requirements = shlex.split(cfg.get('dev_requirements', ''))
 min_python = cfg['min_python']
 lic = licenses.get(cfg['license'].lower(), (cfg['license'], None))
 
+# The experiment notebooks ship inside the package, so a regular (non-editable) install can run the grids from anywhere:
+# the build copies nbs/experiments/*.ipynb to sparse_attention_repro/experiments/ (git-ignored; the nbs/ copies are the source).
+import shutil, pathlib
+_src, _dst = pathlib.Path('nbs/experiments'), pathlib.Path(cfg['lib_path']) / 'experiments'
+if _src.is_dir():
+    _dst.mkdir(exist_ok=True)
+    for _nb in _src.glob('*.ipynb'): shutil.copyfile(_nb, _dst / _nb.name)
+
 setuptools.setup(
     name=cfg['lib_name'],
     license=lic[0],
@@ -31,6 +39,7 @@ setuptools.setup(
                 + (['License :: ' + lic[1]] if lic[1] else []),
     packages=setuptools.find_packages(include=[cfg['lib_name'], cfg['lib_name'] + '.*']),
     include_package_data=True,
+    package_data={cfg['lib_name']: ['experiments/*.ipynb']},
     install_requires=requirements,
     extras_require={'dev': dev_requirements},
     dependency_links=cfg.get('dep_links', '').split(),

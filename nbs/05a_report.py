@@ -23,7 +23,7 @@ import papermill as pm
 from nbconvert import HTMLExporter
 
 import sparse_attention_repro
-from sparse_attention_repro.runner import scrub_record
+from sparse_attention_repro.runner import scrub_record, experiments_dir
 
 # %%
 from fastcore.test import test_eq, test_fail
@@ -37,12 +37,8 @@ def _repo_root():
     return Path(sparse_attention_repro.__file__).resolve().parent.parent
 
 def report_notebook():
-    "Path of the report notebook, `nbs/experiments/report.ipynb`; a clear error when it is not there."
-    nb = _repo_root() / "nbs" / "experiments" / "report.ipynb"
-    if not nb.exists():
-        raise FileNotFoundError(f"report notebook not found at {nb}: make_report needs an editable install "
-                                "(pip install -e .) of the repository that holds nbs/experiments/report.ipynb")
-    return nb
+    "Path of the report notebook (`report.ipynb` of `experiments_dir()`)."
+    return experiments_dir() / "report.ipynb"
 
 
 # %%

@@ -163,6 +163,28 @@ test_fail(lambda: check_manifest(d, "crisp", dict(profile="smoke", model="tiny",
 
 
 # %% [markdown]
+# ## Where the experiment notebooks are
+#
+# In a source checkout the parameterised notebooks are `nbs/experiments/*.ipynb` — the files a developer edits, so an
+# editable install always executes the current version. A regular install (`pip install .`, a wheel) has no `nbs/`:
+# there the build copies the same notebooks into the package as `sparse_attention_repro/experiments/`.
+
+# %%
+#| export
+import sparse_attention_repro
+
+def experiments_dir() -> Path:
+    "Folder of the parameterised experiment notebooks: the checkout's `nbs/experiments`, else the installed package copy."
+    pkg = Path(sparse_attention_repro.__file__).resolve().parent
+    for d in (pkg.parent / "nbs" / "experiments", pkg / "experiments"):
+        if (d / "study_a.ipynb").is_file(): return d
+    raise FileNotFoundError(f"experiment notebooks not found in {pkg.parent / 'nbs' / 'experiments'} or {pkg / 'experiments'}; "
+                            f"reinstall the package (pip install sparse_attention_repro or pip install -e . in a checkout)")
+
+# %%
+test_eq(sorted(p.name for p in experiments_dir().glob("*.ipynb")), ["crisp.ipynb", "report.ipynb", "study_a.ipynb"])
+
+# %% [markdown]
 # ## One writer per results folder
 #
 # Two grids started on the same folder would both run every unfinished notebook — twice the compute for the same rows.

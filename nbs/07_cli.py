@@ -16,8 +16,7 @@
 #| export
 import argparse, os, sys
 from pathlib import Path
-import sparse_attention_repro
-from sparse_attention_repro.runner import NotebookTask, run_tasks, check_manifest, results_lock
+from sparse_attention_repro.runner import NotebookTask, run_tasks, check_manifest, results_lock, experiments_dir
 
 # %%
 from fastcore.test import test_eq, test_fail
@@ -28,12 +27,6 @@ import tempfile, io, contextlib
 #| export
 class UsageError(ValueError):
     "A bad argument: reported as one line on stderr with exit status 2."
-
-def experiments_dir() -> Path:
-    "Folder of the parameterised experiment notebooks (`nbs/experiments` of the source checkout)."
-    d = Path(sparse_attention_repro.__file__).resolve().parent.parent / "nbs" / "experiments"
-    if not d.is_dir(): raise UsageError(f"experiment notebooks not found at {d}; install the project from its source checkout (pip install -e .)")
-    return d
 
 def _split(values):
     "Accept both `--x a b` and `--x a,b`."
@@ -278,7 +271,7 @@ def main(argv=None):
         fails = COMMANDS[args.command](args)
     except UsageError as e:
         print(f"sparse-repro: error: {e}", file=sys.stderr); return 2
-    except ValueError as e:                            # e.g. a results folder of another profile
+    except (ValueError, FileNotFoundError) as e:       # e.g. a results folder of another profile
         print(f"sparse-repro: error: {str(e).splitlines()[0]}", file=sys.stderr); return 2
     if fails:
         print(f"sparse-repro: {len(fails)} notebook(s) failed: " + "; ".join(f"{k}: {v}" for k, v in fails.items()), file=sys.stderr)

@@ -14,7 +14,7 @@ import papermill as pm
 from nbconvert import HTMLExporter
 
 import sparse_attention_repro
-from .runner import scrub_record
+from .runner import scrub_record, experiments_dir
 
 # %% ../nbs/05a_report.ipynb
 def _repo_root():
@@ -22,12 +22,8 @@ def _repo_root():
     return Path(sparse_attention_repro.__file__).resolve().parent.parent
 
 def report_notebook():
-    "Path of the report notebook, `nbs/experiments/report.ipynb`; a clear error when it is not there."
-    nb = _repo_root() / "nbs" / "experiments" / "report.ipynb"
-    if not nb.exists():
-        raise FileNotFoundError(f"report notebook not found at {nb}: make_report needs an editable install "
-                                "(pip install -e .) of the repository that holds nbs/experiments/report.ipynb")
-    return nb
+    "Path of the report notebook (`report.ipynb` of `experiments_dir()`)."
+    return experiments_dir() / "report.ipynb"
 
 # %% ../nbs/05a_report.ipynb
 def to_html(nb_path, html_path=None, exclude_input=False):
