@@ -31,12 +31,11 @@
 
 # %%
 #| export
-import ctypes, hashlib, os, platform, shutil, subprocess, tempfile, warnings
+import ctypes, fcntl, hashlib, os, platform, shutil, subprocess, tempfile, warnings
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 import torch
-from sparse_attention_repro.data import resolve_cache_dir
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
@@ -446,8 +445,10 @@ void entmax_bwd(const float* P, const float* G, float* DX, const float* A, float
 #
 # The library is compiled with `-O3 -march=native` into the cache folder (`$SPARSE_REPRO_CACHE`, else
 # `~/.cache/sparse_attention_repro`) under a name that hashes the source, the flags and the machine's CPU flags, so an
-# edited kernel or another CPU gets its own build. The build writes a temporary file and renames it: processes started
-# in parallel (the grid's notebooks) never load a half-written library.
+# edited kernel or another CPU gets its own build. Processes started together (the grid's notebooks) take turns on a
+# lock file, so one compiles and the others load its result; the build writes a temporary file and renames it, so no
+# process ever loads a half-written library. A cache folder that cannot be written is reported in one warning naming
+# `SPARSE_REPRO_CACHE`, and the torch path is used.
 
 # %%
 #| export
@@ -463,20 +464,32 @@ def _cpu_tag():
     except (OSError, StopIteration): flags = platform.processor()
     return hashlib.sha256((platform.machine() + flags).encode()).hexdigest()[:8]
 
+def kernel_dir(cache_dir=None) -> Path:
+    "Where built kernels live: `cache_dir`, else `$SPARSE_REPRO_CACHE`, else `~/.cache/sparse_attention_repro`; then `kernels/`."
+    d = cache_dir or os.environ.get("SPARSE_REPRO_CACHE") or Path.home() / ".cache" / "sparse_attention_repro"
+    return Path(d).expanduser() / "kernels"
+
 def build_kernels(cache_dir=None) -> Path:
     "Compile `C_SOURCE` (if not already built for this source, these flags and this CPU); returns the library's path."
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc: raise RuntimeError("no C compiler found (install gcc or set CC)")
     tag = hashlib.sha256((C_SOURCE + " ".join(CFLAGS)).encode()).hexdigest()[:12]
-    out = resolve_cache_dir(cache_dir) / "kernels" / f"normalizers-{tag}-{_cpu_tag()}.so"
+    out = kernel_dir(cache_dir) / f"normalizers-{tag}-{_cpu_tag()}.so"
     if out.exists(): return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        src, lib = Path(tmp) / "normalizers.c", Path(tmp) / "normalizers.so"
-        src.write_text(C_SOURCE)
-        r = subprocess.run([cc, *CFLAGS, str(src), "-o", str(lib), "-lm"], capture_output=True, text=True)
-        if r.returncode: raise RuntimeError(f"{cc} failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
-        os.replace(lib, out)
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc or not shutil.which(cc): raise RuntimeError(f"no C compiler found ({cc or 'cc, gcc'}; install gcc or set CC)")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(out.with_suffix(".lock"), "w")
+    except OSError as e:
+        raise RuntimeError(f"the kernel cache {out.parent} is not writable ({e.strerror}); set SPARSE_REPRO_CACHE to a writable folder") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)                         # one builder at a time; the others wait, then load
+        if out.exists(): return out
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            src, lib = Path(tmp) / "normalizers.c", Path(tmp) / "normalizers.so"
+            src.write_text(C_SOURCE)
+            r = subprocess.run([cc, *CFLAGS, str(src), "-o", str(lib), "-lm"], capture_output=True, text=True)
+            if r.returncode: raise RuntimeError(f"{cc} failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+            os.replace(lib, out)
     return out
 
 def kernels():
@@ -524,7 +537,7 @@ def _run(name, row_tensors, rows, n, *scalars, per_row=(), scratch=False):
         if hi <= lo: return
         ptrs = [t.data_ptr() + lo * n * 4 for t in row_tensors]
         ptrs += [None if t is None else t.data_ptr() + lo * 4 for t in per_row]
-        buf = torch.empty(32 * (n + 16)) if scratch else None       # per-call scratch: a row, or a 16-row block
+        buf = torch.empty(32 * (n + 16), dtype=torch.float32) if scratch else None   # scratch: a row, or a 16-row block
         fn(*ptrs, *([buf.data_ptr()] if scratch else []), hi - lo, n, *scalars)
     if threads == 1: call(0, rows); return
     if threads not in _pool: _pool[threads] = ThreadPoolExecutor(threads)
@@ -563,7 +576,7 @@ def entmax_alpha_fwd(x, alpha_rows, max_iter=30):
 def entmax_bwd(p, g, alpha_rows=None, d_alpha=False):
     "Gradient of alpha-entmax (alpha 1.5 when `alpha_rows` is None) and, if `d_alpha`, d loss / d alpha per row `[..., 1]`."
     p, g = p.contiguous(), g.contiguous(); dx = torch.empty_like(p)
-    da = torch.empty(p.shape[:-1] + (1,)) if d_alpha else None
+    da = torch.empty(p.shape[:-1] + (1,), dtype=torch.float32) if d_alpha else None
     _run("entmax_bwd", [p, g, dx], *_rows(p), per_row=[None if alpha_rows is None else alpha_rows.contiguous(), da],
          scratch=True)
     return dx, da
@@ -638,3 +651,51 @@ test_eq(_calls(lambda: N.entmax15(xs).sum().backward()), 2)
 with KM.use_kernels(False): test_eq(_calls(lambda: N.entmax15(xs).sum().backward()), 0)
 test_eq(_calls(lambda: N.sparsemax(x[:2].double())), 0)
 assert not usable(x.double()) and usable(x)
+
+# %% [markdown]
+# The kernels allocate in float32 whatever torch's default dtype is, and gradients come back in the scores' dtype:
+
+# %%
+_dd = torch.get_default_dtype(); torch.set_default_dtype(torch.float64)
+try:
+    xa = torch.randn(2, 4, 6, 17, dtype=torch.float32).requires_grad_()
+    al = torch.tensor([1.2, 1.5, 1.7, 1.9], dtype=torch.float32).view(4, 1, 1).requires_grad_()
+    y = N.entmax_alpha(xa, al); y.pow(2).sum().backward()
+    test_eq((y.dtype, xa.grad.dtype, al.grad.dtype), (torch.float32,) * 3)
+    with KM.use_kernels(False):
+        xb, ab = xa.detach().clone().requires_grad_(), al.detach().clone().requires_grad_()
+        N.entmax_alpha(xb, ab).pow(2).sum().backward()
+    test_close(al.grad, ab.grad, eps=1e-4); test_close(xa.grad, xb.grad, eps=1e-4)
+finally: torch.set_default_dtype(_dd)
+
+# %% [markdown]
+# **Fallbacks.** Without a C compiler, or with a cache folder that cannot be written, the library warns once (naming the
+# cause, and `SPARSE_REPRO_CACHE` for the folder) and every normalizer runs on the torch path with the same results.
+# Each case runs in a fresh process, as a user would meet it.
+
+# %%
+import subprocess, sys, textwrap
+probe = textwrap.dedent("""
+    import warnings, torch, entmax
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        from sparse_attention_repro import normalizers as N, kernels as K
+        x = torch.randn(8, 4, 17, 17)
+        assert torch.allclose(N.sparsemax(x), entmax.sparsemax(x, dim=-1), atol=1e-5)
+        assert not K.usable(x) and K._state["calls"] == 0
+    print([str(m.message) for m in w if "C kernels unavailable" in str(m.message)])
+""")
+def _fresh(**env):
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env={**os.environ, **env})
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+with tempfile.TemporaryDirectory() as d:
+    out = _fresh(CC="/nonexistent/cc", SPARSE_REPRO_CACHE=d)
+    assert "no C compiler found" in out and out.count("C kernels unavailable") == 1, out
+    ro = Path(d) / "readonly"; ro.mkdir(); ro.chmod(0o555)
+    if os.access(ro, os.W_OK): print("running as a user who can write anywhere (root): the read-only case is simulated by a file")
+    blocker = ro / "kernels" if not os.access(ro, os.W_OK) else Path(d) / "file"
+    if os.access(ro, os.W_OK): blocker.write_text("not a folder")                      # kernels/ cannot be created under a file
+    out = _fresh(SPARSE_REPRO_CACHE=str(ro if not os.access(ro, os.W_OK) else blocker))
+    assert "not writable" in out and "SPARSE_REPRO_CACHE" in out, out
+    ro.chmod(0o755)

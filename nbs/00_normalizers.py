@@ -47,6 +47,10 @@ import entmax
 # Masked keys are set to $-\infty$ before a mapping runs: every mapping below gives $-\infty$ exactly zero probability
 # (softmax: $e^{-\infty}=0$; sparsemax/entmax: $[-\infty-\tau]_+=0$). A row whose keys are *all* masked has no valid
 # distribution, so it is computed as if nothing were masked (finite numbers, finite gradients) and zeroed afterwards.
+#
+# **Nothing hides a divergence.** A row whose scores contain a NaN or $+\infty$, or no finite score at all, becomes NaN
+# in every normalizer, as it does in softmax: a model whose scores blow up must produce a non-finite loss (which training
+# records as `failed_nonfinite_loss`), never plausible probabilities. $-\infty$ is an ordinary score: a key nobody attends.
 # Half-precision inputs are computed in float32 and cast back: threshold iterations in bf16 would lose the support.
 
 # %%
@@ -61,6 +65,13 @@ def _mask_scores(scores, key_mask):
 def _zero_empty_rows(p, empty):
     "Zero the rows that had no valid key."
     return p if empty is None else p.masked_fill(empty, 0.)
+
+def _finish(p, s, empty):
+    "Zero the rows with no valid key; make NaN every row whose scores hold a NaN or +inf or no finite value (as softmax does)."
+    bad = ~torch.isfinite(s.detach().amax(-1, keepdim=True))                 # (..., 1); masked keys are -inf, not bad
+    if empty is not None: bad &= ~empty
+    if bad.any(): p = p.masked_fill(bad, float('nan'))
+    return _zero_empty_rows(p, empty)
 
 def _upcast(x):
     "Half-precision scores are normalised in float32."
@@ -86,7 +97,7 @@ test_eq(empty.squeeze(-1).tolist(), [False, True])  # ... and flagged
 def softmax(scores, key_mask=None):
     "Dense softmax over the last (key) dimension."
     s, empty = _mask_scores(_upcast(scores), key_mask)
-    return _zero_empty_rows(torch.softmax(s, -1), empty).to(scores.dtype)
+    return _finish(torch.softmax(s, -1), s, empty).to(scores.dtype)
 
 
 # %%
@@ -149,7 +160,7 @@ class SparsemaxFunction(Function):
 def sparsemax(scores, key_mask=None):
     "Sparsemax over keys: Euclidean projection onto the simplex."
     s, empty = _mask_scores(_upcast(scores), key_mask)
-    return _zero_empty_rows(SparsemaxFunction.apply(s), empty).to(scores.dtype)
+    return _finish(SparsemaxFunction.apply(s), s, empty).to(scores.dtype)
 
 
 # %% [markdown]
@@ -223,7 +234,7 @@ class Entmax15Function(Function):
 def entmax15(scores, key_mask=None):
     "1.5-entmax over keys."
     s, empty = _mask_scores(_upcast(scores), key_mask)
-    return _zero_empty_rows(Entmax15Function.apply(s), empty).to(scores.dtype)
+    return _finish(Entmax15Function.apply(s), s, empty).to(scores.dtype)
 
 
 # %%
@@ -306,7 +317,7 @@ def entmax_alpha(scores, alpha, key_mask=None, n_iter=30):
     "alpha-entmax over keys; `alpha` is a float or a tensor broadcastable to `scores[..., :1]` (e.g. `[H, 1, 1]`)."
     s, empty = _mask_scores(_upcast(scores), key_mask)
     if not torch.is_tensor(alpha): alpha = torch.tensor(float(alpha), dtype=s.dtype, device=s.device)
-    return _zero_empty_rows(EntmaxAlphaFunction.apply(s, alpha, n_iter), empty).to(scores.dtype)
+    return _finish(EntmaxAlphaFunction.apply(s, alpha, n_iter), s, empty).to(scores.dtype)
 
 
 # %% [markdown]
@@ -416,7 +427,7 @@ def entmax_bisect(scores, alpha, key_mask=None, n_iter=ORIGINAL_BISECT_STEPS):
     "alpha-entmax over keys as the original study computed it: bisection, gradient through the loop (see above)."
     alpha = torch.as_tensor(alpha, dtype=torch.float32 if scores.dtype in (torch.float16, torch.bfloat16) else scores.dtype)
     s, empty = _mask_scores(_upcast(scores), key_mask)
-    return _zero_empty_rows(EntmaxBisectFunction.apply(s, alpha.to(s.device), n_iter), empty).to(scores.dtype)
+    return _finish(EntmaxBisectFunction.apply(s, alpha.to(s.device), n_iter), s, empty).to(scores.dtype)
 
 
 # %% [markdown]
@@ -509,7 +520,7 @@ def topk_softmax(scores, ratio, key_mask=None, scope="row"):
     if scope not in ("row", "head"): raise ValueError(f"scope must be 'row' or 'head', got {scope!r}")
     s, empty = _mask_scores(_upcast(scores), key_mask)
     if scope == "row" and K.usable(s):
-        return _zero_empty_rows(TopkSoftmaxFunction.apply(s, ratio), empty).to(scores.dtype)
+        return _finish(TopkSoftmaxFunction.apply(s, ratio), s, empty).to(scores.dtype)
     valid = torch.isfinite(s)                                               # (..., H, Tq, Tk)
     if scope == "row":
         k = _keep_count(ratio, valid.sum(-1, keepdim=True))                  # (..., H, Tq, 1)
@@ -520,7 +531,7 @@ def topk_softmax(scores, ratio, key_mask=None, scope="row"):
         thr = _kth_largest(flat, k).unsqueeze(-1)                           # (..., H, 1, 1)
         keep = (s >= thr) | (s == s.amax(-1, keepdim=True))                 # each row keeps its max
     p = torch.softmax(s.masked_fill(~keep, float('-inf')), -1)
-    return _zero_empty_rows(p, empty).to(scores.dtype)
+    return _finish(p, s, empty).to(scores.dtype)
 
 
 # %%
@@ -716,6 +727,25 @@ for name in names:
     pbf = norm.float()(torch.randn(2, 3, 5, 7).bfloat16(), mask)
     test_eq(pbf.dtype, torch.bfloat16)
     assert torch.isfinite(pbf.float()).all() and (pbf.float().sum(-1)[rows] - 1).abs().max() < 1e-2, name
+
+# %% [markdown]
+# Non-finite scores stay visible: with a NaN in one row, a $+\infty$ in another and a row of only $-\infty$, exactly
+# those rows come out NaN — in float32 (the C kernels) and float64 (the torch path) — and every other row is what it
+# would be without them. A $-\infty$ among finite scores is just a key with zero weight.
+
+# %%
+for name in names:
+    for dtype in (torch.float32, torch.float64):
+        norm = get_normalizer(name, num_heads=3).to(dtype)
+        s = torch.randn(2, 3, 5, 7, dtype=dtype)
+        bad = s.clone(); bad[0, 0, 1, 3] = float("nan"); bad[1, 2, 4, 0] = float("inf"); bad[0, 1, 2] = float("-inf")
+        bad[1, 1, 3, 5] = float("-inf")                                          # an ordinary zero-weight key
+        p, ref = norm(bad), norm(s)
+        hit = torch.zeros(2, 3, 5, dtype=torch.bool); hit[0, 0, 1] = hit[1, 2, 4] = hit[0, 1, 2] = True
+        assert p[hit].isnan().all(), (name, dtype)
+        assert torch.isfinite(p[~hit]).all() and p[1, 1, 3, 5] == 0, (name, dtype)
+        keep = ~hit; keep[1, 1, 3] = False
+        test_close(p[keep], ref[keep], eps=1e-6)
 
 # %% [markdown]
 # The same agreement with the `entmax` package holds in float32 (tolerance 1e-5) at the study's shapes:

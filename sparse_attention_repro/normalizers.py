@@ -27,6 +27,13 @@ def _zero_empty_rows(p, empty):
     "Zero the rows that had no valid key."
     return p if empty is None else p.masked_fill(empty, 0.)
 
+def _finish(p, s, empty):
+    "Zero the rows with no valid key; make NaN every row whose scores hold a NaN or +inf or no finite value (as softmax does)."
+    bad = ~torch.isfinite(s.detach().amax(-1, keepdim=True))                 # (..., 1); masked keys are -inf, not bad
+    if empty is not None: bad &= ~empty
+    if bad.any(): p = p.masked_fill(bad, float('nan'))
+    return _zero_empty_rows(p, empty)
+
 def _upcast(x):
     "Half-precision scores are normalised in float32."
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
@@ -35,7 +42,7 @@ def _upcast(x):
 def softmax(scores, key_mask=None):
     "Dense softmax over the last (key) dimension."
     s, empty = _mask_scores(_upcast(scores), key_mask)
-    return _zero_empty_rows(torch.softmax(s, -1), empty).to(scores.dtype)
+    return _finish(torch.softmax(s, -1), s, empty).to(scores.dtype)
 
 # %% ../nbs/00_normalizers.ipynb
 def _sparsemax_threshold(z):
@@ -71,7 +78,7 @@ class SparsemaxFunction(Function):
 def sparsemax(scores, key_mask=None):
     "Sparsemax over keys: Euclidean projection onto the simplex."
     s, empty = _mask_scores(_upcast(scores), key_mask)
-    return _zero_empty_rows(SparsemaxFunction.apply(s), empty).to(scores.dtype)
+    return _finish(SparsemaxFunction.apply(s), s, empty).to(scores.dtype)
 
 # %% ../nbs/00_normalizers.ipynb
 def _entmax15_threshold(z, max_iter=50):
@@ -111,7 +118,7 @@ class Entmax15Function(Function):
 def entmax15(scores, key_mask=None):
     "1.5-entmax over keys."
     s, empty = _mask_scores(_upcast(scores), key_mask)
-    return _zero_empty_rows(Entmax15Function.apply(s), empty).to(scores.dtype)
+    return _finish(Entmax15Function.apply(s), s, empty).to(scores.dtype)
 
 # %% ../nbs/00_normalizers.ipynb
 def _sum_to_shape(t, shape):
@@ -168,7 +175,7 @@ def entmax_alpha(scores, alpha, key_mask=None, n_iter=30):
     "alpha-entmax over keys; `alpha` is a float or a tensor broadcastable to `scores[..., :1]` (e.g. `[H, 1, 1]`)."
     s, empty = _mask_scores(_upcast(scores), key_mask)
     if not torch.is_tensor(alpha): alpha = torch.tensor(float(alpha), dtype=s.dtype, device=s.device)
-    return _zero_empty_rows(EntmaxAlphaFunction.apply(s, alpha, n_iter), empty).to(scores.dtype)
+    return _finish(EntmaxAlphaFunction.apply(s, alpha, n_iter), s, empty).to(scores.dtype)
 
 # %% ../nbs/00_normalizers.ipynb
 ORIGINAL_BISECT_STEPS = 18   # bisection steps of the original study's entmax
@@ -225,7 +232,7 @@ def entmax_bisect(scores, alpha, key_mask=None, n_iter=ORIGINAL_BISECT_STEPS):
     "alpha-entmax over keys as the original study computed it: bisection, gradient through the loop (see above)."
     alpha = torch.as_tensor(alpha, dtype=torch.float32 if scores.dtype in (torch.float16, torch.bfloat16) else scores.dtype)
     s, empty = _mask_scores(_upcast(scores), key_mask)
-    return _zero_empty_rows(EntmaxBisectFunction.apply(s, alpha.to(s.device), n_iter), empty).to(scores.dtype)
+    return _finish(EntmaxBisectFunction.apply(s, alpha.to(s.device), n_iter), s, empty).to(scores.dtype)
 
 # %% ../nbs/00_normalizers.ipynb
 def _keep_count(ratio, n_valid):
@@ -257,7 +264,7 @@ def topk_softmax(scores, ratio, key_mask=None, scope="row"):
     if scope not in ("row", "head"): raise ValueError(f"scope must be 'row' or 'head', got {scope!r}")
     s, empty = _mask_scores(_upcast(scores), key_mask)
     if scope == "row" and K.usable(s):
-        return _zero_empty_rows(TopkSoftmaxFunction.apply(s, ratio), empty).to(scores.dtype)
+        return _finish(TopkSoftmaxFunction.apply(s, ratio), s, empty).to(scores.dtype)
     valid = torch.isfinite(s)                                               # (..., H, Tq, Tk)
     if scope == "row":
         k = _keep_count(ratio, valid.sum(-1, keepdim=True))                  # (..., H, Tq, 1)
@@ -268,7 +275,7 @@ def topk_softmax(scores, ratio, key_mask=None, scope="row"):
         thr = _kth_largest(flat, k).unsqueeze(-1)                           # (..., H, 1, 1)
         keep = (s >= thr) | (s == s.amax(-1, keepdim=True))                 # each row keeps its max
     p = torch.softmax(s.masked_fill(~keep, float('-inf')), -1)
-    return _zero_empty_rows(p, empty).to(scores.dtype)
+    return _finish(p, s, empty).to(scores.dtype)
 
 # %% ../nbs/00_normalizers.ipynb
 NORMALIZERS = ("softmax", "sparsemax", "entmax15", "headwise_adaptive_entmax",
