@@ -1,11 +1,11 @@
 """Property tests (hypothesis) over every registry normalizer: random shapes, masks (fully masked rows included),
 huge / tiny / equal logits, float32 / float64 / bf16 -> finite, rows sum to 1 over valid keys (0 for empty rows),
-masked keys exactly 0, gradients finite."""
+masked keys exactly 0, gradients finite; a NaN, a +inf or a row of -inf makes exactly its row NaN."""
 import torch
 from hypothesis import given, settings, strategies as st, HealthCheck
-from sparse_attention_repro.normalizers import NORMALIZERS, get_normalizer
+from sparse_attention_repro.normalizers import NORMALIZERS, ORIGINAL_GRADIENT_VARIANTS, get_normalizer
 
-NAMES = NORMALIZERS + ("topk_softmax_02", "topk_softmax_1")
+NAMES = NORMALIZERS + ORIGINAL_GRADIENT_VARIANTS + ("topk_softmax_02", "topk_softmax_1")
 DTYPES = {"float32": (torch.float32, 1e-5), "float64": (torch.float64, 1e-10), "bfloat16": (torch.bfloat16, 2e-2)}
 
 @st.composite
@@ -48,3 +48,23 @@ def test_normalizer_properties(case):
     assert torch.isfinite(s.grad.double()).all(), name
     if (~has_valid).any():
         assert (s.grad.double()[~has_valid] == 0).all(), "empty rows get no gradient"
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(), st.sampled_from(["nan", "+inf", "all -inf"]), st.integers(0, 2**31 - 1))
+def test_nonfinite_scores_make_their_row_nan(case, kind, pick):
+    name, dtype_name, scores, mask, h = case
+    dtype = DTYPES[dtype_name][0]
+    norm = get_normalizer(name, num_heads=h)
+    valid = torch.ones(scores.shape, dtype=torch.bool) if mask is None else mask.expand(scores.shape)
+    rows = valid.any(-1).nonzero()
+    if not len(rows): return                                          # every row is masked out: nothing to poison
+    r = tuple(rows[pick % len(rows)].tolist())
+    keys = valid[r].nonzero().flatten()
+    s = scores.clone()
+    if kind == "all -inf": s[r] = float("-inf")
+    else: s[r + (int(keys[pick % len(keys)]),)] = float("nan") if kind == "nan" else float("inf")
+    p = norm(s.to(dtype), mask).double()
+    assert p[r].isnan().all(), (name, kind, p[r])
+    others = torch.ones(p.shape[:-1], dtype=torch.bool); others[r] = False
+    assert torch.isfinite(p[others]).all(), name
