@@ -58,6 +58,9 @@ class Split:
     key_mask: torch.Tensor | None  # bool [N, T], True = real token (20news with mask_padding=True only), else None
 
     def __len__(self): return len(self.y)
+    def to(self, device):
+        "The same split with its tensors on `device`."
+        return Split(self.x.to(device), self.y.to(device), None if self.key_mask is None else self.key_mask.to(device))
 
 @dataclass
 class DatasetBundle:
@@ -73,6 +76,25 @@ class DatasetBundle:
     seq_len: int              # tokens per example WITHOUT the CLS token
     dataset_source: str       # "torchvision", "debian", "local:idx", "local:jpeg-q75", "sklearn", "local:20news-bydate", "generated"
 
+
+# %% [markdown]
+# Training runs on the CPU or on a CUDA GPU. `resolve_device("auto")` picks CUDA when torch sees one, else the CPU;
+# asking for CUDA where there is none is an error that says so, not a silent fallback.
+
+# %%
+#| export
+def resolve_device(device: str = "auto") -> torch.device:
+    "`auto` = CUDA when available, else CPU; `cpu` and `cuda` as asked (ValueError if CUDA is asked for and absent)."
+    if device == "auto": return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda"): raise ValueError(f"unknown device {device!r}; choose auto, cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available(): raise ValueError("--device cuda was asked for, but torch sees no CUDA GPU; use --device cpu or auto")
+    return torch.device(device)
+
+# %%
+test_eq(resolve_device("cpu"), torch.device("cpu"))
+test_eq(resolve_device("auto"), torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+test_fail(lambda: resolve_device("tpu"), contains="choose auto, cpu or cuda")
+if not torch.cuda.is_available(): test_fail(lambda: resolve_device("cuda"), contains="no CUDA GPU")
 
 # %%
 #| export

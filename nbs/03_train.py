@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from sklearn.metrics import f1_score
 from tqdm.auto import tqdm
-from sparse_attention_repro.data import load_dataset
+from sparse_attention_repro.data import load_dataset, resolve_device
 from sparse_attention_repro.model import CompactClassifier, ClassifierConfig, MaskTape, count_parameters
 from sparse_attention_repro.normalizers import get_normalizer
 from sparse_attention_repro.runner import save_rows
@@ -51,6 +51,7 @@ class TrainConfig:
     marker_vocab: int = 20000        # variant: a small vocabulary makes the marker task learnable
     learned_pad_row: bool = False    # variant: learn the padding embedding (the original keeps it zero and frozen)
     download: bool = False           # fetch the dataset online when no offline copy is found (the source is recorded per row)
+    device: str = "auto"             # auto (CUDA when available) | cpu | cuda; recorded per row
     progress: bool = True            # tqdm bar
 
 # Paper sizes per dataset: epochs, train / test examples (PROTOCOL.md, "run family" table)
@@ -91,6 +92,7 @@ test_fail(lambda: profile_config("fast", "cifar10"), contains="unknown profile")
 def evaluate(model, split, batch_size=500):
     "Accuracy, macro-F1, loss, nonzero_ratio and seconds of one pass of `model` over `split`."
     model.eval(); model.set_recording(True)
+    split = split.to(next(model.parameters()).device)
     t0 = time.perf_counter()
     preds, loss, density = [], torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
     for i in range(0, len(split.y), batch_size):
@@ -100,10 +102,10 @@ def evaluate(model, split, batch_size=500):
         loss += F.cross_entropy(logits, yb, reduction="sum").double()
         density += torch.stack(model.densities()).double().mean() * len(yb)
         preds.append(logits.argmax(-1))
+    pred = torch.cat(preds).cpu().numpy()                                 # (waits for the device: part of the time)
     seconds = time.perf_counter() - t0
     model.set_recording(False)
-    pred, n = torch.cat(preds).numpy(), len(split.y)
-    y = split.y.numpy()
+    n, y = len(split.y), split.y.cpu().numpy()
     return dict(accuracy=float((pred == y).mean()), macro_f1=float(f1_score(y, pred, average="macro", zero_division=0)),
                 loss=float(loss) / n, nonzero_ratio=float(density) / n, seconds=seconds)
 
@@ -147,15 +149,16 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="") -> list:
     gen, tape = torch.Generator().manual_seed(seed), MaskTape()
     n, bs = len(train.y), cfg.batch_size
     steps = cfg.epochs * -(-n // bs)
-    results = [TrainResult("ok", [s for s in [_alpha_snapshot(m, 0)] if s], 0.0, torch.full((steps,), float("nan")))
-               for m in models]
+    device = train.y.device
+    results = [TrainResult("ok", [s for s in [_alpha_snapshot(m, 0)] if s], 0.0,
+                           torch.full((steps,), float("nan"), device=device)) for m in models]
     active, step = list(range(len(models))), 0
     bar = tqdm(total=steps, desc=desc, disable=not cfg.progress, mininterval=2, leave=False)
     try:
         for m in models: m.set_mask_tape(tape)
         for epoch in range(1, cfg.epochs + 1):
             for m in models: m.train()
-            order = torch.randperm(n, generator=gen)
+            order = torch.randperm(n, generator=gen).to(device)             # the seed's order, the same on every device
             for i in range(0, n, bs):
                 idx = order[i:i + bs]
                 xb, yb = train.x[idx], train.y[idx]
@@ -170,6 +173,7 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="") -> list:
                     torch.nn.utils.clip_grad_norm_(models[j].parameters(), cfg.grad_clip)
                     opts[j].step()
                     results[j].losses[step] = loss.detach()
+                    if device.type == "cuda": torch.cuda.synchronize()                # time the work, not its launch
                     results[j].seconds += time.perf_counter() - t0 - (0.0 if pos else tape.seconds)
                 for j in active: results[j].seconds += tape.seconds      # each run pays for the masks it uses
                 step += 1; bar.update()
@@ -198,10 +202,10 @@ def train_model(model, train, cfg: TrainConfig, seed: int, desc="") -> TrainResu
 
 # %%
 #| export
-def _new_model(data, method, seed, learned_pad_row=False):
-    torch.manual_seed(seed); np.random.seed(seed)
+def _new_model(data, method, seed, learned_pad_row=False, device="cpu"):
+    torch.manual_seed(seed); np.random.seed(seed)                      # initial weights drawn on the CPU: the same everywhere
     return CompactClassifier(ClassifierConfig(num_classes=data.num_classes, seq_len=data.seq_len, input_dim=data.input_dim,
-                                              vocab_size=data.vocab_size, normalizer=method, learned_pad_row=learned_pad_row))
+                                              vocab_size=data.vocab_size, normalizer=method, learned_pad_row=learned_pad_row)).to(device)
 
 def _row(dataset, method, seed, config, data, model, result: TrainResult, lockstep_size) -> dict:
     "Evaluate a trained `model` and return its metrics row."
@@ -210,6 +214,7 @@ def _row(dataset, method, seed, config, data, model, result: TrainResult, lockst
                param_count=count_parameters(model), epochs=config.epochs, train_n=len(data.train.y), test_n=len(data.test.y),
                val_n=0 if data.val is None else len(data.val.y), val_accuracy=np.nan, val_macro_f1=np.nan,
                dataset_source=data.dataset_source, status=result.status, error="", lockstep_size=lockstep_size,
+               device=str(next(model.parameters()).device.type),
                alpha_history=json.dumps(result.alpha_history) if result.alpha_history else "")
     if result.status != "ok":
         row["error"] = "training loss became NaN/inf"
@@ -234,8 +239,9 @@ def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None
     data = _load(dataset, seed, config) if data is None else data
     if not lockstep:
         return [r for m in methods for r in run_methods(dataset, [m], seed, config, data)]
-    models = [_new_model(data, m, seed, config.learned_pad_row) for m in methods]
-    results = train_lockstep(models, data.train, config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0] if len(methods) == 1 else f"{len(methods)} methods"))
+    device = resolve_device(config.device)
+    models = [_new_model(data, m, seed, config.learned_pad_row, device) for m in methods]
+    results = train_lockstep(models, data.train.to(device), config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0] if len(methods) == 1 else f"{len(methods)} methods"))
     return [_row(dataset, m, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
 
 def run_one(dataset: str, method: str, seed: int, config: TrainConfig, data=None) -> dict:
@@ -283,6 +289,10 @@ test_eq((r1["param_count"], r1["train_n"], r1["test_n"], r1["status"]), (104_970
 test_close(r1["nonzero_ratio"], 1.0)
 rk = run_one("fashion_mnist", "topk_softmax_025", 0, cfg, data)
 test_close(rk["nonzero_ratio"], 5 / 17, eps=1e-6)
+test_eq(r1["device"], "cuda" if torch.cuda.is_available() else "cpu")             # "auto", the default, recorded per row
+rc = run_one("fashion_mnist", "softmax", 0, replace(cfg, device="cpu"), data)
+test_eq((rc["device"], rc["accuracy"]), ("cpu", r1["accuracy"]) if not torch.cuda.is_available() else ("cpu", rc["accuracy"]))
+test_fail(lambda: run_one("fashion_mnist", "softmax", 0, replace(cfg, device="tpu"), data), contains="unknown device")
 
 # %% [markdown]
 # The adaptive entmax logs its $\alpha$ per head after each epoch (starting at 1.5), and a diverging run is recorded, not raised:

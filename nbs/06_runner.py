@@ -67,7 +67,6 @@ except KeyboardInterrupt: pass
 test_eq(pd.read_csv(d / "sub" / "r.csv").a.tolist(), [1, 2])      # the old file is intact ...
 test_eq(sorted(p.name for p in (d / "sub").iterdir()), ["r.csv"])  # ... and no temporary file is left
 
-
 # %% [markdown]
 # An executed notebook is a record meant to be kept and shared, so it should not name the machine it ran on. Papermill
 # stores absolute paths (its input and output paths, and our task parameters such as the rows folder); `scrub_record`
@@ -97,6 +96,7 @@ back = nbformat.read(d / "rec.ipynb", as_version=4)
 test_eq(back.cells[0].source, 'rows_dir = "rows/a/seed0"\nout = "."')
 test_eq(back.metadata.papermill, {"input_path": "a.ipynb", "output_path": "a.ipynb"})
 assert str(d) not in (d / "rec.ipynb").read_text()
+
 
 # %% [markdown]
 # ## Collecting rows
@@ -161,7 +161,6 @@ test_eq(sorted(json.loads((d / "manifest.json").read_text())), ["crisp", "study_
 check_manifest(d, "study_a", dict(profile="smoke", patch_size=None, pad=False), defaults=dict(pad=False))  # a newer option at its default
 test_fail(lambda: check_manifest(d, "crisp", dict(profile="smoke", model="tiny", pad=True), defaults=dict(pad=False)), contains="pad=False (now True)")
 
-
 # %% [markdown]
 # ## Where the experiment notebooks are
 #
@@ -180,6 +179,7 @@ def experiments_dir() -> Path:
         if (d / "study_a.ipynb").is_file(): return d
     raise FileNotFoundError(f"experiment notebooks not found in {pkg.parent / 'nbs' / 'experiments'} or {pkg / 'experiments'}; "
                             f"reinstall the package (pip install sparse_attention_repro or pip install -e . in a checkout)")
+
 
 # %%
 test_eq(sorted(p.name for p in experiments_dir().glob("*.ipynb")), ["crisp.ipynb", "report.ipynb", "study_a.ipynb"])
@@ -214,6 +214,7 @@ def results_lock(out_dir):
     finally:
         f.close()                                                    # closing the file releases the lock
 
+
 # %%
 import subprocess, sys, signal
 lock_dir = Path(_tf.mkdtemp())
@@ -227,6 +228,7 @@ test_eq(holder.stdout.readline().strip(), "locked")
 test_fail(lambda: results_lock(lock_dir).__enter__(), exc=FolderBusyError, contains=f"pid {holder.pid}")
 holder.send_signal(signal.SIGKILL); holder.wait()
 with results_lock(lock_dir): pass                                     # a killed holder leaves no stale lock
+
 
 # %% [markdown]
 # ## Tasks and execution

@@ -68,6 +68,9 @@ def grid_tasks(args):
         except ValueError as e: raise UsageError(str(e)) from None
     seeds = _seeds(args.seeds) if args.seeds else list(PROFILES[args.profile]["seeds"])
     if args.val_fraction < 0 or args.val_fraction >= 1: raise UsageError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
+    from sparse_attention_repro.data import resolve_device
+    try: resolve_device(args.device)
+    except ValueError as e: raise UsageError(str(e)) from None
     options = dict(profile=args.profile, val_fraction=args.val_fraction, mask_padding=args.mask_padding,
                    patch_size=args.patch_size, marker_vocab=args.marker_vocab, learned_pad_row=args.learned_pad_row)
     for d in datasets:                           # data present and readable? (also warms the decode cache once)
@@ -87,7 +90,7 @@ def grid_tasks(args):
             tasks.append(NotebookTask(f"{d}/seed{s}", nb, record,
                                       [rows_dir / f"{m}.csv" for m in methods],
                                       dict(dataset=d, seed=s, methods=todo, threads=threads, rows_dir=str(rows_dir),
-                                           lockstep=not args.plain, download=args.download, **options)))
+                                           lockstep=not args.plain, download=args.download, device=args.device, **options)))
     return tasks, options
 
 def cmd_grid(args):
@@ -160,7 +163,7 @@ def cmd_reproduce(args):
     "Study A grid, Crisp grid and the report into one folder."
     args.out = args.out or f"outputs/{args.profile}"
     run = dict(profile=args.profile, out=args.out, seeds=None, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
-               download=args.download)
+               download=args.download, device=args.device)
     grid = argparse.Namespace(**run, datasets=None, methods=None, val_fraction=args.val_fraction, mask_padding=False,
                               patch_size=0, marker_vocab=20000, learned_pad_row=False, plain=False)
     crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row")
@@ -225,6 +228,7 @@ def build_parser():
         sp.add_argument("--executor", default="local", help="local (threads driving kernels) or dask (dask.distributed)")
         sp.add_argument("--scheduler", default=None, help="dask scheduler address (tcp://host:8786); none = a LocalCluster")
         sp.add_argument("--download", action="store_true", help="fetch missing datasets from their official online sources")
+        sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto = CUDA when available, else CPU")
     g = sub.add_parser("grid", help="study A: every dataset x method x seed of a profile")
     g.add_argument("--profile", default="smoke", help="smoke | quick | paper")
     g.add_argument("--out", required=True, help="results folder (runs.csv, notebooks/, rows/)")

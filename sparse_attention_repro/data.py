@@ -4,7 +4,7 @@
 
 # %% auto 0
 __all__ = ['DATASETS', 'TEXT_VOCAB', 'TEXT_LEN', 'PAD_ID', 'MARKER_ID', 'CACHE_VERSION', 'CIFAR10_CLASSES', 'NEWS_REMOVE',
-           'Split', 'DatasetBundle', 'DataUnavailableError', 'resolve_data_root', 'resolve_cache_dir',
+           'Split', 'DatasetBundle', 'resolve_device', 'DataUnavailableError', 'resolve_data_root', 'resolve_cache_dir',
            'skip_unless_data', 'save_cached', 'load_cached', 'subset_indices', 'train_val_indices', 'patchify',
            'read_idx', 'idx_files_present', 'load_idx_folder', 'official_cifar_keys', 'decode_cifar_jpeg_tar',
            'is_flattened', 'news_texts_from_folder', 'tokenize', 'hash_token', 'encode_text', 'encode_news',
@@ -36,6 +36,9 @@ class Split:
     key_mask: torch.Tensor | None  # bool [N, T], True = real token (20news with mask_padding=True only), else None
 
     def __len__(self): return len(self.y)
+    def to(self, device):
+        "The same split with its tensors on `device`."
+        return Split(self.x.to(device), self.y.to(device), None if self.key_mask is None else self.key_mask.to(device))
 
 @dataclass
 class DatasetBundle:
@@ -50,6 +53,14 @@ class DatasetBundle:
     vocab_size: int | None    # token vocabulary for text/marker, None for images
     seq_len: int              # tokens per example WITHOUT the CLS token
     dataset_source: str       # "torchvision", "debian", "local:idx", "local:jpeg-q75", "sklearn", "local:20news-bydate", "generated"
+
+# %% ../nbs/01_data.ipynb
+def resolve_device(device: str = "auto") -> torch.device:
+    "`auto` = CUDA when available, else CPU; `cpu` and `cuda` as asked (ValueError if CUDA is asked for and absent)."
+    if device == "auto": return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda"): raise ValueError(f"unknown device {device!r}; choose auto, cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available(): raise ValueError("--device cuda was asked for, but torch sees no CUDA GPU; use --device cpu or auto")
+    return torch.device(device)
 
 # %% ../nbs/01_data.ipynb
 class DataUnavailableError(ValueError):

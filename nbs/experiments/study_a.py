@@ -23,6 +23,7 @@ threads = 0  # torch CPU threads; 0 keeps the torch default
 lockstep = True  # train the methods together, sharing batch order and dropout masks (same results as one by one)
 rows_dir = "rows"  # one CSV per method is written here, atomically, as soon as that run ends
 download = False  # fetch the dataset from its official online source when no offline copy is found
+device = "auto"  # auto (CUDA when available, else CPU) | cpu | cuda
 
 # %%
 import pandas as pd
@@ -30,7 +31,7 @@ from sparse_attention_repro.train import run_study_a
 
 # %%
 rows = run_study_a(dataset, seed, methods, profile, threads=threads, lockstep=lockstep, val_fraction=val_fraction, mask_padding=mask_padding,
-                   patch_size=patch_size or None, marker_vocab=marker_vocab, learned_pad_row=learned_pad_row, download=download, rows_dir=rows_dir)
+                   patch_size=patch_size or None, marker_vocab=marker_vocab, learned_pad_row=learned_pad_row, download=download, device=device, rows_dir=rows_dir)
 
 # %%
 pd.DataFrame(rows)[["method", "accuracy", "macro_f1", "test_loss", "nonzero_ratio", "learned_alpha_mean", "train_seconds", "status"]]
