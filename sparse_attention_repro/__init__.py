@@ -1,1 +1,24 @@
 __version__ = "0.1.0"
+# The public API, imported on first use so that `import sparse_attention_repro` stays light (the CLI starts fast, and
+# the normalizers and the model need nothing beyond torch and numpy). The modules themselves are exported from nbs/.
+_API = {
+    "normalizers": ["NORMALIZERS", "ORIGINAL_GRADIENT_VARIANTS", "get_normalizer", "softmax", "sparsemax", "entmax15",
+                    "entmax_alpha", "entmax_bisect", "topk_softmax", "attention_density"],
+    "model": ["ClassifierConfig", "CompactClassifier", "count_parameters"],
+    "data": ["DATASETS", "load_dataset", "resolve_device", "DataUnavailableError"],
+    "train": ["TrainConfig", "PROFILES", "PAPER_SIZES", "profile_config", "run_one", "run_methods", "run_study_a", "train_lockstep"],
+    "crisp": ["CRISP_CONFIGS", "run_crisp", "apply_crisp"],
+    "stats": ["paired_tests", "claims_table", "analyse"],
+    "report": ["make_report"],
+}
+_WHERE = {name: module for module, names in _API.items() for name in names}
+__all__ = sorted(_WHERE)
+
+def __getattr__(name):
+    if name not in _WHERE: raise AttributeError(f"module 'sparse_attention_repro' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+def __dir__(): return sorted(set(globals()) | set(__all__))
