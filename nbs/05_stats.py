@@ -858,6 +858,67 @@ cl[["claim_id", "estimate", "ci_low", "ci_high", "p_holm", "verdict"]]
 
 
 # %% [markdown]
+# ## For the reader: tables in points and the paper's numbers beside ours
+#
+# `readable_tests` turns a table of paired tests into what a reader scans: the effect in accuracy points with one
+# decimal, its 95% CI, p-values to two significant digits, sorted by dataset in the paper's order and then by method in
+# the registry's order. `PAPER_SOFTMAX_ACCURACY` holds the paper's approximate softmax baselines (it reports them as
+# "≈"), `paper_deltas` the effects the paper states as numbers, for drawing next to ours.
+
+# %%
+#| export
+PAPER_SOFTMAX_ACCURACY = {"cifar10": 0.38, "fashion_mnist": 0.78, "twenty_news": 0.30, "kmnist": 0.75}
+DATASET_ORDER = ("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker", "kmnist")
+
+def readable_tests(tests):
+    "Paired tests for reading: dataset, comparison, n, Δ in points (one decimal) with 95% CI, p and Holm p (two digits)."
+    if not len(tests): return pd.DataFrame(columns=["dataset", "comparison", "n", "Δ (pt)", "95% CI (pt)", "p", "Holm p", "family"])
+    order = {m: i for i, m in enumerate(NORMALIZERS)}
+    t = tests.assign(_d=tests.dataset.map({d: i for i, d in enumerate(DATASET_ORDER)}).fillna(99),
+                     _f=tests.baseline != BASELINE,                              # vs softmax first, then HAE vs entmax15
+                     _m=tests.method.map(order).fillna(99)).sort_values(["_d", "_f", "_m"], kind="stable")
+    return pd.DataFrame({"dataset": t.dataset, "comparison": t.method + " vs " + t.baseline, "n": t.n.astype(int),
+                         "Δ (pt)": [f"{100 * v:+.1f}" for v in t.mean_delta],
+                         "95% CI (pt)": [f"{100 * a:+.1f} to {100 * b:+.1f}" for a, b in zip(t.ci_low, t.ci_high)],
+                         "p": [fmt_p(v) for v in t.p], "Holm p": [fmt_p(v) for v in t.p_holm], "family": t.family}).reset_index(drop=True)
+
+def paper_deltas(claims=CLAIMS):
+    "The study A effects the paper states as numbers: dataset, method, baseline, Δ (fraction)."
+    return pd.DataFrame([dict(dataset=c["dataset"], method=c["method"], baseline=c["baseline"], paper_delta=c["paper_value"])
+                         for c in claims if c["study"] == "A" and c["kind"] in ("delta", "null")])
+
+# %%
+#| export
+def _fmt_value(kind, v):
+    if not np.isfinite(v): return "–"
+    return {"delta": f"{100 * v:+.1f} pt", "null": f"{100 * v:+.1f} pt", "count": f"{int(v)} of 6",
+            "alpha": f"{v:.3f}", "level": f"{100 * v:.1f}%"}[kind]
+
+def readable_claims(claims):
+    "The claims table for reading: claim, the paper's value, ours with its 95% CI, Holm p, seeds, verdict."
+    rows = []
+    for r in claims.itertuples():
+        ci = f"{_fmt_value(r.kind, r.ci_low)} to {_fmt_value(r.kind, r.ci_high)}" if np.isfinite(r.ci_low) else "–"
+        rows.append({"claim": r.claim, "paper": _fmt_value(r.kind, r.paper_value), "ours": _fmt_value(r.kind, r.estimate),
+                     "95% CI": ci, "Holm p": fmt_p(r.p_holm), "seeds": int(r.n), "verdict": r.verdict})
+    return pd.DataFrame(rows, columns=["claim", "paper", "ours", "95% CI", "Holm p", "seeds", "verdict"])
+
+# %%
+rc = readable_claims(cl).set_index("claim")
+a1 = cl.set_index("claim_id").loc["A1"]
+test_eq(rc.loc[a1.claim, "ours"], f"{100 * a1.estimate:+.1f} pt"); test_eq(rc.loc[a1.claim, "paper"], "+2.6 pt")
+test_eq(rc.loc[a1.claim, "verdict"], a1.verdict)
+
+# %%
+rt = readable_tests(pt)
+test_eq(list(rt.columns), ["dataset", "comparison", "n", "Δ (pt)", "95% CI (pt)", "p", "Holm p", "family"])
+first = pt.set_index(["family", "dataset", "method"]).loc[("main", "cifar10", "sparsemax")]
+test_eq(rt.iloc[0]["Δ (pt)"], f"{100 * first.mean_delta:+.1f}"); test_eq(rt.iloc[0]["Holm p"], fmt_p(first.p_holm))
+assert rt.dataset.map(DATASET_ORDER.index).is_monotonic_increasing
+test_eq(paper_deltas().set_index("method").loc["topk_softmax_0125"].paper_delta, 0.026)
+test_eq(len(readable_tests(pt.iloc[:0])), 0)
+
+# %% [markdown]
 # ## Everything at once
 #
 # `analyse` bundles the tables the report shows and `make_report` writes, keyed by their CSV names.

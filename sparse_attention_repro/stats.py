@@ -4,11 +4,12 @@
 
 # %% auto 0
 __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'BASELINE', 'SPARSE_METHODS', 'TOPK_METHODS', 'CRISP_BASELINE', 'CRISP_CONFIGS',
-           'TEST_COLS', 'PUBLISHED_CRISP_GAIN', 'PAPER_MODEL', 'CLAIMS', 'load_runs', 'load_crisp', 'paired_stats',
-           'holm', 'family_of', 'paired_tests', 'crisp_tests', 'seed_deltas', 'single_seed_summary',
-           'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas', 'power_table',
-           'accuracy_ci', 'select_topk', 'alpha_long', 'time_ratios', 'layer_sparsity', 'prediction_interval',
-           'verdict', 'fmt_p', 'claims_table', 'analyse']
+           'TEST_COLS', 'PUBLISHED_CRISP_GAIN', 'PAPER_MODEL', 'CLAIMS', 'PAPER_SOFTMAX_ACCURACY', 'DATASET_ORDER',
+           'load_runs', 'load_crisp', 'paired_stats', 'holm', 'family_of', 'paired_tests', 'crisp_tests', 'seed_deltas',
+           'single_seed_summary', 'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas',
+           'power_table', 'accuracy_ci', 'select_topk', 'alpha_long', 'time_ratios', 'layer_sparsity',
+           'prediction_interval', 'verdict', 'fmt_p', 'claims_table', 'readable_tests', 'paper_deltas',
+           'readable_claims', 'analyse']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -461,6 +462,42 @@ def claims_table(runs=None, crisp=None, tests=None, ctests=None, claims=CLAIMS):
     cols = ["claim_id", "study", "claim", "profile", "paper_value", "estimate", "ci_low", "ci_high", "pi_low", "pi_high",
             "p_holm", "n", "verdict", "sentence", "kind", "family", "dataset", "method", "baseline", "single_run"]
     return pd.DataFrame(rows)[cols]
+
+# %% ../nbs/05_stats.ipynb
+PAPER_SOFTMAX_ACCURACY = {"cifar10": 0.38, "fashion_mnist": 0.78, "twenty_news": 0.30, "kmnist": 0.75}
+DATASET_ORDER = ("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker", "kmnist")
+
+def readable_tests(tests):
+    "Paired tests for reading: dataset, comparison, n, Δ in points (one decimal) with 95% CI, p and Holm p (two digits)."
+    if not len(tests): return pd.DataFrame(columns=["dataset", "comparison", "n", "Δ (pt)", "95% CI (pt)", "p", "Holm p", "family"])
+    order = {m: i for i, m in enumerate(NORMALIZERS)}
+    t = tests.assign(_d=tests.dataset.map({d: i for i, d in enumerate(DATASET_ORDER)}).fillna(99),
+                     _f=tests.baseline != BASELINE,                              # vs softmax first, then HAE vs entmax15
+                     _m=tests.method.map(order).fillna(99)).sort_values(["_d", "_f", "_m"], kind="stable")
+    return pd.DataFrame({"dataset": t.dataset, "comparison": t.method + " vs " + t.baseline, "n": t.n.astype(int),
+                         "Δ (pt)": [f"{100 * v:+.1f}" for v in t.mean_delta],
+                         "95% CI (pt)": [f"{100 * a:+.1f} to {100 * b:+.1f}" for a, b in zip(t.ci_low, t.ci_high)],
+                         "p": [fmt_p(v) for v in t.p], "Holm p": [fmt_p(v) for v in t.p_holm], "family": t.family}).reset_index(drop=True)
+
+def paper_deltas(claims=CLAIMS):
+    "The study A effects the paper states as numbers: dataset, method, baseline, Δ (fraction)."
+    return pd.DataFrame([dict(dataset=c["dataset"], method=c["method"], baseline=c["baseline"], paper_delta=c["paper_value"])
+                         for c in claims if c["study"] == "A" and c["kind"] in ("delta", "null")])
+
+# %% ../nbs/05_stats.ipynb
+def _fmt_value(kind, v):
+    if not np.isfinite(v): return "–"
+    return {"delta": f"{100 * v:+.1f} pt", "null": f"{100 * v:+.1f} pt", "count": f"{int(v)} of 6",
+            "alpha": f"{v:.3f}", "level": f"{100 * v:.1f}%"}[kind]
+
+def readable_claims(claims):
+    "The claims table for reading: claim, the paper's value, ours with its 95% CI, Holm p, seeds, verdict."
+    rows = []
+    for r in claims.itertuples():
+        ci = f"{_fmt_value(r.kind, r.ci_low)} to {_fmt_value(r.kind, r.ci_high)}" if np.isfinite(r.ci_low) else "–"
+        rows.append({"claim": r.claim, "paper": _fmt_value(r.kind, r.paper_value), "ours": _fmt_value(r.kind, r.estimate),
+                     "95% CI": ci, "Holm p": fmt_p(r.p_holm), "seeds": int(r.n), "verdict": r.verdict})
+    return pd.DataFrame(rows, columns=["claim", "paper", "ours", "95% CI", "Holm p", "seeds", "verdict"])
 
 # %% ../nbs/05_stats.ipynb
 def analyse(runs=None, crisp=None, discordances=(0.03, 0.06, 0.10)):
