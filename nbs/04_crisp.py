@@ -92,7 +92,7 @@ test_eq(crisp_key_mask(torch.zeros(2, 1, 1, 4) - 3.0).all(), True)             #
 # `(B, H, T, D)`, returning the output transposed to `(B, T, H, D)` and the attention weights. It computes the scaled scores
 # $S = QK^\top \cdot \text{scaling}$, applies the layer's normalizer (`module.crisp_norm`; softmax when the module has none),
 # then the module's attention dropout exactly as the eager implementations do (dropout on the probabilities, active only in
-# training), an optional `head_mask`, and the weighted sum of values. Grouped key/value heads are repeated to match the queries.
+# training), and the weighted sum of values. Grouped key/value heads are repeated to match the queries.
 #
 # When `module.crisp_record` is on it also accumulates, per layer, the number of kept (query, key) pairs among the *valid*
 # pairs (both query and key are real tokens) and the entropy $-\sum_j p_j \log p_j$ of each valid query row. Sparsity is
@@ -136,8 +136,6 @@ def crisp_attention(module, query, key, value, attention_mask, scaling=None, dro
     p = norm(scores, key_mask) if norm is not None else get_normalizer("softmax")(scores, key_mask)  # (B, H, Tq, Tk)
     if getattr(module, "crisp_record", False): _record(module, p, key_mask)
     p = F.dropout(p, p=dropout, training=module.training)                     # (B, H, Tq, Tk)
-    head_mask = kwargs.get("head_mask")
-    if head_mask is not None: p = p * head_mask
     out = torch.matmul(p, value).transpose(1, 2).contiguous()                 # (B, Tq, H, D)
     return out, p
 
@@ -163,7 +161,8 @@ test_eq(w[1, :, :, 3:].abs().sum(), 0)                                        # 
 # `register_crisp_attention` adds the function to `AttentionInterface` under `name` and registers the matching mask
 # function with `AttentionMaskInterface`. Without the mask function a model built on `masking_utils` would hand our
 # function `None` and padding would silently be attended. The mask function is transformers' boolean `sdpa_mask` with
-# `allow_is_causal_skip=False`, so the mask is always materialised (SDPA may skip it and rely on `is_causal`; we cannot).
+# `allow_is_causal_skip=False` and `allow_is_bidirectional_skip=False`, so the mask is always materialised (SDPA may skip
+# it and rely on `is_causal`, or drop an all-true mask; we cannot).
 # Registration happens when this module is imported.
 
 # %%
@@ -172,7 +171,7 @@ CRISP_ATTENTION = "crisp"
 
 def crisp_mask(*args, **kwargs):
     "Boolean `(B, 1, Tq, Tk)` mask (True = attend) for `crisp_attention`: `sdpa_mask` that never skips materialising it."
-    kwargs["allow_is_causal_skip"] = False
+    kwargs["allow_is_causal_skip"] = kwargs["allow_is_bidirectional_skip"] = False
     return sdpa_mask(*args, **kwargs)
 
 def register_crisp_attention(name=CRISP_ATTENTION):
@@ -200,18 +199,35 @@ with torch.no_grad():
     llama.set_attn_implementation(CRISP_ATTENTION)
     test_eq(llama.config._attn_implementation, CRISP_ATTENTION)
     test_close(llama(ids, attention_mask=am).logits[am.bool()], ref[am.bool()], eps=1e-5)
-test_eq(crisp_mask(batch_size=2, cache_position=torch.arange(7), kv_length=7, attention_mask=am.bool()).dtype, torch.bool)
+test_eq(crisp_mask(batch_size=2, q_length=7, kv_length=7, attention_mask=am.bool()).dtype, torch.bool)
 
 # %% [markdown]
-# ## DistilBERT and BERT need a dispatcher
+# ## DistilBERT and BERT through the same interface
 #
-# In the pinned transformers 4.57.6, DistilBERT (`modeling_distilbert.py`) and BERT (`modeling_bert.py`, the architecture
-# of all-MiniLM-L6-v2) do **not** dispatch through `AttentionInterface`: they pick an attention *class* from a dict at
-# construction (`DISTILBERT_ATTENTION_CLASSES[config._attn_implementation]`, `BERT_SELF_ATTENTION_CLASSES[...]`), so
-# `attn_implementation="crisp"` raises `KeyError` and `set_attn_implementation` only warns and changes nothing. Their
-# masks are prepared in the model body (DistilBERT: raw 2D mask for eager; BERT: `get_extended_attention_mask`, additive 4D;
-# SDPA: `_prepare_4d_attention_mask_for_sdpa`) — `crisp_key_mask` reads all of these.
-# The cells below pin that behaviour down, so an upgrade that ports these models to the interface shows up as a failing test.
+# From transformers 5, DistilBERT (the paper's model) and BERT (the architecture of all-MiniLM-L6-v2) dispatch their
+# self-attention through `AttentionInterface` and build their padding masks with `masking_utils` — so Crisp plugs in by
+# name, exactly like any other attention backend: `attn_implementation="crisp"` when a model is built, or
+# `use_crisp_attention(model)` on a loaded one. Nothing of the models is replaced or copied. `attention_modules` lists the
+# self-attention modules (input to output) that carry each layer's normalizer and recording state.
+
+# %%
+#| export
+from transformers.models.distilbert.modeling_distilbert import DistilBertSelfAttention
+from transformers.models.bert.modeling_bert import BertSelfAttention
+
+def attention_modules(model):
+    "The self-attention modules of a DistilBERT or BERT-family model, input to output."
+    mods = [m for m in model.modules() if isinstance(m, (DistilBertSelfAttention, BertSelfAttention))]
+    if not mods: raise TypeError(f"{type(model).__name__}: no DistilBERT/BERT self-attention modules found")
+    return mods
+
+def use_crisp_attention(model, name=CRISP_ATTENTION):
+    "Route every attention layer of `model` through the function registered under `name` (softmax until a normalizer is set)."
+    if name not in ALL_ATTENTION_FUNCTIONS.valid_keys(): raise ValueError(f"no attention function registered as {name!r}")
+    model.set_attn_implementation(name)
+    for m in attention_modules(model):
+        if not hasattr(m, "crisp_record"): m.crisp_record = False
+    return model
 
 # %%
 from transformers import DistilBertConfig, BertConfig, AutoModelForSequenceClassification
@@ -222,70 +238,11 @@ def tiny_model(cfg, impl="eager"):
     "A tiny random classifier on its own copy of `cfg` (from_config writes the attention choice into the config)."
     return AutoModelForSequenceClassification.from_config(copy.deepcopy(cfg), attn_implementation=impl)
 
-transformers.logging.set_verbosity_error()                                   # silence the expected "cannot switch" warning
 for cfg in (tiny_db_cfg, tiny_bert_cfg):
-    test_fail(lambda: tiny_model(cfg, CRISP_ATTENTION), contains="crisp")
-    m = tiny_model(cfg)
-    m.set_attn_implementation(CRISP_ATTENTION)
-    test_eq(m.config._attn_implementation, "eager")                          # unchanged: no dynamic switch
-
-# %% [markdown]
-# So for these two families `apply_crisp` (below) replaces the `forward` of each self-attention *instance* by a small
-# dispatcher: it projects with the module's own `q_lin/k_lin/v_lin` (`query/key/value` in BERT), reshapes to `(B, H, T, D)`,
-# calls `ALL_ATTENTION_FUNCTIONS[module.crisp_impl]` — the registered function, looked up by name as interface models do —
-# and returns what the model expects (DistilBERT applies `out_lin`; BERT's output projection lives in `BertSelfOutput`).
-# No model code is copied; the model's embeddings, mask preparation, residuals and norms run unchanged. Relative position
-# embeddings, cross-attention and caches (unused by these encoders) are refused rather than silently mishandled.
-
-# %%
-#| export
-from transformers.models.distilbert.modeling_distilbert import MultiHeadSelfAttention
-from transformers.models.bert.modeling_bert import BertSelfAttention
-
-def _dispatch(module, q, k, v, mask, head_mask):
-    "Call the attention function registered under `module.crisp_impl`."
-    fn = ALL_ATTENTION_FUNCTIONS[module.crisp_impl]
-    p_drop = module.dropout.p if module.training else 0.0
-    return fn(module, q, k, v, mask, scaling=q.shape[-1] ** -0.5, dropout=p_drop, head_mask=head_mask)
-
-def _distilbert_forward(self, query, key, value, mask, head_mask=None, output_attentions=False):
-    "DistilBERT self-attention through the registered function."
-    B, H = query.shape[0], self.n_heads
-    heads = lambda x: x.view(B, -1, H, self.dim // H).transpose(1, 2)        # (B, H, T, D)
-    out, w = _dispatch(self, heads(self.q_lin(query)), heads(self.k_lin(key)), heads(self.v_lin(value)), mask, head_mask)
-    out = self.out_lin(out.reshape(B, -1, self.dim))                           # (B, T, dim)
-    return (out, w) if output_attentions else (out,)
-
-def _bert_forward(self, hidden_states, attention_mask=None, head_mask=None, encoder_hidden_states=None,
-                  past_key_values=None, output_attentions=False, cache_position=None, **kwargs):
-    "BERT self-attention through the registered function (absolute positions, self-attention only)."
-    if encoder_hidden_states is not None or past_key_values is not None or kwargs.get("past_key_value") is not None:
-        raise NotImplementedError("crisp dispatch supports encoder self-attention only (no cross-attention, no cache)")
-    B, H, D = hidden_states.shape[0], self.num_attention_heads, self.attention_head_size
-    heads = lambda x: x.view(B, -1, H, D).transpose(1, 2)                     # (B, H, T, D)
-    out, w = _dispatch(self, heads(self.query(hidden_states)), heads(self.key(hidden_states)),
-                       heads(self.value(hidden_states)), attention_mask, head_mask)
-    return out.reshape(B, -1, H * D), w                                        # (B, T, H*D), weights
-
-def attention_modules(model):
-    "The self-attention modules of a DistilBERT or BERT-family model, input to output."
-    mods = [m for m in model.modules() if isinstance(m, (MultiHeadSelfAttention, BertSelfAttention))]
-    if not mods: raise TypeError(f"{type(model).__name__}: no DistilBERT/BERT self-attention modules found")
-    for m in mods:
-        if isinstance(m, BertSelfAttention) and m.position_embedding_type != "absolute":
-            raise NotImplementedError(f"position_embedding_type={m.position_embedding_type!r} is not supported by crisp dispatch")
-    return mods
-
-def install_crisp_attention(model, name=CRISP_ATTENTION):
-    "Route every self-attention module of `model` through the attention function registered under `name`."
-    if name not in ALL_ATTENTION_FUNCTIONS.valid_keys(): raise ValueError(f"no attention function registered as {name!r}")
-    for m in attention_modules(model):
-        fwd = _distilbert_forward if isinstance(m, MultiHeadSelfAttention) else _bert_forward
-        m.forward = types.MethodType(fwd, m)
-        m.crisp_impl = name
-        if not hasattr(m, "crisp_record"): m.crisp_record = False
-    return model
-
+    test_eq(tiny_model(cfg, CRISP_ATTENTION).config._attn_implementation, CRISP_ATTENTION)   # by name, at construction
+    test_eq(use_crisp_attention(tiny_model(cfg)).config._attn_implementation, CRISP_ATTENTION)  # or switched later
+    test_eq(len(attention_modules(tiny_model(cfg))), 2)
+test_fail(lambda: use_crisp_attention(tiny_model(tiny_db_cfg), "nope"), contains="no attention function registered")
 
 # %% [markdown]
 # **Dense equals eager.** With no `crisp_norm` set, the dispatched attention is softmax, so a padded batch must give the
@@ -304,14 +261,14 @@ for cfg in (tiny_db_cfg, tiny_bert_cfg):
     torch.manual_seed(0)
     eager = tiny_model(cfg).eval()
     with torch.no_grad(): ref = eager(ids, attention_mask=am, output_attentions=True)
-    install_crisp_attention(eager)
+    use_crisp_attention(eager)
     with torch.no_grad(): got = eager(ids, attention_mask=am, output_attentions=True)
     test_close(got.logits, ref.logits, eps=1e-5)
     for a, b in zip(got.attentions, ref.attentions): test_close(a, b, eps=1e-6)
 
 # %% [markdown]
 # The training-mode comparison against the untouched eager model (same seed before each forward) checks that the dropout is
-# the same draw in the same place; and the SDPA-loaded variants (which prepare a 4D additive mask) also match:
+# the same draw in the same place; and models loaded with SDPA attention, then switched to Crisp, also match:
 
 # %%
 for cfg in (tiny_db_cfg, tiny_bert_cfg):
@@ -319,9 +276,9 @@ for cfg in (tiny_db_cfg, tiny_bert_cfg):
     a = tiny_model(cfg).train()
     b = tiny_model(cfg, "sdpa"); b.load_state_dict(a.state_dict())
     torch.manual_seed(2); ref = a(ids, attention_mask=am).logits
-    install_crisp_attention(a)
+    use_crisp_attention(a)
     torch.manual_seed(2); test_close(a(ids, attention_mask=am).logits, ref, eps=1e-5)
-    install_crisp_attention(b.eval()); a.eval()
+    use_crisp_attention(b.eval()); a.eval()
     with torch.no_grad(): test_close(b(ids, attention_mask=am).logits, a(ids, attention_mask=am).logits, eps=1e-5)
 
 # %% [markdown]
@@ -440,7 +397,7 @@ test_eq(crisp_keep_ratios("dense", 2), [None, None])
 # %% [markdown]
 # ## Applying a configuration to a model
 #
-# `apply_crisp(model, config, scope, lengths, spread)` installs the dispatcher and stores on the attention module of
+# `apply_crisp(model, config, scope, lengths, spread)` switches the model to Crisp attention and stores on the attention module of
 # layer $l$ its normalizer (`crisp_norm`: `softmax` or `topk_softmax_<ratio>` from the registry), its nominal sparsity and
 # keep ratio. Calling it again switches the configuration in place. `crisp_recording(model)` is a context manager that
 # zeroes and switches on the per-layer statistics; `crisp_layer_stats(model)` reads them.
@@ -450,7 +407,7 @@ test_eq(crisp_keep_ratios("dense", 2), [None, None])
 def apply_crisp(model, config, scope="row", lengths=None, spread=0.2, name=CRISP_ATTENTION):
     "Give every self-attention layer of `model` its Crisp normalizer for `config` and route attention through `name`."
     if scope not in ("row", "head"): raise ValueError(f"scope must be 'row' or 'head', got {scope!r}")
-    install_crisp_attention(model, name)
+    use_crisp_attention(model, name)
     mods = attention_modules(model)
     nominal = crisp_nominal_sparsity(config, len(mods), spread)
     ratios = crisp_keep_ratios(config, len(mods), lengths, spread)

@@ -5,7 +5,7 @@
 # %% auto 0
 __all__ = ['CRISP_ATTENTION', 'CRISP_CONFIGS', 'SST2_SPLITS', 'SST2_HUB', 'TINY_DISTILBERT', 'CRISP_PROFILES', 'ROW_COLUMNS',
            'crisp_key_mask', 'crisp_attention', 'crisp_mask', 'register_crisp_attention', 'attention_modules',
-           'install_crisp_attention', 'crisp_target', 'crisp_nominal_sparsity', 'measured_sparsity_for_ratio',
+           'use_crisp_attention', 'crisp_target', 'crisp_nominal_sparsity', 'measured_sparsity_for_ratio',
            'calibrate_keep_ratio', 'crisp_keep_ratios', 'apply_crisp', 'crisp_recording', 'crisp_layer_stats',
            'sst2_path', 'read_sst2', 'minilm_path', 'load_crisp_model', 'encode_sentences', 'collate', 'FinetuneConfig',
            'batch_order', 'finetune', 'evaluate', 'resolve_finetune', 'run_crisp']
@@ -73,8 +73,6 @@ def crisp_attention(module, query, key, value, attention_mask, scaling=None, dro
     p = norm(scores, key_mask) if norm is not None else get_normalizer("softmax")(scores, key_mask)  # (B, H, Tq, Tk)
     if getattr(module, "crisp_record", False): _record(module, p, key_mask)
     p = F.dropout(p, p=dropout, training=module.training)                     # (B, H, Tq, Tk)
-    head_mask = kwargs.get("head_mask")
-    if head_mask is not None: p = p * head_mask
     out = torch.matmul(p, value).transpose(1, 2).contiguous()                 # (B, Tq, H, D)
     return out, p
 
@@ -83,7 +81,7 @@ CRISP_ATTENTION = "crisp"
 
 def crisp_mask(*args, **kwargs):
     "Boolean `(B, 1, Tq, Tk)` mask (True = attend) for `crisp_attention`: `sdpa_mask` that never skips materialising it."
-    kwargs["allow_is_causal_skip"] = False
+    kwargs["allow_is_causal_skip"] = kwargs["allow_is_bidirectional_skip"] = False
     return sdpa_mask(*args, **kwargs)
 
 def register_crisp_attention(name=CRISP_ATTENTION):
@@ -95,50 +93,20 @@ def register_crisp_attention(name=CRISP_ATTENTION):
 register_crisp_attention()
 
 # %% ../nbs/04_crisp.ipynb
-from transformers.models.distilbert.modeling_distilbert import MultiHeadSelfAttention
+from transformers.models.distilbert.modeling_distilbert import DistilBertSelfAttention
 from transformers.models.bert.modeling_bert import BertSelfAttention
-
-def _dispatch(module, q, k, v, mask, head_mask):
-    "Call the attention function registered under `module.crisp_impl`."
-    fn = ALL_ATTENTION_FUNCTIONS[module.crisp_impl]
-    p_drop = module.dropout.p if module.training else 0.0
-    return fn(module, q, k, v, mask, scaling=q.shape[-1] ** -0.5, dropout=p_drop, head_mask=head_mask)
-
-def _distilbert_forward(self, query, key, value, mask, head_mask=None, output_attentions=False):
-    "DistilBERT self-attention through the registered function."
-    B, H = query.shape[0], self.n_heads
-    heads = lambda x: x.view(B, -1, H, self.dim // H).transpose(1, 2)        # (B, H, T, D)
-    out, w = _dispatch(self, heads(self.q_lin(query)), heads(self.k_lin(key)), heads(self.v_lin(value)), mask, head_mask)
-    out = self.out_lin(out.reshape(B, -1, self.dim))                           # (B, T, dim)
-    return (out, w) if output_attentions else (out,)
-
-def _bert_forward(self, hidden_states, attention_mask=None, head_mask=None, encoder_hidden_states=None,
-                  past_key_values=None, output_attentions=False, cache_position=None, **kwargs):
-    "BERT self-attention through the registered function (absolute positions, self-attention only)."
-    if encoder_hidden_states is not None or past_key_values is not None or kwargs.get("past_key_value") is not None:
-        raise NotImplementedError("crisp dispatch supports encoder self-attention only (no cross-attention, no cache)")
-    B, H, D = hidden_states.shape[0], self.num_attention_heads, self.attention_head_size
-    heads = lambda x: x.view(B, -1, H, D).transpose(1, 2)                     # (B, H, T, D)
-    out, w = _dispatch(self, heads(self.query(hidden_states)), heads(self.key(hidden_states)),
-                       heads(self.value(hidden_states)), attention_mask, head_mask)
-    return out.reshape(B, -1, H * D), w                                        # (B, T, H*D), weights
 
 def attention_modules(model):
     "The self-attention modules of a DistilBERT or BERT-family model, input to output."
-    mods = [m for m in model.modules() if isinstance(m, (MultiHeadSelfAttention, BertSelfAttention))]
+    mods = [m for m in model.modules() if isinstance(m, (DistilBertSelfAttention, BertSelfAttention))]
     if not mods: raise TypeError(f"{type(model).__name__}: no DistilBERT/BERT self-attention modules found")
-    for m in mods:
-        if isinstance(m, BertSelfAttention) and m.position_embedding_type != "absolute":
-            raise NotImplementedError(f"position_embedding_type={m.position_embedding_type!r} is not supported by crisp dispatch")
     return mods
 
-def install_crisp_attention(model, name=CRISP_ATTENTION):
-    "Route every self-attention module of `model` through the attention function registered under `name`."
+def use_crisp_attention(model, name=CRISP_ATTENTION):
+    "Route every attention layer of `model` through the function registered under `name` (softmax until a normalizer is set)."
     if name not in ALL_ATTENTION_FUNCTIONS.valid_keys(): raise ValueError(f"no attention function registered as {name!r}")
+    model.set_attn_implementation(name)
     for m in attention_modules(model):
-        fwd = _distilbert_forward if isinstance(m, MultiHeadSelfAttention) else _bert_forward
-        m.forward = types.MethodType(fwd, m)
-        m.crisp_impl = name
         if not hasattr(m, "crisp_record"): m.crisp_record = False
     return model
 
@@ -190,7 +158,7 @@ def crisp_keep_ratios(config, num_layers, lengths=None, spread=0.2):
 def apply_crisp(model, config, scope="row", lengths=None, spread=0.2, name=CRISP_ATTENTION):
     "Give every self-attention layer of `model` its Crisp normalizer for `config` and route attention through `name`."
     if scope not in ("row", "head"): raise ValueError(f"scope must be 'row' or 'head', got {scope!r}")
-    install_crisp_attention(model, name)
+    use_crisp_attention(model, name)
     mods = attention_modules(model)
     nominal = crisp_nominal_sparsity(config, len(mods), spread)
     ratios = crisp_keep_ratios(config, len(mods), lengths, spread)
