@@ -90,11 +90,13 @@ def resolve_device(device: str = "auto") -> torch.device:
     if device == "cuda" and not torch.cuda.is_available(): raise ValueError("--device cuda was asked for, but torch sees no CUDA GPU; use --device cpu or auto")
     return torch.device(device)
 
+
 # %%
 test_eq(resolve_device("cpu"), torch.device("cpu"))
 test_eq(resolve_device("auto"), torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 test_fail(lambda: resolve_device("tpu"), contains="choose auto, cpu or cuda")
 if not torch.cuda.is_available(): test_fail(lambda: resolve_device("cuda"), contains="no CUDA GPU")
+
 
 # %%
 #| export

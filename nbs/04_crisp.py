@@ -47,7 +47,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from sparse_attention_repro.normalizers import get_normalizer, topk_name, attention_density, _keep_count
 from pathlib import Path
-from sparse_attention_repro.data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data
+from sparse_attention_repro.data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data, resolve_device
 
 
 # %% [markdown]
@@ -672,6 +672,8 @@ class FinetuneConfig:
     spread: float = 0.2               # adaptive schedule: sparsity spread from first to last layer
     calib_n: int = 5000               # training sentences whose lengths calibrate adaptive keep ratios
     group_by_length: bool = True      # batches of similar length (less padding, same loss)
+    device: str = "auto"              # auto (CUDA when available) | cpu | cuda
+    precision: str = "fp32"           # fp32 | bf16 (autocast; for GPUs and CPUs with bf16 units; normalizers run in fp32)
     progress: bool = True             # tqdm progress bar
 
 def batch_order(lengths, batch_size, generator, group_by_length=True, chunk=50):
@@ -709,9 +711,12 @@ test_ne(batch_order(lens, 32, torch.Generator().manual_seed(1))[0], bs[0])
 def finetune(model, id_lists, labels, cfg: FinetuneConfig, seed=0, pad_id=0):
     "Fine-tune `model` on tokenised sentences; returns dict(status, train_seconds, losses, steps)."
     from tqdm.auto import tqdm
+    if cfg.precision not in ("fp32", "bf16"): raise ValueError(f"precision must be fp32 or bf16, got {cfg.precision!r}")
+    device = resolve_device(cfg.device)
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
-    labels = torch.tensor(labels, dtype=torch.long)
+    model.to(device)
+    labels = torch.tensor(labels, dtype=torch.long, device=device)
     n_batches = math.ceil(len(id_lists) / cfg.batch_size)
     lengths = [len(x) for x in id_lists]
     total = n_batches * cfg.epochs
@@ -723,7 +728,9 @@ def finetune(model, id_lists, labels, cfg: FinetuneConfig, seed=0, pad_id=0):
     for epoch in range(cfg.epochs):
         for idx in batch_order(lengths, cfg.batch_size, g, cfg.group_by_length):
             ids, am = collate([id_lists[i] for i in idx], pad_id)
-            loss = F.cross_entropy(model(input_ids=ids, attention_mask=am).logits, labels[idx])
+            with autocast(device, cfg.precision):
+                logits = model(input_ids=ids.to(device), attention_mask=am.to(device)).logits
+            loss = F.cross_entropy(logits.float(), labels[idx])
             if not torch.isfinite(loss):
                 status = "failed_nonfinite_loss"; break
             opt.zero_grad(set_to_none=True)
@@ -736,17 +743,23 @@ def finetune(model, id_lists, labels, cfg: FinetuneConfig, seed=0, pad_id=0):
     model.eval()
     return dict(status=status, train_seconds=time.perf_counter() - t0, losses=losses, steps=len(losses))
 
+def autocast(device, precision):
+    "bf16 autocast on `device` when `precision` is bf16, else a no-op context."
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
 @torch.no_grad()
-def evaluate(model, id_lists, labels, batch_size=128, pad_id=0):
+def evaluate(model, id_lists, labels, batch_size=128, pad_id=0, precision="fp32"):
     "Accuracy of `model` plus the per-layer sparsity/entropy recorded over these sentences."
     model.eval()
+    device = next(model.parameters()).device
     correct, labels = 0, np.asarray(labels)
     order = np.argsort([len(x) for x in id_lists], kind="stable")             # similar lengths together: little padding
     with crisp_recording(model):
         for i in range(0, len(order), batch_size):
             idx = order[i:i + batch_size]
             ids, am = collate([id_lists[j] for j in idx], pad_id)
-            pred = model(input_ids=ids, attention_mask=am).logits.argmax(-1)
+            with autocast(device, precision):
+                pred = model(input_ids=ids.to(device), attention_mask=am.to(device)).logits.argmax(-1).cpu()
             correct += int((pred == torch.tensor(labels[idx])).sum())
     return dict(accuracy=correct / len(id_lists), **crisp_layer_stats(model))
 
@@ -775,6 +788,21 @@ if have_data:
     test_eq(finetune(m, ids200, y200, FinetuneConfig(epochs=1, progress=False))["status"], "failed_nonfinite_loss")
 
 # %% [markdown]
+# The same loop in bf16 autocast (for GPUs; CPUs run it too): the loss stays finite and the rows say which device and
+# precision produced them. A bad precision is refused.
+
+# %%
+if have_data:
+    m, _, _ = load_crisp_model("tiny-distilbert", seed=0)
+    apply_crisp(m, "fixed_080")
+    fit16 = finetune(m, ids200[:64], y200[:64], FinetuneConfig(epochs=1, batch_size=32, progress=False, device="cpu", precision="bf16"), seed=0,
+                     pad_id=tok.pad_token_id)
+    test_eq((fit16["status"], fit16["steps"]), ("ok", 2)); assert all(np.isfinite(fit16["losses"]))
+    ev16 = evaluate(m, ids200[:32], y200[:32], pad_id=tok.pad_token_id, precision="bf16")
+    assert 0 <= ev16["accuracy"] <= 1 and 0 < ev16["sparsity_mean"] < 1
+    test_fail(lambda: finetune(m, ids200[:8], y200[:8], FinetuneConfig(precision="fp16", progress=False)), contains="fp32 or bf16")
+
+# %% [markdown]
 # ## Profiles and one run
 #
 # * `smoke` — the tiny random DistilBERT, 200 training sentences, 1 epoch, the first 200 sentences of each eval split
@@ -796,7 +824,7 @@ CRISP_PROFILES = {
 
 ROW_COLUMNS = ("config", "seed", "model_name", "profile", "split", "n_eval", "accuracy", "sparsity_mean",
                "sparsity_per_layer", "target_sparsity", "attention_entropy", "train_seconds", "train_n", "epochs", "lr",
-               "batch_size", "max_length", "scope", "status", "error")
+               "batch_size", "max_length", "scope", "status", "error", "device", "precision")
 
 def resolve_finetune(profile, **overrides):
     "The profile's FinetuneConfig with `overrides` applied (unknown names and wrong types rejected)."
@@ -851,10 +879,11 @@ def run_crisp(config, seed, profile, model=None, data_root=None, scope="row", th
                    target_sparsity=crisp_target(config), train_seconds=round(fit["train_seconds"], 2), train_n=len(tr),
                    epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, max_length=cfg.max_length, scope=scope,
                    status=fit["status"], error="", accuracy=float("nan"), sparsity_mean=float("nan"),
-                   sparsity_per_layer="[]", attention_entropy=float("nan"))
+                   sparsity_per_layer="[]", attention_entropy=float("nan"),
+                   device=next(net.parameters()).device.type, precision=cfg.precision)
         if fit["status"] == "ok":
             ev = evaluate(net, encode_sentences(tok, df.sentence, cfg.max_length), df.label.to_numpy(),
-                          cfg.eval_batch_size, pad)
+                          cfg.eval_batch_size, pad, cfg.precision)
             row.update(accuracy=ev["accuracy"], sparsity_mean=round(ev["sparsity_mean"], 6),
                        sparsity_per_layer=json.dumps([round(s, 6) for s in ev["sparsity_per_layer"]]),
                        attention_entropy=round(ev["attention_entropy"], 6))

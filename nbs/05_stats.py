@@ -856,7 +856,6 @@ b1 = cl.set_index("claim_id").loc["B1"]
 test_eq((b1.pi_low, b1.pi_high), prediction_interval(v.adaptive_080 - v.dense))
 cl[["claim_id", "estimate", "ci_low", "ci_high", "p_holm", "verdict"]]
 
-
 # %% [markdown]
 # ## For the reader: tables in points and the paper's numbers beside ours
 #
@@ -887,6 +886,7 @@ def paper_deltas(claims=CLAIMS):
     return pd.DataFrame([dict(dataset=c["dataset"], method=c["method"], baseline=c["baseline"], paper_delta=c["paper_value"])
                          for c in claims if c["study"] == "A" and c["kind"] in ("delta", "null")])
 
+
 # %%
 #| export
 def _fmt_value(kind, v):
@@ -903,6 +903,7 @@ def readable_claims(claims):
                      "95% CI": ci, "Holm p": fmt_p(r.p_holm), "seeds": int(r.n), "verdict": r.verdict})
     return pd.DataFrame(rows, columns=["claim", "paper", "ours", "95% CI", "Holm p", "seeds", "verdict"])
 
+
 # %%
 rc = readable_claims(cl).set_index("claim")
 a1 = cl.set_index("claim_id").loc["A1"]
@@ -917,6 +918,7 @@ test_eq(rt.iloc[0]["Δ (pt)"], f"{100 * first.mean_delta:+.1f}"); test_eq(rt.ilo
 assert rt.dataset.map(DATASET_ORDER.index).is_monotonic_increasing
 test_eq(paper_deltas().set_index("method").loc["topk_softmax_0125"].paper_delta, 0.026)
 test_eq(len(readable_tests(pt.iloc[:0])), 0)
+
 
 # %% [markdown]
 # ## Everything at once

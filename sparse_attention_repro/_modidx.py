@@ -57,6 +57,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                             'sparse_attention_repro/crisp.py'),
                                               'sparse_attention_repro.crisp.attention_modules': ( 'crisp.html#attention_modules',
                                                                                                   'sparse_attention_repro/crisp.py'),
+                                              'sparse_attention_repro.crisp.autocast': ( 'crisp.html#autocast',
+                                                                                         'sparse_attention_repro/crisp.py'),
                                               'sparse_attention_repro.crisp.batch_order': ( 'crisp.html#batch_order',
                                                                                             'sparse_attention_repro/crisp.py'),
                                               'sparse_attention_repro.crisp.calibrate_keep_ratio': ( 'crisp.html#calibrate_keep_ratio',

@@ -98,7 +98,8 @@ def crisp_tasks(args):
         if c not in CRISP_CONFIGS: raise UsageError(f"unknown Crisp config {c!r}; choose from {', '.join(CRISP_CONFIGS)}")
     if args.scope not in ("row", "head"): raise UsageError(f"--scope must be row or head, got {args.scope!r}")
     seeds = _seeds(args.seeds) if args.seeds else list(CRISP_PROFILES[args.profile]["seeds"])
-    options = dict(profile=args.profile, model=args.model or "", scope=args.scope)
+    if args.precision not in ("fp32", "bf16"): raise UsageError(f"--precision must be fp32 or bf16, got {args.precision!r}")
+    options = dict(profile=args.profile, model=args.model or "", scope=args.scope, precision=args.precision)
     for split in ("train", "validation", "test"):  # SST-2 present (or downloaded now), before any notebook starts
         try: sst2_path(split, download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e)) from None
@@ -106,7 +107,8 @@ def crisp_tasks(args):
     threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
     rows = lambda c, s: (out / "rows" / "crisp" / c / f"seed{s}.csv").resolve()
     tasks = [NotebookTask(f"{c}/seed{s}", nb, out / "notebooks" / "crisp" / c / f"seed{s}.ipynb", [rows(c, s)],
-                          dict(config=c, seed=s, threads=threads, rows_path=str(rows(c, s)), download=args.download, **options))
+                          dict(config=c, seed=s, threads=threads, rows_path=str(rows(c, s)), download=args.download,
+                               device=args.device, **options))
              for c in configs for s in seeds]
     return tasks, options
 
@@ -114,7 +116,7 @@ def cmd_crisp(args):
     "Run the Crisp grid; returns the failures."
     tasks, options = crisp_tasks(args)
     with results_lock(args.out):
-        check_manifest(args.out, "crisp", options)
+        check_manifest(args.out, "crisp", options, defaults=dict(precision="fp32"))
         return run_tasks(tasks, Path(args.out) / "crisp_runs.csv", CRISP_KEYS, Path(args.out) / "rows" / "crisp",
                          jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="Crisp notebooks",
                          scrub_root=Path(args.out))
@@ -138,7 +140,7 @@ def cmd_reproduce(args):
                download=args.download, device=args.device)
     grid = argparse.Namespace(**run, datasets=None, methods=None, val_fraction=args.val_fraction, mask_padding=False,
                               patch_size=0, marker_vocab=20000, learned_pad_row=False, plain=False)
-    crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row")
+    crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row", precision="fp32")
     grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
     fails = {**cmd_grid(grid), **cmd_crisp(crisp)}
     cmd_report(argparse.Namespace(results=args.out))
@@ -211,6 +213,7 @@ def build_parser():
     c.add_argument("--profile", default="smoke"); c.add_argument("--out", required=True)
     c.add_argument("--configs", nargs="+"); c.add_argument("--seeds", nargs="+"); c.add_argument("--model", default="")
     c.add_argument("--scope", default="row", help="percentile per query row (row) or per head matrix (head)")
+    c.add_argument("--precision", default="fp32", help="fp32 | bf16 (autocast; meant for GPUs)")
     executor_args(c)
     r = sub.add_parser("report", help="statistics, figures and the claims table of a results folder")
     r.add_argument("--results", required=True)

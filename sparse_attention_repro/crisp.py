@@ -8,7 +8,7 @@ __all__ = ['CRISP_ATTENTION', 'CRISP_CONFIGS', 'SST2_SPLITS', 'SST2_HUB', 'TINY_
            'use_crisp_attention', 'crisp_target', 'crisp_nominal_sparsity', 'measured_sparsity_for_ratio',
            'calibrate_keep_ratio', 'crisp_keep_ratios', 'apply_crisp', 'crisp_recording', 'crisp_layer_stats',
            'sst2_path', 'read_sst2', 'minilm_path', 'load_crisp_model', 'encode_sentences', 'collate', 'FinetuneConfig',
-           'batch_order', 'finetune', 'evaluate', 'resolve_finetune', 'run_crisp']
+           'batch_order', 'finetune', 'autocast', 'evaluate', 'resolve_finetune', 'run_crisp']
 
 # %% ../nbs/04_crisp.ipynb
 import contextlib, json, math, os, time, types
@@ -25,7 +25,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .normalizers import get_normalizer, topk_name, attention_density, _keep_count
 from pathlib import Path
-from .data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data
+from .data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data, resolve_device
 
 # %% ../nbs/04_crisp.ipynb
 def crisp_key_mask(attention_mask):
@@ -287,6 +287,8 @@ class FinetuneConfig:
     spread: float = 0.2               # adaptive schedule: sparsity spread from first to last layer
     calib_n: int = 5000               # training sentences whose lengths calibrate adaptive keep ratios
     group_by_length: bool = True      # batches of similar length (less padding, same loss)
+    device: str = "auto"              # auto (CUDA when available) | cpu | cuda
+    precision: str = "fp32"           # fp32 | bf16 (autocast; for GPUs and CPUs with bf16 units; normalizers run in fp32)
     progress: bool = True             # tqdm progress bar
 
 def batch_order(lengths, batch_size, generator, group_by_length=True, chunk=50):
@@ -311,9 +313,12 @@ def _param_groups(model, weight_decay):
 def finetune(model, id_lists, labels, cfg: FinetuneConfig, seed=0, pad_id=0):
     "Fine-tune `model` on tokenised sentences; returns dict(status, train_seconds, losses, steps)."
     from tqdm.auto import tqdm
+    if cfg.precision not in ("fp32", "bf16"): raise ValueError(f"precision must be fp32 or bf16, got {cfg.precision!r}")
+    device = resolve_device(cfg.device)
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
-    labels = torch.tensor(labels, dtype=torch.long)
+    model.to(device)
+    labels = torch.tensor(labels, dtype=torch.long, device=device)
     n_batches = math.ceil(len(id_lists) / cfg.batch_size)
     lengths = [len(x) for x in id_lists]
     total = n_batches * cfg.epochs
@@ -325,7 +330,9 @@ def finetune(model, id_lists, labels, cfg: FinetuneConfig, seed=0, pad_id=0):
     for epoch in range(cfg.epochs):
         for idx in batch_order(lengths, cfg.batch_size, g, cfg.group_by_length):
             ids, am = collate([id_lists[i] for i in idx], pad_id)
-            loss = F.cross_entropy(model(input_ids=ids, attention_mask=am).logits, labels[idx])
+            with autocast(device, cfg.precision):
+                logits = model(input_ids=ids.to(device), attention_mask=am.to(device)).logits
+            loss = F.cross_entropy(logits.float(), labels[idx])
             if not torch.isfinite(loss):
                 status = "failed_nonfinite_loss"; break
             opt.zero_grad(set_to_none=True)
@@ -338,17 +345,23 @@ def finetune(model, id_lists, labels, cfg: FinetuneConfig, seed=0, pad_id=0):
     model.eval()
     return dict(status=status, train_seconds=time.perf_counter() - t0, losses=losses, steps=len(losses))
 
+def autocast(device, precision):
+    "bf16 autocast on `device` when `precision` is bf16, else a no-op context."
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
 @torch.no_grad()
-def evaluate(model, id_lists, labels, batch_size=128, pad_id=0):
+def evaluate(model, id_lists, labels, batch_size=128, pad_id=0, precision="fp32"):
     "Accuracy of `model` plus the per-layer sparsity/entropy recorded over these sentences."
     model.eval()
+    device = next(model.parameters()).device
     correct, labels = 0, np.asarray(labels)
     order = np.argsort([len(x) for x in id_lists], kind="stable")             # similar lengths together: little padding
     with crisp_recording(model):
         for i in range(0, len(order), batch_size):
             idx = order[i:i + batch_size]
             ids, am = collate([id_lists[j] for j in idx], pad_id)
-            pred = model(input_ids=ids, attention_mask=am).logits.argmax(-1)
+            with autocast(device, precision):
+                pred = model(input_ids=ids.to(device), attention_mask=am.to(device)).logits.argmax(-1).cpu()
             correct += int((pred == torch.tensor(labels[idx])).sum())
     return dict(accuracy=correct / len(id_lists), **crisp_layer_stats(model))
 
@@ -362,7 +375,7 @@ CRISP_PROFILES = {
 
 ROW_COLUMNS = ("config", "seed", "model_name", "profile", "split", "n_eval", "accuracy", "sparsity_mean",
                "sparsity_per_layer", "target_sparsity", "attention_entropy", "train_seconds", "train_n", "epochs", "lr",
-               "batch_size", "max_length", "scope", "status", "error")
+               "batch_size", "max_length", "scope", "status", "error", "device", "precision")
 
 def resolve_finetune(profile, **overrides):
     "The profile's FinetuneConfig with `overrides` applied (unknown names and wrong types rejected)."
@@ -400,10 +413,11 @@ def run_crisp(config, seed, profile, model=None, data_root=None, scope="row", th
                    target_sparsity=crisp_target(config), train_seconds=round(fit["train_seconds"], 2), train_n=len(tr),
                    epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, max_length=cfg.max_length, scope=scope,
                    status=fit["status"], error="", accuracy=float("nan"), sparsity_mean=float("nan"),
-                   sparsity_per_layer="[]", attention_entropy=float("nan"))
+                   sparsity_per_layer="[]", attention_entropy=float("nan"),
+                   device=next(net.parameters()).device.type, precision=cfg.precision)
         if fit["status"] == "ok":
             ev = evaluate(net, encode_sentences(tok, df.sentence, cfg.max_length), df.label.to_numpy(),
-                          cfg.eval_batch_size, pad)
+                          cfg.eval_batch_size, pad, cfg.precision)
             row.update(accuracy=ev["accuracy"], sparsity_mean=round(ev["sparsity_mean"], 6),
                        sparsity_per_layer=json.dumps([round(s, 6) for s in ev["sparsity_per_layer"]]),
                        attention_entropy=round(ev["attention_entropy"], 6))

@@ -18,6 +18,8 @@ scope: str = "row"  # percentile scope of the top-k mask: row | head
 threads: int = 0  # torch CPU threads, 0 keeps the torch default
 rows_path: str = "crisp_rows.csv"  # the result rows (one per eval split) are written here as CSV
 download: bool = False  # fetch SST-2 from the Hugging Face hub when no offline copy is found
+device: str = "auto"  # auto (CUDA when available, else CPU) | cpu | cuda
+precision: str = "fp32"  # fp32 | bf16 (autocast)
 
 # %%
 import pandas as pd
@@ -25,7 +27,8 @@ from sparse_attention_repro.crisp import run_crisp
 from sparse_attention_repro.runner import save_rows
 
 # %%
-rows = run_crisp(config, seed, profile, model=model or None, scope=scope, threads=threads, download=download)
+rows = run_crisp(config, seed, profile, model=model or None, scope=scope, threads=threads, download=download,
+                 device=device, precision=precision)
 
 # %%
 pd.DataFrame(rows)[["config", "split", "n_eval", "accuracy", "sparsity_mean", "attention_entropy", "train_seconds", "status"]]
