@@ -115,9 +115,12 @@ with tempfile.TemporaryDirectory() as d:
 # %% [markdown]
 # ## The documentation site
 #
-# `render_site` converts the library notebooks (`nbs/*.ipynb`, in file-name order = reading order) with their stored
-# outputs — nothing is re-executed — plus, optionally, a report (an executed `.ipynb`, or an `.html` that is copied),
-# and writes an `index.html` linking them. Each entry is titled by the notebook's first `# heading`.
+# `render_site` converts the library notebooks (`nbs/*.ipynb`, in file-name order = reading order) plus, optionally, a
+# report (an executed `.ipynb`, or an `.html` that is copied), and writes an `index.html` linking them. Each entry is
+# titled by the notebook's first `# heading`. The notebooks are stored without outputs (they are source code), so by
+# default each one is **executed** first, in its own folder, and rendered with what every cell produced — the tables,
+# plots and printed measurements a reader wants to see next to the code; `execute=False` renders them as stored.
+# A notebook that fails to execute stops the site with its name and the error.
 
 # %%
 #| export
@@ -129,16 +132,29 @@ def _title(nb_path):
                 if line.startswith("# "): return line[2:].strip()
     return Path(nb_path).stem
 
+def executed_copy(nb_path, out_path, timeout=3600):
+    "Execute the notebook `nb_path` in its own folder and save the executed copy as `out_path`."
+    from nbclient import NotebookClient
+    nb = nbformat.read(nb_path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(Path(nb_path).parent)}},
+                            extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+    try: client.execute()
+    except Exception as e: raise RuntimeError(f"{Path(nb_path).name} failed to execute: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}") from None
+    nbformat.write(nb, out_path)
+    return Path(out_path)
+
 def render_site(out="outputs/site", # output folder
                 report=None, # an executed report .ipynb or a report .html to include
                 notebooks=None, # notebooks to render; default: nbs/*.ipynb of the repository
+                execute=True, # execute each notebook first, so the pages show every cell's output
                ):
     "Render the library notebooks (and a report) to HTML in `out` with an index.html in reading order; returns index."
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     nbs = sorted(Path(p) for p in notebooks) if notebooks else sorted((_repo_root() / "nbs").glob("*.ipynb"))
     entries = []
     for nb in nbs:
-        entries.append((to_html(nb, out / f"{nb.stem}.html").name, _title(nb)))
+        src = executed_copy(nb, out / f"{nb.stem}.ipynb") if execute else nb
+        entries.append((to_html(src, out / f"{nb.stem}.html").name, _title(nb)))
     if report:
         report = Path(report)
         if report.suffix == ".html": shutil.copy(report, out / "report.html")
@@ -155,7 +171,22 @@ def render_site(out="outputs/site", # output folder
 
 # %%
 with tempfile.TemporaryDirectory() as d:
-    idx = render_site(d, notebooks=[_repo_root() / "nbs" / "00_normalizers.ipynb"])
+    idx = render_site(d, notebooks=[_repo_root() / "nbs" / "00_normalizers.ipynb"], execute=False)
     s = idx.read_text()
     assert 'href="00_normalizers.html"' in s and "Attention normalizers" in s
     assert "<html" in (Path(d) / "00_normalizers.html").read_text()[:2000].lower()
+
+# %% [markdown]
+# Executed, a page shows what its cells computed — here a two-cell notebook whose output exists only after execution —
+# and a failing notebook is named:
+
+# %%
+with tempfile.TemporaryDirectory() as d:
+    d = Path(d)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# A tiny page"),
+                                         nbformat.v4.new_code_cell("print(sum(range(101)))")])
+    nbformat.write(nb, d / "tiny.ipynb")
+    render_site(d / "site", notebooks=[d / "tiny.ipynb"])
+    assert "5050" in (d / "site" / "tiny.html").read_text() and "5050" not in (d / "tiny.ipynb").read_text()
+    nb.cells[1].source = "1 / 0"; nbformat.write(nb, d / "bad.ipynb")
+    test_fail(lambda: render_site(d / "site", notebooks=[d / "bad.ipynb"]), contains="bad.ipynb failed to execute")

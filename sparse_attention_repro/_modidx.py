@@ -353,6 +353,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                              'sparse_attention_repro/report.py'),
                                                'sparse_attention_repro.report._title': ( 'report.html#_title',
                                                                                          'sparse_attention_repro/report.py'),
+                                               'sparse_attention_repro.report.executed_copy': ( 'report.html#executed_copy',
+                                                                                                'sparse_attention_repro/report.py'),
                                                'sparse_attention_repro.report.make_report': ( 'report.html#make_report',
                                                                                               'sparse_attention_repro/report.py'),
                                                'sparse_attention_repro.report.render_site': ( 'report.html#render_site',

@@ -130,7 +130,7 @@ def cmd_report(args):
 
 def cmd_site(args):
     from sparse_attention_repro.report import render_site
-    print(f"site: {render_site(args.out, report=args.report)}")
+    print(f"site: {render_site(args.out, report=args.report, execute=not args.no_execute)}")
     return {}
 
 def cmd_reproduce(args):
@@ -219,6 +219,7 @@ def build_parser():
     r.add_argument("--results", required=True)
     s = sub.add_parser("site", help="render the library notebooks (and a report) to HTML")
     s.add_argument("--out", default="outputs/site"); s.add_argument("--report", default=None)
+    s.add_argument("--no-execute", action="store_true", help="render the notebooks as stored (without outputs) instead of executing them")
     a = sub.add_parser("reproduce", help="study A grid + Crisp grid + report in one folder")
     a.add_argument("--profile", default="quick"); a.add_argument("--out", default=None); a.add_argument("--model", default="")
     a.add_argument("--val-fraction", type=float, default=0.1, help="validation split for leakage-free ratio selection")
