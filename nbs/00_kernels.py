@@ -599,74 +599,80 @@ def softmax_bwd(p, g):
 
 # %%
 from sparse_attention_repro import normalizers as N, kernels as KM   # the normalizers call the *module's* kernels
-assert KM.kernels() is not None, "the C kernels did not build here"
+HAVE_KERNELS = KM.kernels() is not None
+if not HAVE_KERNELS:                         # no compiler: the torch path serves; under CI the kernels must build
+    if os.environ.get("CI"): raise RuntimeError("the C kernels did not build here (under CI they must)")
+    print("SKIPPED kernel-vs-torch checks: the C kernels did not build here (no C compiler?); the torch path is in use")
 
-def _both(fn, *args):
-    "fn(*args) and its gradients, with the kernels and with the torch path."
-    out = []
-    for on in (True, False):
-        with KM.use_kernels(on):
-            leaves = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
-            y = fn(*leaves); y.backward(_g[:y.numel()].view_as(y))
-            out.append((y.detach(), [l.grad for l in leaves if l.requires_grad]))
-    return out
+if HAVE_KERNELS:
+    def _both(fn, *args):
+        "fn(*args) and its gradients, with the kernels and with the torch path."
+        out = []
+        for on in (True, False):
+            with KM.use_kernels(on):
+                leaves = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+                y = fn(*leaves); y.backward(_g[:y.numel()].view_as(y))
+                out.append((y.detach(), [l.grad for l in leaves if l.requires_grad]))
+        return out
 
-torch.manual_seed(0)
-_g = torch.randn(10**6)
-def _scores(shape, scale=3.0):
-    s = torch.randn(shape) * scale
-    s[..., 0, 3] = float("-inf"); s[..., 1, :] = 2.0                                # a masked key, an all-tie row
-    s[..., 2, 4:] = float("-inf")                                                   # a row with 4 valid keys
-    s[..., 3, :] = s[..., 3, :] * 1e4                                               # huge logits
-    return s
+    torch.manual_seed(0)
+    _g = torch.randn(10**6)
+    def _scores(shape, scale=3.0):
+        s = torch.randn(shape) * scale
+        s[..., 0, 3] = float("-inf"); s[..., 1, :] = 2.0                                # a masked key, an all-tie row
+        s[..., 2, 4:] = float("-inf")                                                   # a row with 4 valid keys
+        s[..., 3, :] = s[..., 3, :] * 1e4                                               # huge logits
+        return s
 
-for shape in [(4, 3, 9, 17), (2, 4, 6, 97), (1, 2, 4, 200)]:
-    s = _scores(shape).requires_grad_()
-    a = (1.05 + 0.9 * torch.rand(shape[1])).view(-1, 1, 1).requires_grad_()
-    cases = {"sparsemax": lambda s: N.sparsemax(s), "entmax15": lambda s: N.entmax15(s),
-             "entmax_alpha": lambda s, a: N.entmax_alpha(s, a),
-             **{f"topk_{r}": (lambda r: lambda s: N.topk_softmax(s, r))(r) for r in (0.1, 0.125, 0.25, 0.5, 1.0)}}
-    for name, fn in cases.items():
-        args = (s, a) if name == "entmax_alpha" else (s,)
-        (yk, gk), (yt, gt) = _both(fn, *args)
-        test_close(yk, yt, eps=2e-6)
-        assert ((yk > 0) == (yt > 0)).float().mean() > 0.999, name                  # same support
-        for u, v in zip(gk, gt): test_close(u, v, eps=2e-4 * max(1.0, float(v.abs().max())))
+    for shape in [(4, 3, 9, 17), (2, 4, 6, 97), (1, 2, 4, 200)]:
+        s = _scores(shape).requires_grad_()
+        a = (1.05 + 0.9 * torch.rand(shape[1])).view(-1, 1, 1).requires_grad_()
+        cases = {"sparsemax": lambda s: N.sparsemax(s), "entmax15": lambda s: N.entmax15(s),
+                 "entmax_alpha": lambda s, a: N.entmax_alpha(s, a),
+                 **{f"topk_{r}": (lambda r: lambda s: N.topk_softmax(s, r))(r) for r in (0.1, 0.125, 0.25, 0.5, 1.0)}}
+        for name, fn in cases.items():
+            args = (s, a) if name == "entmax_alpha" else (s,)
+            (yk, gk), (yt, gt) = _both(fn, *args)
+            test_close(yk, yt, eps=2e-6)
+            assert ((yk > 0) == (yt > 0)).float().mean() > 0.999, name                  # same support
+            for u, v in zip(gk, gt): test_close(u, v, eps=2e-4 * max(1.0, float(v.abs().max())))
 
 # %% [markdown]
 # Threads: the chunked call gives the same result as one call. And the normalizers really dispatch to the kernels for
 # float32 — forward and backward — but not for float64 or inside `use_kernels(False)`.
 
 # %%
-x = torch.randn(96, 4, 97, 97)
-old = torch.get_num_threads()
-torch.set_num_threads(1); one = entmax15_fwd(x)
-torch.set_num_threads(2); two = entmax15_fwd(x)
-torch.set_num_threads(old)
-test_eq(one, two)
-def _calls(f):
-    before = KM._state["calls"]; f(); return KM._state["calls"] - before
-xs = x[:2].clone().requires_grad_()
-test_eq(_calls(lambda: N.entmax15(xs).sum().backward()), 2)
-with KM.use_kernels(False): test_eq(_calls(lambda: N.entmax15(xs).sum().backward()), 0)
-test_eq(_calls(lambda: N.sparsemax(x[:2].double())), 0)
-assert not usable(x.double()) and usable(x)
+if HAVE_KERNELS:
+    x = torch.randn(96, 4, 97, 97)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1); one = entmax15_fwd(x)
+    torch.set_num_threads(2); two = entmax15_fwd(x)
+    torch.set_num_threads(old)
+    test_eq(one, two)
+    def _calls(f):
+        before = KM._state["calls"]; f(); return KM._state["calls"] - before
+    xs = x[:2].clone().requires_grad_()
+    test_eq(_calls(lambda: N.entmax15(xs).sum().backward()), 2)
+    with KM.use_kernels(False): test_eq(_calls(lambda: N.entmax15(xs).sum().backward()), 0)
+    test_eq(_calls(lambda: N.sparsemax(x[:2].double())), 0)
+    assert not usable(x.double()) and usable(x)
 
 # %% [markdown]
 # The kernels allocate in float32 whatever torch's default dtype is, and gradients come back in the scores' dtype:
 
 # %%
-_dd = torch.get_default_dtype(); torch.set_default_dtype(torch.float64)
-try:
-    xa = torch.randn(2, 4, 6, 17, dtype=torch.float32).requires_grad_()
-    al = torch.tensor([1.2, 1.5, 1.7, 1.9], dtype=torch.float32).view(4, 1, 1).requires_grad_()
-    y = N.entmax_alpha(xa, al); y.pow(2).sum().backward()
-    test_eq((y.dtype, xa.grad.dtype, al.grad.dtype), (torch.float32,) * 3)
-    with KM.use_kernels(False):
-        xb, ab = xa.detach().clone().requires_grad_(), al.detach().clone().requires_grad_()
-        N.entmax_alpha(xb, ab).pow(2).sum().backward()
-    test_close(al.grad, ab.grad, eps=1e-4); test_close(xa.grad, xb.grad, eps=1e-4)
-finally: torch.set_default_dtype(_dd)
+if HAVE_KERNELS:
+    _dd = torch.get_default_dtype(); torch.set_default_dtype(torch.float64)
+    try:
+        xa = torch.randn(2, 4, 6, 17, dtype=torch.float32).requires_grad_()
+        al = torch.tensor([1.2, 1.5, 1.7, 1.9], dtype=torch.float32).view(4, 1, 1).requires_grad_()
+        y = N.entmax_alpha(xa, al); y.pow(2).sum().backward()
+        test_eq((y.dtype, xa.grad.dtype, al.grad.dtype), (torch.float32,) * 3)
+        with KM.use_kernels(False):
+            xb, ab = xa.detach().clone().requires_grad_(), al.detach().clone().requires_grad_()
+            N.entmax_alpha(xb, ab).pow(2).sum().backward()
+        test_close(al.grad, ab.grad, eps=1e-4); test_close(xa.grad, xb.grad, eps=1e-4)
+    finally: torch.set_default_dtype(_dd)
 
 # %% [markdown]
 # **Fallbacks.** Without a C compiler, or with a cache folder that cannot be written, the library warns once (naming the
@@ -692,10 +698,11 @@ def _fresh(**env):
 with tempfile.TemporaryDirectory() as d:
     out = _fresh(CC="/nonexistent/cc", SPARSE_REPRO_CACHE=d)
     assert "no C compiler found" in out and out.count("C kernels unavailable") == 1, out
-    ro = Path(d) / "readonly"; ro.mkdir(); ro.chmod(0o555)
-    if os.access(ro, os.W_OK): print("running as a user who can write anywhere (root): the read-only case is simulated by a file")
-    blocker = ro / "kernels" if not os.access(ro, os.W_OK) else Path(d) / "file"
-    if os.access(ro, os.W_OK): blocker.write_text("not a folder")                      # kernels/ cannot be created under a file
-    out = _fresh(SPARSE_REPRO_CACHE=str(ro if not os.access(ro, os.W_OK) else blocker))
-    assert "not writable" in out and "SPARSE_REPRO_CACHE" in out, out
-    ro.chmod(0o755)
+    if HAVE_KERNELS:                                  # (without a compiler the build stops before the cache is touched)
+        ro = Path(d) / "readonly"; ro.mkdir(); ro.chmod(0o555)
+        writable = os.access(ro, os.W_OK)             # root writes anywhere: then a file where the folder should be
+        blocker = ro if not writable else Path(d) / "file"
+        if writable: blocker.write_text("not a folder")
+        out = _fresh(SPARSE_REPRO_CACHE=str(blocker))
+        assert "not writable" in out and "SPARSE_REPRO_CACHE" in out, out
+        ro.chmod(0o755)

@@ -491,7 +491,7 @@ test_close(p15, entmax15(x), eps=1e-4)
 
 # %%
 #| export
-def _keep_count(ratio, n_valid):
+def keep_count(ratio, n_valid):
     "k = max(1, ceil(ratio * n_valid)) with the product rounded to 9 decimals first; `n_valid` a tensor."
     return torch.clamp(torch.ceil(torch.round(n_valid.double() * ratio * 1e9) / 1e9), min=1).long()
 
@@ -523,11 +523,11 @@ def topk_softmax(scores, ratio, key_mask=None, scope="row"):
         return _finish(TopkSoftmaxFunction.apply(s, ratio), s, empty).to(scores.dtype)
     valid = torch.isfinite(s)                                               # (..., H, Tq, Tk)
     if scope == "row":
-        k = _keep_count(ratio, valid.sum(-1, keepdim=True))                  # (..., H, Tq, 1)
+        k = keep_count(ratio, valid.sum(-1, keepdim=True))                  # (..., H, Tq, 1)
         keep = s >= _kth_largest(s, k)
     else:
         flat = s.flatten(-2)                                                # (..., H, Tq*Tk)
-        k = _keep_count(ratio, valid.flatten(-2).sum(-1, keepdim=True))      # (..., H, 1)
+        k = keep_count(ratio, valid.flatten(-2).sum(-1, keepdim=True))      # (..., H, 1)
         thr = _kth_largest(flat, k).unsqueeze(-1)                           # (..., H, 1, 1)
         keep = (s >= thr) | (s == s.amax(-1, keepdim=True))                 # each row keeps its max
     p = torch.softmax(s.masked_fill(~keep, float('-inf')), -1)
@@ -542,7 +542,7 @@ for r, k in [(0.125, 3), (0.25, 5), (0.5, 9), (1.0, 17)]:
     test_eq(((p > 0).sum(-1) == k).all(), True)                               # exactly k with distinct scores
     kept = x.topk(k, -1).indices
     test_close(p.gather(-1, kept), torch.softmax(x.gather(-1, kept), -1), eps=1e-6)  # brute force: softmax of the top k
-test_eq(_keep_count(0.2, torch.tensor([10, 1, 0])).tolist(), [2, 1, 1])
+test_eq(keep_count(0.2, torch.tensor([10, 1, 0])).tolist(), [2, 1, 1])
 test_fail(lambda: topk_softmax(x, 1.5), contains="(0, 1]")
 
 # %% [markdown]

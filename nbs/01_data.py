@@ -39,6 +39,10 @@ TEXT_LEN = 96       # tokens per document / marker sequence, without the CLS tok
 PAD_ID, MARKER_ID = 0, 1
 CACHE_VERSION = "v3"  # bump when the content of a cached array changes
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+# The protocol's run sizes per dataset: epochs, train / test examples (the paper's "run family" table)
+PAPER_SIZES = {"fashion_mnist": (6, 8000, 2000), "cifar10": (6, 8000, 2000), "twenty_news": (6, 4000, 1500),
+               "synthetic_marker": (6, 8000, 2000), "kmnist": (8, 12000, 3000)}
+MAIN_FAMILY = ("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker")   # the paper's main family; kmnist is a follow-up
 
 
 # %% [markdown]

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from sklearn.metrics import f1_score
 from tqdm.auto import tqdm
-from sparse_attention_repro.data import load_dataset, resolve_device
+from sparse_attention_repro.data import load_dataset, resolve_device, PAPER_SIZES, MAIN_FAMILY
 from sparse_attention_repro.model import CompactClassifier, ClassifierConfig, MaskTape, count_parameters
 from sparse_attention_repro.normalizers import get_normalizer
 from sparse_attention_repro.runner import save_rows
@@ -54,10 +54,6 @@ class TrainConfig:
     device: str = "auto"             # auto (CUDA when available) | cpu | cuda; recorded per row
     progress: bool = True            # tqdm bar
 
-# Paper sizes per dataset: epochs, train / test examples (PROTOCOL.md, "run family" table)
-PAPER_SIZES = {"fashion_mnist": (6, 8000, 2000), "cifar10": (6, 8000, 2000), "twenty_news": (6, 4000, 1500),
-               "synthetic_marker": (6, 8000, 2000), "kmnist": (8, 12000, 3000)}
-MAIN_FAMILY = ("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker")
 PROFILES = {"smoke": dict(seeds=(0, 1), epochs=1, train_limit=256, test_limit=128),
             "quick": dict(seeds=(0, 1, 2)),
             "paper": dict(seeds=tuple(range(10)))}
@@ -228,7 +224,8 @@ def _row(dataset, method, seed, config, data, model, result: TrainResult, lockst
         row.update(val_accuracy=v["accuracy"], val_macro_f1=v["macro_f1"])
     return row
 
-def _load(dataset, seed, config):
+def load_run_data(dataset, seed, config):
+    "The seed's subsets of `dataset` as `config` asks for them (sizes, validation split, variants, download)."
     return load_dataset(dataset, seed, config.train_limit, config.test_limit, val_fraction=config.val_fraction,
                         patch_size=config.patch_size, mask_padding=config.mask_padding, marker_vocab=config.marker_vocab,
                         download=config.download)
@@ -236,7 +233,7 @@ def _load(dataset, seed, config):
 def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None, lockstep=True) -> list:
     "Train and evaluate every method of `methods` on one (dataset, seed); one metrics row per method."
     for m in methods: get_normalizer(m, num_heads=1)                  # fail early on an unknown method
-    data = _load(dataset, seed, config) if data is None else data
+    data = load_run_data(dataset, seed, config) if data is None else data
     if not lockstep:
         return [r for m in methods for r in run_methods(dataset, [m], seed, config, data)]
     device = resolve_device(config.device)
@@ -264,7 +261,7 @@ def run_study_a(dataset: str, seed: int, methods, profile: str, threads: int = 0
     for m in methods: get_normalizer(m, num_heads=1)
     if threads: torch.set_num_threads(threads)
     config = profile_config(profile, dataset, **options)
-    data = _load(dataset, seed, config)
+    data = load_run_data(dataset, seed, config)
     rows = []
     for group in ([list(methods)] if lockstep else [[m] for m in methods]):
         done = [dict(r, profile=profile) for r in run_methods(dataset, group, seed, config, data)]

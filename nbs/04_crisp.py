@@ -45,7 +45,7 @@ from transformers import AttentionInterface, AutoModelForSequenceClassification,
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from sparse_attention_repro.normalizers import get_normalizer, topk_name, attention_density, _keep_count
+from sparse_attention_repro.normalizers import get_normalizer, topk_name, attention_density, keep_count
 from pathlib import Path
 from sparse_attention_repro.data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data, resolve_device
 
@@ -349,7 +349,7 @@ test_fail(lambda: crisp_target("fixed_090"), contains="unknown crisp config")
 def measured_sparsity_for_ratio(ratio, lengths):
     "Sparsity `1 - sum n*k / sum n^2` of row-scope top-k at keep `ratio` over sentences of `lengths` valid tokens."
     n = torch.as_tensor(np.asarray(lengths), dtype=torch.long)
-    k = _keep_count(ratio, n)                                                 # same rounding as topk_softmax
+    k = keep_count(ratio, n)                                                 # same rounding as topk_softmax
     return 1.0 - float((n * k).sum()) / float((n * n).sum())
 
 def calibrate_keep_ratio(sparsity, lengths):
@@ -361,7 +361,7 @@ def calibrate_keep_ratio(sparsity, lengths):
     lens = np.nonzero(hist)[0]
     nn_, w = torch.as_tensor(lens), torch.as_tensor(hist[lens])
     denom = float((w * nn_ * nn_).sum())
-    S = np.array([1 - float((w * nn_ * _keep_count(r, nn_)).sum()) / denom for r in cand])
+    S = np.array([1 - float((w * nn_ * keep_count(r, nn_)).sum()) / denom for r in cand])
     return float(cand[np.argmin(np.abs(S - sparsity))])
 
 def crisp_keep_ratios(config, num_layers, lengths=None, spread=0.2):

@@ -27,7 +27,7 @@ import pandas as pd
 import pingouin as pg
 from scipy import stats as sps
 from sparse_attention_repro.normalizers import NORMALIZERS, parse_topk_ratio
-from sparse_attention_repro.train import MAIN_FAMILY, PAPER_SIZES
+from sparse_attention_repro.data import MAIN_FAMILY, PAPER_SIZES
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from sparse_attention_repro.normalizers import NORMALIZERS, get_normalizer
 from sparse_attention_repro.kernels import use_kernels
-from sparse_attention_repro.train import PAPER_SIZES, PROFILES, profile_config, run_methods, _load
+from sparse_attention_repro.train import PAPER_SIZES, PROFILES, profile_config, run_methods, load_run_data
 
 # %%
 from fastcore.test import test_eq
@@ -111,7 +111,7 @@ def bench_grid(datasets=("fashion_mnist", "twenty_news"), epochs=1, repeats=1, m
     for ds in datasets:
         cfg = profile_config("paper", ds, epochs=epochs, progress=False, test_limit=200,
                              **({"train_limit": train_limit} if train_limit else {}))
-        data = _load(ds, 0, cfg)
+        data = load_run_data(ds, 0, cfg)
         for r in range(repeats):
             for path, opt in PATHS.items():
                 with use_kernels(opt["kernels"]):

@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 from .normalizers import NORMALIZERS, get_normalizer
 from .kernels import use_kernels
-from .train import PAPER_SIZES, PROFILES, profile_config, run_methods, _load
+from .train import PAPER_SIZES, PROFILES, profile_config, run_methods, load_run_data
 
 # %% ../nbs/08_bench.ipynb
 def _entmax_package(name, num_heads):
@@ -69,7 +69,7 @@ def bench_grid(datasets=("fashion_mnist", "twenty_news"), epochs=1, repeats=1, m
     for ds in datasets:
         cfg = profile_config("paper", ds, epochs=epochs, progress=False, test_limit=200,
                              **({"train_limit": train_limit} if train_limit else {}))
-        data = _load(ds, 0, cfg)
+        data = load_run_data(ds, 0, cfg)
         for r in range(repeats):
             for path, opt in PATHS.items():
                 with use_kernels(opt["kernels"]):

@@ -5,8 +5,8 @@
 # %% auto 0
 __all__ = ['ORIGINAL_BISECT_STEPS', 'NORMALIZERS', 'ORIGINAL_GRADIENT_VARIANTS', 'softmax', 'SparsemaxFunction', 'sparsemax',
            'Entmax15Function', 'entmax15', 'EntmaxAlphaFunction', 'entmax_alpha', 'EntmaxBisectFunction',
-           'entmax_bisect', 'TopkSoftmaxFunction', 'topk_softmax', 'parse_topk_ratio', 'topk_name', 'Normalizer',
-           'HeadwiseAdaptiveEntmax', 'get_normalizer', 'attention_density']
+           'entmax_bisect', 'keep_count', 'TopkSoftmaxFunction', 'topk_softmax', 'parse_topk_ratio', 'topk_name',
+           'Normalizer', 'HeadwiseAdaptiveEntmax', 'get_normalizer', 'attention_density']
 
 # %% ../nbs/00_normalizers.ipynb
 import math
@@ -235,7 +235,7 @@ def entmax_bisect(scores, alpha, key_mask=None, n_iter=ORIGINAL_BISECT_STEPS):
     return _finish(EntmaxBisectFunction.apply(s, alpha.to(s.device), n_iter), s, empty).to(scores.dtype)
 
 # %% ../nbs/00_normalizers.ipynb
-def _keep_count(ratio, n_valid):
+def keep_count(ratio, n_valid):
     "k = max(1, ceil(ratio * n_valid)) with the product rounded to 9 decimals first; `n_valid` a tensor."
     return torch.clamp(torch.ceil(torch.round(n_valid.double() * ratio * 1e9) / 1e9), min=1).long()
 
@@ -267,11 +267,11 @@ def topk_softmax(scores, ratio, key_mask=None, scope="row"):
         return _finish(TopkSoftmaxFunction.apply(s, ratio), s, empty).to(scores.dtype)
     valid = torch.isfinite(s)                                               # (..., H, Tq, Tk)
     if scope == "row":
-        k = _keep_count(ratio, valid.sum(-1, keepdim=True))                  # (..., H, Tq, 1)
+        k = keep_count(ratio, valid.sum(-1, keepdim=True))                  # (..., H, Tq, 1)
         keep = s >= _kth_largest(s, k)
     else:
         flat = s.flatten(-2)                                                # (..., H, Tq*Tk)
-        k = _keep_count(ratio, valid.flatten(-2).sum(-1, keepdim=True))      # (..., H, 1)
+        k = keep_count(ratio, valid.flatten(-2).sum(-1, keepdim=True))      # (..., H, 1)
         thr = _kth_largest(flat, k).unsqueeze(-1)                           # (..., H, 1, 1)
         keep = (s >= thr) | (s == s.amax(-1, keepdim=True))                 # each row keeps its max
     p = torch.softmax(s.masked_fill(~keep, float('-inf')), -1)

@@ -20,7 +20,7 @@ import pandas as pd
 import pingouin as pg
 from scipy import stats as sps
 from .normalizers import NORMALIZERS, parse_topk_ratio
-from .train import MAIN_FAMILY, PAPER_SIZES
+from .data import MAIN_FAMILY, PAPER_SIZES
 
 # %% ../nbs/05_stats.ipynb
 MAIN_DATASETS = MAIN_FAMILY                                                       # the paper's main family
