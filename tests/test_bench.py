@@ -1,5 +1,8 @@
 "`sparse-repro bench`: the benchmark commands run end to end on real data and print their ratio tables."
+import pytest
 from conftest import cli
+
+pytestmark = pytest.mark.slow                   # benchmarks run in CI's slow step
 
 def test_bench_grid_prints_ratios_and_projection(data_root):
     r = cli("bench", "grid", "--datasets", "fashion_mnist", "--train-limit", "192")

@@ -39,6 +39,7 @@ def test_same_seed_same_result(sst2_root):
         assert ra["accuracy"] == rb["accuracy"] and ra["sparsity_per_layer"] == rb["sparsity_per_layer"]
         assert ra["attention_entropy"] == rb["attention_entropy"]
 
+@pytest.mark.slow
 def test_crisp_cli_survives_sigkill(tmp_path, sst2_root):
     """`sparse-repro crisp` killed (SIGKILL, whole process group) at five random moments, restarted each time, then
     finished: every (config, seed, split) row exactly once, equal to an uninterrupted run's."""

@@ -1,11 +1,13 @@
 """The dask executor: the smoke grid on a 2-worker LocalCluster gives the same rows as the local executor."""
 import pandas as pd
+import pytest
 from conftest import cli
 
 ARGS = ["--profile", "smoke", "--datasets", "fashion_mnist", "synthetic_marker", "--methods", "softmax", "entmax15",
         "--seeds", "0", "1", "--jobs", "2"]
 COLS = ["dataset", "method", "seed", "accuracy", "macro_f1", "nonzero_ratio", "train_n", "test_n", "status"]
 
+@pytest.mark.slow
 def test_dask_matches_local(tmp_path, data_root):
     local = cli("grid", "--out", tmp_path / "local", *ARGS)
     dask = cli("grid", "--out", tmp_path / "dask", "--executor", "dask", *ARGS)

@@ -73,6 +73,7 @@ def test_missing_data_is_one_line(tmp_path, monkeypatch):
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "kmnist" in res.stderr, res.stderr
     assert not (tmp_path / "out").exists()
 
+@pytest.mark.slow
 def test_resume_after_sigkill(tmp_path, data_root):
     """SIGKILL the grid at five random moments, restart each time, finish: the rows equal an uninterrupted run's."""
     args = ["grid", "--profile", "smoke", "--datasets", "fashion_mnist", "synthetic_marker",

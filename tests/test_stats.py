@@ -92,4 +92,4 @@ def test_render_site(tmp_path):
     nb = Path(S.__file__).parent.parent / "nbs" / "00_normalizers.ipynb"
     idx = render_site(tmp_path, notebooks=[nb])
     assert 'href="00_normalizers.html"' in idx.read_text()
-    assert (tmp_path / "00_normalizers.html").stat().st_size > 1000
+    assert "relative error of the bisection gradient" in (tmp_path / "00_normalizers.html").read_text()   # an executed output
