@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from IPython.display import Markdown, display
+from IPython.display import Image, Markdown, display
 
 from sparse_attention_repro import stats as S
 
@@ -36,14 +36,16 @@ runs, crisp = S.load_runs(RES / "runs.csv"), S.load_crisp(RES / "crisp_runs.csv"
 
 def save(fig, name):
     "Save a figure to figures/ and show it inline."
-    fig.tight_layout(); fig.savefig(FIG / f"{name}.png", dpi=110); plt.show(); plt.close(fig)
+    fig.tight_layout(); fig.savefig(FIG / f"{name}.png", dpi=110); plt.close(fig)
+    display(Image(filename=str(FIG / f"{name}.png")))                   # the saved file itself, whatever the backend
 
 def md(s): display(Markdown(s))
 
 def table(df, floatfmt=".4g"):
-    "A table as markdown (empty tables say so; without `tabulate` the plain DataFrame is shown)."
+    "A table as markdown (empty tables say so; without `tabulate` the plain DataFrame is shown); text cells stay as written."
     if not len(df): return md("_(no rows)_")
-    try: md(df.to_markdown(index=False, floatfmt=floatfmt))
+    text = all(df[c].dtype == object for c in df.columns if c not in ("n", "seeds"))
+    try: md(df.to_markdown(index=False, floatfmt=floatfmt, disable_numparse=text))
     except ImportError: display(df)
 
 missing = [f"`{f}`" for f, d in (("runs.csv", runs), ("crisp_runs.csv", crisp)) if d is None]
@@ -176,6 +178,28 @@ if len(sel):
        f"{len(sel)} datasets; the mean optimism of test selection is "
        f"{100 * sel.optimism.mean():.2f} pt of test accuracy." if sel.val_selected.notna().any() else
        "No validation columns in `runs.csv`: the leakage-free choice cannot be made (rerun with a validation split).")
+
+# %% [markdown]
+# ## Ablations: the confounds the paper names
+#
+# Each ablation is a grid run with one change, on the main runs' seeds and subsets, kept in `ablations/<name>/` of the
+# results folder (`sparse-repro grid --profile paper --out <results>/ablations/<name> <options>`). For each, the table
+# gives every method's gain over softmax in the main runs and in the variant, and the paired change of that gain.
+
+# %%
+abl_dir = RES / "ablations"
+found = {name: S.load_runs(abl_dir / name / "runs.csv") for name in S.ABLATIONS if (abl_dir / name / "runs.csv").exists()}
+if not found:
+    md("_No ablation results in this folder yet. They are run with:_\n\n" + "\n".join(
+        f"* `{name}` — {spec['question']} `sparse-repro grid --profile paper --out <results>/ablations/{name} {spec['options']}`"
+        for name, spec in S.ABLATIONS.items()))
+for name, vr in found.items():
+    spec = S.ABLATIONS[name]
+    t = S.ablation_tests(runs, vr, spec.get("rename"))
+    t.to_csv(TAB / f"ablation_{name}.csv", index=False)
+    md(f"### `{name}`: {spec['question']}")
+    md(S.ablation_answer(name, t))
+    table(S.readable_ablation(t))
 
 # %% [markdown]
 # ## Study B: Crisp Attention on SST-2
