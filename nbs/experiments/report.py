@@ -44,7 +44,7 @@ def md(s): display(Markdown(s))
 def table(df, floatfmt=".4g"):
     "A table as markdown (empty tables say so; without `tabulate` the plain DataFrame is shown); text cells stay as written."
     if not len(df): return md("_(no rows)_")
-    text = all(df[c].dtype == object for c in df.columns if c not in ("n", "seeds"))
+    text = not any(pd.api.types.is_float_dtype(df[c]) for c in df.columns)
     try: md(df.to_markdown(index=False, floatfmt=floatfmt, disable_numparse=text))
     except ImportError: display(df)
 
