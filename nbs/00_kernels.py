@@ -36,409 +36,26 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 import torch
+import sparse_attention_repro
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
 
 # %% [markdown]
 # ## The C source
+#
+# The kernels are one C file, `nbs/00_kernels.c`, read beside this notebook: each exported function takes contiguous
+# float32 rows and writes its result rows, and its comments explain the numerics (lanes for short rows, the Cephes
+# `exp`/`log`, top-k's threshold search). A regular install ships it inside the package as `kernels.c`.
 
 # %%
 #| export
-C_SOURCE = r"""
-/* Row kernels (float32) for the sparse attention normalizers: one pass over a row in L1 per Newton step. */
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-
-/* Branch-free expf / logf (Cephes polynomials, ~1 ulp on the ranges used): they vectorise, and unlike
-   libm's vector versions have no slow path for the zeros and -inf that masked attention rows are full of. */
-#pragma omp declare simd notinbranch
-static inline float exp_f(float xin) {           /* 0 below -87, as float32 underflows there */
-    float x = xin < -87.0f ? -87.0f : (xin > 88.0f ? 88.0f : xin);
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
-    x = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float z = x * x;
-    float y = ((((1.9875691500E-4f * x + 1.3981999507E-3f) * x + 8.3334519073E-3f) * x + 4.1665795894E-2f) * x
-               + 1.6666665459E-1f) * x + 5.0000001201E-1f;
-    y = y * z + x + 1.0f;
-    union { int32_t i; float f; } u = { ((int32_t)n + 127) << 23 };
-    return xin < -87.0f ? 0.0f : y * u.f;
-}
-
-#pragma omp declare simd notinbranch
-static inline float log_f(float x) {             /* x > 0 and normal */
-    union { float f; int32_t i; } u = { x };
-    float e = (float)(((u.i >> 23) & 0xff) - 126);
-    u.i = (u.i & 0x007fffff) | 0x3f000000;        /* mantissa in [0.5, 1) */
-    float m = u.f;
-    int small = m < 0.707106781186547524f;
-    e -= (float)small;
-    m = small ? m + m - 1.0f : m - 1.0f;
-    float z = m * m;
-    float y = ((((((((7.0376836292E-2f * m - 1.1514610310E-1f) * m + 1.1676998740E-1f) * m - 1.2420140846E-1f) * m
-               + 1.4249322787E-1f) * m - 1.6668057665E-1f) * m + 2.0000714765E-1f) * m - 2.4999993993E-1f) * m
-               + 3.3333331174E-1f) * m * z;
-    y += -2.12194440e-4f * e;
-    y += -0.5f * z;
-    return m + y + 0.693359375f * e;
-}
-
-static inline float row_max(const float* x, long n) {
-    float m = -INFINITY;
-    #pragma omp simd reduction(max:m)
-    for (long j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
-    return m;
-}
-
-static void sparsemax_fwd_rows(const float* X, float* P, long rows, long n) {
-    for (long r = 0; r < rows; r++) {
-        const float* x = X + r * n; float* p = P + r * n;
-        float m = row_max(x, n);
-        if (!(m > -INFINITY)) { memset(p, 0, n * sizeof(float)); continue; }
-        float zs = 0;                                      /* start: max(mean(z) - 1/n, max(z) - 1) <= tau*, as the torch path */
-        #pragma omp simd reduction(+:zs)
-        for (long j = 0; j < n; j++) { float z = x[j] - m; zs += z > -1e4f ? z : -1e4f; }
-        float tau = (zs - 1) / n; tau = tau > -1 ? tau : -1; long k = -1;   /* Michelot from the left */
-        for (long it = 0; it <= n; it++) {
-            float s = 0; int c = 0;
-            #pragma omp simd reduction(+:s, c)
-            for (long j = 0; j < n; j++) { float d = x[j] - m - tau; s += d > 0 ? d : 0; c += d > 0; }
-            if (c == k) break;                             /* support stable: tau is exact */
-            k = c; tau += (s - 1) / c;
-        }
-        #pragma omp simd
-        for (long j = 0; j < n; j++) { float d = x[j] - m - tau; p[j] = d > 0 ? d : 0; }
-    }
-}
-
-static void sparsemax_bwd_rows(const float* P, const float* G, float* DX, long rows, long n) {
-    for (long r = 0; r < rows; r++) {
-        const float* p = P + r * n; const float* g = G + r * n; float* dx = DX + r * n;
-        float s = 0; int c = 0;
-        #pragma omp simd reduction(+:s, c)
-        for (long j = 0; j < n; j++) { s += p[j] > 0 ? g[j] : 0; c += p[j] > 0; }
-        float mean = c ? s / c : 0;
-        #pragma omp simd
-        for (long j = 0; j < n; j++) dx[j] = p[j] > 0 ? g[j] - mean : 0;
-    }
-}
-
-/* alpha-entmax with one alpha per row (A): Newton from the left on sum(max(z - tau, 0)^beta) = 1, beta = 1/(alpha-1).
-   tau only grows, so a key that falls out of the support stays out: the iterations run over the keys with z > -1 only
-   (copied, branch-free, into the scratch row ZB, padded to whole vectors). Each iteration costs an exp and a log
-   per key, so this pays here. */
-void entmax_alpha_fwd(const float* X, float* P, const float* A, float* ZB, long rows, long n, long max_iter, float tol) {
-    for (long r = 0; r < rows; r++) {
-        const float* x = X + r * n; float* p = P + r * n;
-        float m = row_max(x, n);
-        if (!(m > -INFINITY)) { memset(p, 0, n * sizeof(float)); continue; }
-        float am1 = A[r] - 1, beta = 1 / am1, bm1 = beta - 1;
-        long c = 0;                                        /* z = (x - max)(alpha - 1) <= 0, f(-1) >= 0 */
-        for (long j = 0; j < n; j++) { float z = (x[j] - m) * am1; ZB[c] = z; c += z > -1.0f; }
-        for (long j = c; j < ((c + 15) & ~15L); j++) ZB[j] = -2.0f;   /* pad to whole vectors with keys below tau */
-        c = (c + 15) & ~15L;
-        float tau = -1;
-        for (long it = 0; it < max_iter; it++) {
-            float s1 = 0, s2 = 0;
-            #pragma omp simd reduction(+:s1, s2)
-            for (long j = 0; j < c; j++) {
-                float d = ZB[j] - tau; int on = d > 0;
-                float dp = on ? exp_f(bm1 * log_f(on ? d : 1.0f)) : 0.0f;   /* d^(beta-1) */
-                s1 += dp; s2 += dp * (on ? d : 0.0f);
-            }
-            float step = (s2 - 1) / (beta * s1);
-            tau += step;
-            if (fabsf(step) <= tol) break;
-        }
-        float s = 0;
-        #pragma omp simd reduction(+:s)
-        for (long j = 0; j < n; j++) {
-            float d = (x[j] - m) * am1 - tau; int on = d > 0;
-            p[j] = on ? exp_f(beta * log_f(on ? d : 1.0f)) : 0.0f; s += p[j];
-        }
-        float inv = 1 / s;
-        #pragma omp simd
-        for (long j = 0; j < n; j++) p[j] *= inv;
-    }
-}
-
-/* backward of alpha-entmax, w = p^(2-alpha) on the support: dx = w*g - w*<w,g>/sum(w).
-   A: alpha per row, or NULL for alpha = 1.5 (w = sqrt p). DA (may be NULL): per-row d loss / d alpha, from
-   dp/dalpha = (p - s)/(alpha-1)^2 - (p log p - s <p, log p>)/(alpha-1), s = w/sum(w). One log and one exp per key:
-   w is kept in DX and p log p in the scratch row PL between the passes. */
-static void entmax_bwd_rows(const float* P, const float* G, float* DX, const float* A, float* DA, float* PL, long rows, long n) {
-    for (long r = 0; r < rows; r++) {
-        const float* p = P + r * n; const float* g = G + r * n; float* dx = DX + r * n;
-        float a = A ? A[r] : 1.5f, e = 2 - a, sw = 0, swg = 0, ent = 0;
-        if (A) {
-            #pragma omp simd reduction(+:sw, swg, ent)
-            for (long j = 0; j < n; j++) {
-                int on = p[j] > 0;
-                float lp = log_f(on ? p[j] : 1.0f);
-                float w = on ? exp_f(e * lp) : 0.0f, pl = on ? p[j] * lp : 0.0f;
-                dx[j] = w; PL[j] = pl; sw += w; swg += w * g[j]; ent += pl;
-            }
-        } else {
-            #pragma omp simd reduction(+:sw, swg)
-            for (long j = 0; j < n; j++) { float w = p[j] > 0 ? sqrtf(p[j]) : 0.0f; dx[j] = w; sw += w; swg += w * g[j]; }
-        }
-        float q = sw > 0 ? swg / sw : 0;
-        if (DA) {
-            float am1 = a - 1, da = 0, isw = sw > 0 ? 1 / sw : 0;
-            #pragma omp simd reduction(+:da)
-            for (long j = 0; j < n; j++) {
-                float skew = dx[j] * isw;
-                da += g[j] * ((p[j] - skew) / (am1 * am1) - (PL[j] - skew * ent) / am1);
-            }
-            DA[r] = da;
-        }
-        #pragma omp simd
-        for (long j = 0; j < n; j++) dx[j] = dx[j] * (g[j] - q);
-    }
-}
-
-static void softmax_bwd_rows(const float* P, const float* G, float* DX, long rows, long n) {
-    for (long r = 0; r < rows; r++) {
-        const float* p = P + r * n; const float* g = G + r * n; float* dx = DX + r * n;
-        float s = 0;
-        #pragma omp simd reduction(+:s)
-        for (long j = 0; j < n; j++) s += p[j] * g[j];
-        #pragma omp simd
-        for (long j = 0; j < n; j++) dx[j] = p[j] * (g[j] - s);
-    }
-}
-
-/* ---- Short rows: 16 rows at a time, one per vector lane. ------------------------------------------------------
-   A row of 17 keys is one full vector plus one scalar leftover, and each Newton step ends in a horizontal sum: most
-   of the time goes to overhead. Transposed into a [n][16] block, every step is n plain vector operations across 16
-   rows, with per-lane sums and thresholds and no horizontal work. Lanes past the last row repeat it (discarded). */
-#define LN 16
-
-static void load_lanes(const float* X, long r0, long L, long n, float* Z) {
-    for (long l = 0; l < LN; l++) {
-        const float* x = X + (r0 + (l < L ? l : L - 1)) * n;
-        for (long j = 0; j < n; j++) Z[j * LN + l] = x[j];
-    }
-}
-
-static void store_lanes(float* P, long r0, long L, long n, const float* Z) {
-    for (long l = 0; l < L; l++) {
-        float* p = P + (r0 + l) * n;
-        for (long j = 0; j < n; j++) p[j] = Z[j * LN + l];
-    }
-}
-
-/* row max per lane; Z becomes (Z - max) * scale; `dead` marks lanes whose row has no finite key */
-static void center_lanes(float* Z, long n, float scale, float* m, int* dead) {
-    for (long l = 0; l < LN; l++) m[l] = -INFINITY;
-    for (long j = 0; j < n; j++) {
-        #pragma omp simd
-        for (long l = 0; l < LN; l++) m[l] = Z[j * LN + l] > m[l] ? Z[j * LN + l] : m[l];
-    }
-    for (long l = 0; l < LN; l++) { dead[l] = !(m[l] > -INFINITY); if (dead[l]) m[l] = 0; }
-    for (long j = 0; j < n; j++) {
-        #pragma omp simd
-        for (long l = 0; l < LN; l++) Z[j * LN + l] = (Z[j * LN + l] - m[l]) * scale;
-    }
-}
-
-static void normalise_lanes(float* Z, long n, const int* dead) {
-    float s[LN];
-    for (long l = 0; l < LN; l++) s[l] = 0;
-    for (long j = 0; j < n; j++) {
-        #pragma omp simd
-        for (long l = 0; l < LN; l++) s[l] += Z[j * LN + l];
-    }
-    for (long l = 0; l < LN; l++) s[l] = dead[l] ? 0 : 1 / s[l];
-    for (long j = 0; j < n; j++) {
-        #pragma omp simd
-        for (long l = 0; l < LN; l++) Z[j * LN + l] *= s[l];
-    }
-}
-
-static void sparsemax_fwd_lanes(const float* X, float* P, float* Z, long rows, long n) {
-    for (long r0 = 0; r0 < rows; r0 += LN) {
-        long L = rows - r0 < LN ? rows - r0 : LN;
-        float m[LN], tau[LN], s[LN]; int dead[LN], k[LN], c[LN], done[LN];
-        load_lanes(X, r0, L, n, Z);
-        center_lanes(Z, n, 1.0f, m, dead);
-        for (long l = 0; l < LN; l++) s[l] = 0;
-        for (long j = 0; j < n; j++) {                 /* start: max(mean(z) - 1/n, -1), as the row kernel */
-            #pragma omp simd
-            for (long l = 0; l < LN; l++) { float z = Z[j * LN + l]; s[l] += z > -1e4f ? z : -1e4f; }
-        }
-        int left = 0;
-        for (long l = 0; l < LN; l++) { tau[l] = (s[l] - 1) / n; tau[l] = tau[l] > -1 ? tau[l] : -1; k[l] = -1; done[l] = dead[l]; left += !done[l]; }
-        for (long it = 0; it <= n && left; it++) {
-            for (long l = 0; l < LN; l++) { s[l] = 0; c[l] = 0; }
-            for (long j = 0; j < n; j++) {
-                #pragma omp simd
-                for (long l = 0; l < LN; l++) { float d = Z[j * LN + l] - tau[l]; s[l] += d > 0 ? d : 0; c[l] += d > 0; }
-            }
-            left = 0;
-            for (long l = 0; l < LN; l++) {
-                if (done[l]) continue;
-                if (c[l] == k[l]) { done[l] = 1; continue; }
-                k[l] = c[l]; tau[l] += (s[l] - 1) / c[l]; left++;
-            }
-        }
-        for (long j = 0; j < n; j++) {
-            #pragma omp simd
-            for (long l = 0; l < LN; l++) { float d = Z[j * LN + l] - tau[l]; Z[j * LN + l] = dead[l] ? 0 : (d > 0 ? d : 0); }
-        }
-        store_lanes(P, r0, L, n, Z);
-    }
-}
-
-static void entmax15_fwd_lanes(const float* X, float* P, float* Z, long rows, long n, long max_iter, float tol) {
-    for (long r0 = 0; r0 < rows; r0 += LN) {
-        long L = rows - r0 < LN ? rows - r0 : LN;
-        float m[LN], tau[LN], s1[LN], s2[LN]; int dead[LN], done[LN];
-        load_lanes(X, r0, L, n, Z);
-        center_lanes(Z, n, 0.5f, m, dead);
-        int left = 0;
-        for (long l = 0; l < LN; l++) { tau[l] = -1; done[l] = dead[l]; left += !done[l]; }
-        for (long it = 0; it < max_iter && left; it++) {
-            for (long l = 0; l < LN; l++) { s1[l] = 0; s2[l] = 0; }
-            for (long j = 0; j < n; j++) {
-                #pragma omp simd
-                for (long l = 0; l < LN; l++) { float d = Z[j * LN + l] - tau[l]; d = d > 0 ? d : 0; s1[l] += d; s2[l] += d * d; }
-            }
-            left = 0;
-            for (long l = 0; l < LN; l++) {
-                if (done[l]) continue;
-                float step = (s2[l] - 1) / (2 * s1[l]);
-                tau[l] += step;
-                if (fabsf(step) <= tol) done[l] = 1; else left++;
-            }
-        }
-        for (long j = 0; j < n; j++) {
-            #pragma omp simd
-            for (long l = 0; l < LN; l++) { float d = Z[j * LN + l] - tau[l]; d = d > 0 ? d : 0; Z[j * LN + l] = dead[l] ? 0 : d * d; }
-        }
-        normalise_lanes(Z, n, dead);
-        store_lanes(P, r0, L, n, Z);
-    }
-}
-
-/* top-k: per lane, the k-th largest by counting (short rows) or by bisection on order-preserving integer keys
-   (32 steps at most, all lanes together) */
-static void topk_softmax_fwd_lanes(const float* X, float* P, float* Z, long rows, long n, double ratio) {
-    int32_t* K = (int32_t*)(Z + n * LN);               /* keys, [n][16], after the values */
-    for (long r0 = 0; r0 < rows; r0 += LN) {
-        long L = rows - r0 < LN ? rows - r0 : LN;
-        float m[LN], thr[LN]; int32_t lo[LN], hi[LN]; int nv[LN], k[LN], c[LN], dead[LN];
-        load_lanes(X, r0, L, n, Z);
-        for (long l = 0; l < LN; l++) { m[l] = -INFINITY; nv[l] = 0; lo[l] = INT32_MAX; hi[l] = INT32_MIN; }
-        for (long j = 0; j < n; j++) {
-            #pragma omp simd
-            for (long l = 0; l < LN; l++) {
-                float v = Z[j * LN + l];
-                m[l] = v > m[l] ? v : m[l]; nv[l] += v > -INFINITY;
-                union { float f; int32_t i; } u = { v };
-                int32_t key = u.i ^ ((u.i >> 31) & 0x7fffffff);
-                K[j * LN + l] = key;
-                lo[l] = key < lo[l] ? key : lo[l]; hi[l] = key > hi[l] ? key : hi[l];
-            }
-        }
-        for (long l = 0; l < LN; l++) {
-            dead[l] = nv[l] == 0;
-            long kk = (long)ceil(round((double)nv[l] * ratio * 1e9) / 1e9); kk = kk < 1 ? 1 : (kk > nv[l] ? nv[l] : kk);
-            k[l] = (int)kk;
-        }
-        if (n <= 32) {                                 /* short rows: the smallest value with fewer than k above it */
-            for (long l = 0; l < LN; l++) thr[l] = INFINITY;
-            for (long i = 0; i < n; i++) {
-                for (long l = 0; l < LN; l++) c[l] = 0;
-                for (long j = 0; j < n; j++) {
-                    #pragma omp simd
-                    for (long l = 0; l < LN; l++) c[l] += Z[j * LN + l] > Z[i * LN + l];
-                }
-                #pragma omp simd
-                for (long l = 0; l < LN; l++) thr[l] = (c[l] < k[l] && Z[i * LN + l] < thr[l]) ? Z[i * LN + l] : thr[l];
-            }
-            for (long l = 0; l < LN; l++) lo[l] = hi[l];   /* skip the bisection */
-        }
-        for (int it = 0; it < 33; it++) {              /* invariant: >= k keys >= lo, < k keys > hi */
-            int open = 0;
-            int32_t mid[LN];
-            for (long l = 0; l < LN; l++) { mid[l] = (int32_t)(lo[l] + ((int64_t)hi[l] - lo[l] + 1) / 2); c[l] = 0; open += lo[l] < hi[l]; }
-            if (!open) break;
-            for (long j = 0; j < n; j++) {
-                #pragma omp simd
-                for (long l = 0; l < LN; l++) c[l] += K[j * LN + l] >= mid[l];
-            }
-            for (long l = 0; l < LN; l++) {
-                if (lo[l] >= hi[l]) continue;
-                if (c[l] >= k[l]) lo[l] = mid[l]; else hi[l] = mid[l] - 1;
-            }
-        }
-        for (long l = 0; l < LN; l++) {
-            if (n > 32) { union { int32_t i; float f; } u = { lo[l] ^ ((lo[l] >> 31) & 0x7fffffff) }; thr[l] = u.f; }
-            if (dead[l]) m[l] = 0;
-        }
-        for (long j = 0; j < n; j++) {
-            #pragma omp simd
-            for (long l = 0; l < LN; l++) {
-                float v = Z[j * LN + l]; int on = v >= thr[l] && !dead[l];
-                Z[j * LN + l] = exp_f(on ? v - m[l] : 0.0f) * (float)on;
-            }
-        }
-        normalise_lanes(Z, n, dead);
-        store_lanes(P, r0, L, n, Z);
-    }
-}
-
-/* ---- Entry points: rows or lanes, whichever measured faster for the row length (sparsemax in lanes loses at long
-   rows; learned-alpha entmax stays in rows: the compiler does not vectorise its exp/log across lanes).
-   W: scratch of 32 * (n + 16) floats. */
-void sparsemax_fwd(const float* X, float* P, float* W, long rows, long n) {
-    if (n <= 32) sparsemax_fwd_lanes(X, P, W, rows, n); else sparsemax_fwd_rows(X, P, rows, n);
-}
-void entmax15_fwd(const float* X, float* P, float* W, long rows, long n, long max_iter, float tol) {
-    entmax15_fwd_lanes(X, P, W, rows, n, max_iter, tol);
-}
-void topk_softmax_fwd(const float* X, float* P, float* W, long rows, long n, double ratio) {
-    topk_softmax_fwd_lanes(X, P, W, rows, n, ratio);
-}
-
-/* Backward passes of short rows in lanes: W holds the p, g and output blocks. kind 0: sparsemax, 1: entmax-1.5
-   (w = sqrt p), 2: softmax. */
-static void bwd_lanes(int kind, const float* P, const float* G, float* DX, float* W, long rows, long n) {
-    float *Zp = W, *Zg = W + n * LN;
-    for (long r0 = 0; r0 < rows; r0 += LN) {
-        long L = rows - r0 < LN ? rows - r0 : LN;
-        float a[LN], b[LN];
-        load_lanes(P, r0, L, n, Zp); load_lanes(G, r0, L, n, Zg);
-        for (long l = 0; l < LN; l++) { a[l] = 0; b[l] = 0; }
-        for (long j = 0; j < n; j++) {
-            #pragma omp simd
-            for (long l = 0; l < LN; l++) {
-                float p = Zp[j * LN + l], g = Zg[j * LN + l];
-                float w = kind == 0 ? (float)(p > 0) : (kind == 1 ? (p > 0 ? sqrtf(p) : 0.0f) : p);
-                Zp[j * LN + l] = w; a[l] += w * g; b[l] += w;
-            }
-        }
-        for (long l = 0; l < LN; l++) a[l] = kind == 2 ? a[l] : (b[l] > 0 ? a[l] / b[l] : 0);   /* softmax: sum p = 1 */
-        for (long j = 0; j < n; j++) {
-            #pragma omp simd
-            for (long l = 0; l < LN; l++) Zp[j * LN + l] = Zp[j * LN + l] * (Zg[j * LN + l] - a[l]);
-        }
-        store_lanes(DX, r0, L, n, Zp);
-    }
-}
-
-void sparsemax_bwd(const float* P, const float* G, float* DX, float* W, long rows, long n) {
-    if (n <= 32) bwd_lanes(0, P, G, DX, W, rows, n); else sparsemax_bwd_rows(P, G, DX, rows, n);
-}
-void softmax_bwd(const float* P, const float* G, float* DX, float* W, long rows, long n) {
-    if (n <= 32) bwd_lanes(2, P, G, DX, W, rows, n); else softmax_bwd_rows(P, G, DX, rows, n);
-}
-void entmax_bwd(const float* P, const float* G, float* DX, const float* A, float* DA, float* W, long rows, long n) {
-    if (n <= 32 && !A) bwd_lanes(1, P, G, DX, W, rows, n); else entmax_bwd_rows(P, G, DX, A, DA, W, rows, n);
-}
-"""
+def kernel_source() -> str:
+    "The C source of the kernels: the checkout's `nbs/00_kernels.c`, else the copy installed with the package."
+    pkg = Path(sparse_attention_repro.__file__).resolve().parent
+    for f in (pkg.parent / "nbs" / "00_kernels.c", pkg / "kernels.c"):
+        if f.is_file(): return f.read_text()
+    raise RuntimeError(f"kernel source not found ({pkg.parent / 'nbs' / '00_kernels.c'} or {pkg / 'kernels.c'}); reinstall the package")
 
 # %% [markdown]
 # ## Building and loading
@@ -470,8 +87,9 @@ def kernel_dir(cache_dir=None) -> Path:
     return Path(d).expanduser() / "kernels"
 
 def build_kernels(cache_dir=None) -> Path:
-    "Compile `C_SOURCE` (if not already built for this source, these flags and this CPU); returns the library's path."
-    tag = hashlib.sha256((C_SOURCE + " ".join(CFLAGS)).encode()).hexdigest()[:12]
+    "Compile `kernel_source()` (if not already built for this source, these flags and this CPU); returns the library's path."
+    source = kernel_source()
+    tag = hashlib.sha256((source + " ".join(CFLAGS)).encode()).hexdigest()[:12]
     out = kernel_dir(cache_dir) / f"normalizers-{tag}-{_cpu_tag()}.so"
     if out.exists(): return out
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -486,7 +104,7 @@ def build_kernels(cache_dir=None) -> Path:
         if out.exists(): return out
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             src, lib = Path(tmp) / "normalizers.c", Path(tmp) / "normalizers.so"
-            src.write_text(C_SOURCE)
+            src.write_text(source)
             r = subprocess.run([cc, *CFLAGS, str(src), "-o", str(lib), "-lm"], capture_output=True, text=True)
             if r.returncode: raise RuntimeError(f"{cc} failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
             os.replace(lib, out)
@@ -516,6 +134,17 @@ def usable(x) -> bool:
     "Can the kernels handle tensor `x`? (float32 on the CPU, kernels available and enabled)"
     return x.dtype == torch.float32 and x.device.type == "cpu" and kernels() is not None
 
+
+# %% [markdown]
+# Every function the Python side calls is defined in the source, with as many parameters as its ctypes signature says:
+
+# %%
+import re
+_src = kernel_source()
+for name, sig in _SIGNATURES.items():
+    m = re.search(rf"^void {name}\(([^)]*)\)", _src, re.M)
+    assert m, f"{name} is not defined in 00_kernels.c"
+    test_eq(len(m.group(1).split(",")), len(sig))
 
 # %% [markdown]
 # ## Calling a kernel

@@ -202,6 +202,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                'sparse_attention_repro/kernels.py'),
                                                 'sparse_attention_repro.kernels.kernel_dir': ( 'kernels.html#kernel_dir',
                                                                                                'sparse_attention_repro/kernels.py'),
+                                                'sparse_attention_repro.kernels.kernel_source': ( 'kernels.html#kernel_source',
+                                                                                                  'sparse_attention_repro/kernels.py'),
                                                 'sparse_attention_repro.kernels.kernels': ( 'kernels.html#kernels',
                                                                                             'sparse_attention_repro/kernels.py'),
                                                 'sparse_attention_repro.kernels.softmax_bwd': ( 'kernels.html#softmax_bwd',
