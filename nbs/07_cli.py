@@ -39,8 +39,120 @@ def _seeds(values):
     return seeds
 
 
+# %%
+test_eq(_split(["a,b", "c"]), ["a", "b", "c"]); test_eq(_seeds(["0,2", 5]), [0, 2, 5])
+test_fail(lambda: _seeds(["-1"]), exc=UsageError, contains=">= 0"); test_fail(lambda: _seeds(["x"]), exc=UsageError, contains="integers")
+
+# %% [markdown]
+# ## The parser
+#
+# Every command is a sub-command with its own options; an unknown option or a missing required one raises
+# `UsageError` (reported as one line, status 2) instead of argparse's usage dump and exit. The commands that run notebooks
+# share the options of `_executor_args`.
+
+# %%
+#| export
+class _Parser(argparse.ArgumentParser):
+    def error(self, message): raise UsageError(message)
+
+def _executor_args(sp):
+    "Options shared by the commands that run notebooks: parallelism, executor, data download, device."
+    jobs = dict(type=int, default=max(1, min(4, os.cpu_count() or 1)), help="notebooks run in parallel (local) / LocalCluster workers (dask)")
+    sp.add_argument("--jobs", **jobs)
+    sp.add_argument("--executor", default="local", help="local (threads driving kernels) or dask (dask.distributed)")
+    sp.add_argument("--scheduler", default=None, help="dask scheduler address (tcp://host:8786); none = a LocalCluster")
+    sp.add_argument("--download", action="store_true", help="fetch missing datasets from their official online sources")
+    sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto = CUDA when available, else CPU")
+
+# %%
+#| export
+def _grid_args(sub):
+    "`grid`: the study A grid and its variants."
+    g = sub.add_parser("grid", help="study A: every dataset x method x seed of a profile")
+    g.add_argument("--profile", default="smoke", help="smoke | quick | paper")
+    g.add_argument("--out", required=True, help="results folder (runs.csv, notebooks/, rows/)")
+    g.add_argument("--datasets", nargs="+"); g.add_argument("--methods", nargs="+"); g.add_argument("--seeds", nargs="+")
+    g.add_argument("--plain", action="store_true", help="train each method alone instead of in lock-step (same results, slower)")
+    g.add_argument("--val-fraction", type=float, default=0.0, help="carve a validation split off each train subset")
+    g.add_argument("--mask-padding", action="store_true", help="variant: mask twenty_news padding")
+    g.add_argument("--learned-pad-row", action="store_true", help="variant: learn the padding embedding (the original keeps it zero)")
+    g.add_argument("--patch-size", type=int, default=0, help="variant: 4 for 4x4 patches (0 = the paper's)")
+    g.add_argument("--marker-vocab", type=int, default=20000, help="variant: small vocabulary for a learnable marker task")
+    _executor_args(g)
+    return g
+
+def _crisp_args(sub):
+    "`crisp`: the Crisp grid."
+    c = sub.add_parser("crisp", help="study B: Crisp configurations x seeds")
+    c.add_argument("--profile", default="smoke"); c.add_argument("--out", required=True)
+    c.add_argument("--configs", nargs="+"); c.add_argument("--seeds", nargs="+"); c.add_argument("--model", default="")
+    c.add_argument("--scope", default="row", help="percentile per query row (row) or per head matrix (head)")
+    c.add_argument("--precision", default="fp32", help="fp32 | bf16 (autocast; meant for GPUs)")
+    _executor_args(c)
+    return c
+
+# %%
+#| export
+def _report_args(sub):
+    "`report`: statistics, figures and claims of a results folder."
+    r = sub.add_parser("report", help="statistics, figures and the claims table of a results folder")
+    r.add_argument("--results", required=True)
+    return r
+
+def _site_args(sub):
+    "`site`: the notebooks as HTML."
+    s = sub.add_parser("site", help="render the library notebooks (and a report) to HTML")
+    s.add_argument("--out", default="outputs/site"); s.add_argument("--report", default=None)
+    s.add_argument("--no-execute", action="store_true", help="render the notebooks as stored (without outputs) instead of executing them")
+    return s
+
+def _reproduce_args(sub):
+    "`reproduce`: grid, Crisp and report in one folder."
+    a = sub.add_parser("reproduce", help="study A grid + Crisp grid + report in one folder")
+    a.add_argument("--profile", default="quick"); a.add_argument("--out", default=None); a.add_argument("--model", default="")
+    a.add_argument("--val-fraction", type=float, default=0.1, help="validation split for leakage-free ratio selection")
+    _executor_args(a)
+    return a
+
+# %%
+#| export
+def _bench_args(sub):
+    "`bench`: speed, side by side in one process."
+    b = sub.add_parser("bench", help="speed benchmarks: ratios measured side by side in one process")
+    b.add_argument("what", choices=["normalizers", "grid", "compare"],
+                   help="normalizers (forward+backward), grid (training epochs) or compare (two results folders)")
+    b.add_argument("--results", nargs="+", help="compare: two results folders (e.g. default path vs --plain)")
+    b.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 20 for normalizers, 1 for grid)")
+    b.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 = as in one grid job per core)")
+    b.add_argument("--datasets", nargs="+", help="grid: datasets (default fashion_mnist twenty_news)")
+    b.add_argument("--epochs", type=int, default=1, help="grid: epochs per run")
+    b.add_argument("--train-limit", type=int, default=0, help="grid: train examples (0 = the paper's)")
+    b.add_argument("--jobs", type=int, default=2, help="grid: parallel jobs assumed by the projection")
+    return b
+
+# %%
+#| export
+def build_parser():
+    "The `sparse-repro` argument parser: one sub-command per task."
+    p = _Parser(prog="sparse-repro", description="Reproduce Canay (2026) and Crisp Attention with papermill-executed notebooks.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add in (_grid_args, _crisp_args, _report_args, _site_args, _reproduce_args, _bench_args): add(sub)
+    return p
+
+# %%
+a = build_parser().parse_args(["grid", "--out", "x", "--datasets", "kmnist", "--seeds", "0,1", "--mask-padding"])
+test_eq((a.command, a.profile, a.datasets, a.seeds, a.mask_padding, a.device, a.jobs >= 1), ("grid", "smoke", ["kmnist"], ["0,1"], True, "auto", True))
+test_eq(build_parser().parse_args(["crisp", "--out", "x", "--precision", "bf16"]).precision, "bf16")
+test_eq(build_parser().parse_args(["reproduce"]).val_fraction, 0.1)
+test_fail(lambda: build_parser().parse_args(["grid"]), exc=UsageError, contains="--out")
+test_fail(lambda: build_parser().parse_args(["grid", "--out", "x", "--device", "tpu"]), exc=UsageError, contains="invalid choice")
+
 # %% [markdown]
 # ## Study A grid
+#
+# `grid_tasks` checks every argument — profile, datasets, methods, seeds, device, and that each dataset can be read —
+# and returns one papermill task per (dataset, seed) with the options that define the results folder. Nothing is
+# written yet, so a bad argument leaves no trace.
 
 # %%
 #| export
@@ -52,6 +164,8 @@ def _check_executor(args):
     if args.scheduler and args.executor != "dask": raise UsageError("--scheduler needs --executor dask")
     if args.jobs < 1: raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
 
+# %%
+#| export
 def grid_tasks(args):
     "Validate the grid arguments and return (tasks, options)."
     _check_executor(args)
@@ -93,6 +207,21 @@ def grid_tasks(args):
                                            lockstep=not args.plain, download=args.download, device=args.device, **options)))
     return tasks, options
 
+# %%
+_out = Path(tempfile.mkdtemp()) / "res"
+tasks, opts = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--methods", "softmax,entmax15"]))
+test_eq([t.name for t in tasks], ["synthetic_marker/seed3"])
+test_eq({k: tasks[0].parameters[k] for k in ("dataset", "seed", "methods", "profile", "device")},
+        dict(dataset="synthetic_marker", seed=3, methods=["softmax", "entmax15"], profile="smoke", device="auto"))
+test_eq([Path(p).name for p in tasks[0].produces], ["softmax.csv", "entmax15.csv"])
+test_eq(opts["profile"], "smoke"); assert not _out.exists()                    # validated, nothing written
+
+# %% [markdown]
+# `cmd_grid` holds the results folder (one writer at a time), checks it was made with the same options and runs
+# what is not done yet.
+
+# %%
+#| export
 def cmd_grid(args):
     "Run the study A grid; returns the failures."
     tasks, options = grid_tasks(args)
@@ -102,14 +231,18 @@ def cmd_grid(args):
                          jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="study A notebooks",
                          scrub_root=Path(args.out))
 
-
 # %% [markdown]
 # ## Crisp grid
+#
+# The same for study B: one task per (configuration, seed); SST-2 must be readable (or downloadable with `--download`)
+# before anything starts.
 
 # %%
 #| export
 CRISP_KEYS = ("config", "seed", "split")
 
+# %%
+#| export
 def crisp_tasks(args):
     "Validate the Crisp arguments and return (tasks, options)."
     _check_executor(args)
@@ -135,6 +268,16 @@ def crisp_tasks(args):
              for c in configs for s in seeds]
     return tasks, options
 
+# %%
+from sparse_attention_repro.data import resolve_data_root
+if resolve_data_root() and (resolve_data_root() / "sst2" / "train.tsv").is_file():
+    tasks, opts = crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--configs", "dense,fixed_080", "--seeds", "0,1"]))
+    test_eq([t.name for t in tasks], ["dense/seed0", "dense/seed1", "fixed_080/seed0", "fixed_080/seed1"])
+    test_eq((opts["precision"], tasks[0].parameters["config"]), ("fp32", "dense"))
+    test_fail(lambda: crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--configs", "sparse"])), exc=UsageError, contains="unknown Crisp config")
+
+# %%
+#| export
 def cmd_crisp(args):
     "Run the Crisp grid; returns the failures."
     tasks, options = crisp_tasks(args)
@@ -144,9 +287,11 @@ def cmd_crisp(args):
                          jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="Crisp notebooks",
                          scrub_root=Path(args.out))
 
-
 # %% [markdown]
 # ## Report, site, and the whole study
+#
+# `report` runs the report notebook on a results folder, `site` renders the notebooks, `reproduce` validates both grids
+# before running either, then runs them and the report into one folder.
 
 # %%
 #| export
@@ -161,6 +306,8 @@ def cmd_site(args):
     print(f"site: {render_site(args.out, report=args.report, execute=not args.no_execute)}")
     return {}
 
+# %%
+#| export
 def cmd_reproduce(args):
     "Study A grid, Crisp grid and the report into one folder."
     args.out = args.out or f"outputs/{args.profile}"
@@ -174,6 +321,14 @@ def cmd_reproduce(args):
     cmd_report(argparse.Namespace(results=args.out))
     return fails
 
+# %% [markdown]
+# ## Benchmarks
+#
+# `bench` prints ratio tables measured side by side in one process (see `08_bench`): the normalizers, a training epoch of
+# every method, or two results folders compared per method.
+
+# %%
+#| export
 def cmd_bench(args):
     "Print the normalizer or the training benchmark tables."
     import torch
@@ -212,63 +367,13 @@ def cmd_bench(args):
     print(proj.round(1).to_string(index=False))
     return {}
 
-
 # %% [markdown]
-# ## The parser
+# ## The entry point
+#
+# `main` turns every refused argument into one line on stderr and status 2, failed notebooks into status 1.
 
 # %%
 #| export
-class _Parser(argparse.ArgumentParser):
-    def error(self, message): raise UsageError(message)
-
-def build_parser():
-    p = _Parser(prog="sparse-repro", description="Reproduce Canay (2026) and Crisp Attention with papermill-executed notebooks.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    jobs = dict(type=int, default=max(1, min(4, os.cpu_count() or 1)), help="notebooks run in parallel (local) / LocalCluster workers (dask)")
-    def executor_args(sp):
-        sp.add_argument("--jobs", **jobs)
-        sp.add_argument("--executor", default="local", help="local (threads driving kernels) or dask (dask.distributed)")
-        sp.add_argument("--scheduler", default=None, help="dask scheduler address (tcp://host:8786); none = a LocalCluster")
-        sp.add_argument("--download", action="store_true", help="fetch missing datasets from their official online sources")
-        sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto = CUDA when available, else CPU")
-    g = sub.add_parser("grid", help="study A: every dataset x method x seed of a profile")
-    g.add_argument("--profile", default="smoke", help="smoke | quick | paper")
-    g.add_argument("--out", required=True, help="results folder (runs.csv, notebooks/, rows/)")
-    g.add_argument("--datasets", nargs="+"); g.add_argument("--methods", nargs="+"); g.add_argument("--seeds", nargs="+")
-    executor_args(g)
-    g.add_argument("--plain", action="store_true", help="train each method alone instead of in lock-step (same results, slower)")
-    g.add_argument("--val-fraction", type=float, default=0.0, help="carve a validation split off each train subset")
-    g.add_argument("--mask-padding", action="store_true", help="variant: mask twenty_news padding")
-    g.add_argument("--learned-pad-row", action="store_true", help="variant: learn the padding embedding (the original keeps it zero)")
-    g.add_argument("--patch-size", type=int, default=0, help="variant: 4 for 4x4 patches (0 = the paper's)")
-    g.add_argument("--marker-vocab", type=int, default=20000, help="variant: small vocabulary for a learnable marker task")
-    c = sub.add_parser("crisp", help="study B: Crisp configurations x seeds")
-    c.add_argument("--profile", default="smoke"); c.add_argument("--out", required=True)
-    c.add_argument("--configs", nargs="+"); c.add_argument("--seeds", nargs="+"); c.add_argument("--model", default="")
-    c.add_argument("--scope", default="row", help="percentile per query row (row) or per head matrix (head)")
-    c.add_argument("--precision", default="fp32", help="fp32 | bf16 (autocast; meant for GPUs)")
-    executor_args(c)
-    r = sub.add_parser("report", help="statistics, figures and the claims table of a results folder")
-    r.add_argument("--results", required=True)
-    s = sub.add_parser("site", help="render the library notebooks (and a report) to HTML")
-    s.add_argument("--out", default="outputs/site"); s.add_argument("--report", default=None)
-    s.add_argument("--no-execute", action="store_true", help="render the notebooks as stored (without outputs) instead of executing them")
-    a = sub.add_parser("reproduce", help="study A grid + Crisp grid + report in one folder")
-    a.add_argument("--profile", default="quick"); a.add_argument("--out", default=None); a.add_argument("--model", default="")
-    a.add_argument("--val-fraction", type=float, default=0.1, help="validation split for leakage-free ratio selection")
-    executor_args(a)
-    b = sub.add_parser("bench", help="speed benchmarks: ratios measured side by side in one process")
-    b.add_argument("what", choices=["normalizers", "grid", "compare"],
-                   help="normalizers (forward+backward), grid (training epochs) or compare (two results folders)")
-    b.add_argument("--results", nargs="+", help="compare: two results folders (e.g. default path vs --plain)")
-    b.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 20 for normalizers, 1 for grid)")
-    b.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 = as in one grid job per core)")
-    b.add_argument("--datasets", nargs="+", help="grid: datasets (default fashion_mnist twenty_news)")
-    b.add_argument("--epochs", type=int, default=1, help="grid: epochs per run")
-    b.add_argument("--train-limit", type=int, default=0, help="grid: train examples (0 = the paper's)")
-    b.add_argument("--jobs", type=int, default=2, help="grid: parallel jobs assumed by the projection")
-    return p
-
 COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "site": cmd_site, "reproduce": cmd_reproduce,
             "bench": cmd_bench}
 
@@ -285,7 +390,6 @@ def main(argv=None):
         print(f"sparse-repro: {len(fails)} notebook(s) failed: " + "; ".join(f"{k}: {v}" for k, v in fails.items()), file=sys.stderr)
         return 1
     return 0
-
 
 # %% [markdown]
 # Bad arguments are refused before anything runs, with one line on stderr and status 2:
