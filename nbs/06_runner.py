@@ -271,6 +271,12 @@ def execute_task(task: NotebookTask, kernel_name="python3"):
     if not task.done: return "notebook finished without writing its rows"
     return None
 
+# %% [markdown]
+# For executors on other machines, a task runs in a private temporary folder there: parameters that point into the
+# results folder are rewritten to point into it, and the executed notebook and rows come back as bytes.
+
+# %%
+#| export
 def _under(value, base):
     return isinstance(value, str) and (value == str(base) or value.startswith(str(base) + os.sep))
 
@@ -289,11 +295,22 @@ def execute_task_portable(task: NotebookTask, notebook_text: str):
         if err is None: files.update({str(p): Path(lp).read_bytes() for p, lp in zip(task.produces, local.produces)})
         return err, files
 
+# %% [markdown]
+# The driver writes what a remote task returned, each file atomically and the rows files — the completion markers — last.
+
+# %%
+#| export
 def _write_files(files):
     "Write the files a remote task returned, each atomically; rows files (the completion markers) last."
     for path in sorted(files, key=lambda p: p.endswith(".csv")):
         atomic_write(path, lambda tmp, data=files[path]: Path(tmp).write_bytes(data))
 
+# %% [markdown]
+# Two executors behind one interface (submit, completion order, result, close): local threads that each drive one
+# papermill kernel process, or a dask.distributed cluster (an existing one, or a local one of single-threaded workers).
+
+# %%
+#| export
 def _local_pool(jobs):
     "Threads that each drive one papermill kernel process."
     pool = ThreadPoolExecutor(max(1, jobs))
@@ -313,6 +330,12 @@ def _dask_pool(jobs, scheduler):
         if cluster is not None: cluster.close()
     return submit, dask_completed, (lambda fut: fut.result()), close
 
+# %% [markdown]
+# `run_tasks` skips finished tasks, submits the rest, and after each one that finishes scrubs its record, refreshes the
+# tidy CSV and reports a failure in one line.
+
+# %%
+#| export
 def run_tasks(tasks, out_csv, keys, rows_dir, jobs=1, executor="local", scheduler=None, progress=True, desc="runs",
               scrub_root=None):
     "Run the unfinished `tasks` (`executor` local threads or dask); keep `out_csv` up to date; return {task name: error}."

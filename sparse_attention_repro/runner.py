@@ -140,6 +140,7 @@ def execute_task(task: NotebookTask, kernel_name="python3"):
     if not task.done: return "notebook finished without writing its rows"
     return None
 
+# %% ../nbs/06_runner.ipynb
 def _under(value, base):
     return isinstance(value, str) and (value == str(base) or value.startswith(str(base) + os.sep))
 
@@ -158,11 +159,13 @@ def execute_task_portable(task: NotebookTask, notebook_text: str):
         if err is None: files.update({str(p): Path(lp).read_bytes() for p, lp in zip(task.produces, local.produces)})
         return err, files
 
+# %% ../nbs/06_runner.ipynb
 def _write_files(files):
     "Write the files a remote task returned, each atomically; rows files (the completion markers) last."
     for path in sorted(files, key=lambda p: p.endswith(".csv")):
         atomic_write(path, lambda tmp, data=files[path]: Path(tmp).write_bytes(data))
 
+# %% ../nbs/06_runner.ipynb
 def _local_pool(jobs):
     "Threads that each drive one papermill kernel process."
     pool = ThreadPoolExecutor(max(1, jobs))
@@ -182,6 +185,7 @@ def _dask_pool(jobs, scheduler):
         if cluster is not None: cluster.close()
     return submit, dask_completed, (lambda fut: fut.result()), close
 
+# %% ../nbs/06_runner.ipynb
 def run_tasks(tasks, out_csv, keys, rows_dir, jobs=1, executor="local", scheduler=None, progress=True, desc="runs",
               scrub_root=None):
     "Run the unfinished `tasks` (`executor` local threads or dask); keep `out_csv` up to date; return {task name: error}."
