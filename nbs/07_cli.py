@@ -116,6 +116,14 @@ def _reproduce_args(sub):
 
 # %%
 #| export
+def _ablations_args(sub):
+    "`ablations`: the confound ablations, each a grid into `<out>/ablations/<name>`."
+    x = sub.add_parser("ablations", help="the ablations of the paper's confounds, paired with a main grid's seeds")
+    x.add_argument("--profile", default="paper"); x.add_argument("--out", required=True, help="the main results folder")
+    x.add_argument("--only", nargs="+", help="ablation names (default: all, in order)"); x.add_argument("--seeds", nargs="+")
+    _executor_args(x)
+    return x
+
 def _bench_args(sub):
     "`bench`: speed, side by side in one process."
     b = sub.add_parser("bench", help="speed benchmarks: ratios measured side by side in one process")
@@ -136,7 +144,7 @@ def build_parser():
     "The `sparse-repro` argument parser: one sub-command per task."
     p = _Parser(prog="sparse-repro", description="Reproduce Canay (2026) and Crisp Attention with papermill-executed notebooks.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add in (_grid_args, _crisp_args, _report_args, _site_args, _reproduce_args, _bench_args): add(sub)
+    for add in (_grid_args, _crisp_args, _report_args, _site_args, _reproduce_args, _ablations_args, _bench_args): add(sub)
     return p
 
 # %%
@@ -322,6 +330,48 @@ def cmd_reproduce(args):
     return fails
 
 # %% [markdown]
+# ## Ablations
+#
+# `ablations` runs each ablation of `stats.ABLATIONS` — masked padding, the original's gradient, 4×4 patches, a learnable
+# marker task, a learned padding embedding — as a grid with its options into `<out>/ablations/<name>`, on the profile's
+# seeds (the main runs' seeds), one after the other; every grid resumes like any other, and the report of `<out>` picks
+# them up. All are validated before the first one starts.
+
+# %%
+#| export
+def ablation_grids(args):
+    "The grid arguments of every requested ablation (validated), in order."
+    from sparse_attention_repro.stats import ABLATIONS
+    names = _split(args.only) if args.only else list(ABLATIONS)
+    for n in names:
+        if n not in ABLATIONS: raise UsageError(f"unknown ablation {n!r}; choose from {', '.join(ABLATIONS)}")
+    grids = []
+    for n in names:
+        argv = ["grid", "--profile", args.profile, "--out", str(Path(args.out) / "ablations" / n), *ABLATIONS[n]["options"].split(),
+                "--jobs", str(args.jobs), "--executor", args.executor, "--device", args.device]
+        argv += (["--seeds", *args.seeds] if args.seeds else []) + (["--scheduler", args.scheduler] if args.scheduler else [])
+        argv += ["--download"] if args.download else []
+        g = build_parser().parse_args(argv)
+        grid_tasks(g)
+        grids.append((n, g))
+    return grids
+
+def cmd_ablations(args):
+    "Run the requested ablation grids one after the other; returns the failures."
+    fails = {}
+    for name, g in ablation_grids(args):
+        print(f"ablation {name}: {g.out}")
+        fails.update({f"{name}:{k}": v for k, v in cmd_grid(g).items()})
+    return fails
+
+# %%
+_ab = ablation_grids(build_parser().parse_args(["ablations", "--profile", "smoke", "--out", str(_out), "--only", "learnable_marker,patch4", "--seeds", "0"]))
+test_eq([n for n, _ in _ab], ["learnable_marker", "patch4"])
+test_eq((_ab[0][1].marker_vocab, _ab[0][1].datasets, _ab[1][1].patch_size, _ab[1][1].out), (12, ["synthetic_marker"], 4, str(_out / "ablations" / "patch4")))
+test_fail(lambda: ablation_grids(build_parser().parse_args(["ablations", "--out", "x", "--only", "dropout"])), exc=UsageError, contains="unknown ablation")
+assert not _out.exists()
+
+# %% [markdown]
 # ## Benchmarks
 #
 # `bench` prints ratio tables measured side by side in one process (see `08_bench`): the normalizers, a training epoch of
@@ -375,6 +425,7 @@ def cmd_bench(args):
 # %%
 #| export
 COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "site": cmd_site, "reproduce": cmd_reproduce,
+            "ablations": cmd_ablations,
             "bench": cmd_bench}
 
 def main(argv=None):

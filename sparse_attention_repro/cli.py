@@ -4,7 +4,8 @@
 
 # %% auto 0
 __all__ = ['STUDY_A_KEYS', 'STUDY_A_OPTION_DEFAULTS', 'CRISP_KEYS', 'COMMANDS', 'UsageError', 'build_parser', 'grid_tasks',
-           'cmd_grid', 'crisp_tasks', 'cmd_crisp', 'cmd_report', 'cmd_site', 'cmd_reproduce', 'cmd_bench', 'main']
+           'cmd_grid', 'crisp_tasks', 'cmd_crisp', 'cmd_report', 'cmd_site', 'cmd_reproduce', 'ablation_grids',
+           'cmd_ablations', 'cmd_bench', 'main']
 
 # %% ../nbs/07_cli.ipynb
 import argparse, os, sys
@@ -87,6 +88,14 @@ def _reproduce_args(sub):
     return a
 
 # %% ../nbs/07_cli.ipynb
+def _ablations_args(sub):
+    "`ablations`: the confound ablations, each a grid into `<out>/ablations/<name>`."
+    x = sub.add_parser("ablations", help="the ablations of the paper's confounds, paired with a main grid's seeds")
+    x.add_argument("--profile", default="paper"); x.add_argument("--out", required=True, help="the main results folder")
+    x.add_argument("--only", nargs="+", help="ablation names (default: all, in order)"); x.add_argument("--seeds", nargs="+")
+    _executor_args(x)
+    return x
+
 def _bench_args(sub):
     "`bench`: speed, side by side in one process."
     b = sub.add_parser("bench", help="speed benchmarks: ratios measured side by side in one process")
@@ -106,7 +115,7 @@ def build_parser():
     "The `sparse-repro` argument parser: one sub-command per task."
     p = _Parser(prog="sparse-repro", description="Reproduce Canay (2026) and Crisp Attention with papermill-executed notebooks.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add in (_grid_args, _crisp_args, _report_args, _site_args, _reproduce_args, _bench_args): add(sub)
+    for add in (_grid_args, _crisp_args, _report_args, _site_args, _reproduce_args, _ablations_args, _bench_args): add(sub)
     return p
 
 # %% ../nbs/07_cli.ipynb
@@ -236,6 +245,32 @@ def cmd_reproduce(args):
     return fails
 
 # %% ../nbs/07_cli.ipynb
+def ablation_grids(args):
+    "The grid arguments of every requested ablation (validated), in order."
+    from sparse_attention_repro.stats import ABLATIONS
+    names = _split(args.only) if args.only else list(ABLATIONS)
+    for n in names:
+        if n not in ABLATIONS: raise UsageError(f"unknown ablation {n!r}; choose from {', '.join(ABLATIONS)}")
+    grids = []
+    for n in names:
+        argv = ["grid", "--profile", args.profile, "--out", str(Path(args.out) / "ablations" / n), *ABLATIONS[n]["options"].split(),
+                "--jobs", str(args.jobs), "--executor", args.executor, "--device", args.device]
+        argv += (["--seeds", *args.seeds] if args.seeds else []) + (["--scheduler", args.scheduler] if args.scheduler else [])
+        argv += ["--download"] if args.download else []
+        g = build_parser().parse_args(argv)
+        grid_tasks(g)
+        grids.append((n, g))
+    return grids
+
+def cmd_ablations(args):
+    "Run the requested ablation grids one after the other; returns the failures."
+    fails = {}
+    for name, g in ablation_grids(args):
+        print(f"ablation {name}: {g.out}")
+        fails.update({f"{name}:{k}": v for k, v in cmd_grid(g).items()})
+    return fails
+
+# %% ../nbs/07_cli.ipynb
 def cmd_bench(args):
     "Print the normalizer or the training benchmark tables."
     import torch
@@ -276,6 +311,7 @@ def cmd_bench(args):
 
 # %% ../nbs/07_cli.ipynb
 COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "site": cmd_site, "reproduce": cmd_reproduce,
+            "ablations": cmd_ablations,
             "bench": cmd_bench}
 
 def main(argv=None):
