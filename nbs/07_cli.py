@@ -88,6 +88,7 @@ def _crisp_args(sub):
     c.add_argument("--configs", nargs="+"); c.add_argument("--seeds", nargs="+"); c.add_argument("--model", default="")
     c.add_argument("--scope", default="row", help="percentile per query row (row) or per head matrix (head)")
     c.add_argument("--precision", default="fp32", help="fp32 | bf16 (autocast; meant for GPUs)")
+    c.add_argument("--train-n", type=int, default=0, help="training sentences (0 = the profile's); for learning curves")
     _executor_args(c)
     return c
 
@@ -263,7 +264,8 @@ def crisp_tasks(args):
     if args.scope not in ("row", "head"): raise UsageError(f"--scope must be row or head, got {args.scope!r}")
     seeds = _seeds(args.seeds) if args.seeds else list(CRISP_PROFILES[args.profile]["seeds"])
     if args.precision not in ("fp32", "bf16"): raise UsageError(f"--precision must be fp32 or bf16, got {args.precision!r}")
-    options = dict(profile=args.profile, model=args.model or "", scope=args.scope, precision=args.precision)
+    if args.train_n < 0: raise UsageError(f"--train-n must be >= 0, got {args.train_n}")
+    options = dict(profile=args.profile, model=args.model or "", scope=args.scope, precision=args.precision, train_n=args.train_n)
     for split in ("train", "validation", "test"):  # SST-2 present (or downloaded now), before any notebook starts
         try: sst2_path(split, download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e)) from None
@@ -281,7 +283,8 @@ from sparse_attention_repro.data import resolve_data_root
 if resolve_data_root() and (resolve_data_root() / "sst2" / "train.tsv").is_file():
     tasks, opts = crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--configs", "dense,fixed_080", "--seeds", "0,1"]))
     test_eq([t.name for t in tasks], ["dense/seed0", "dense/seed1", "fixed_080/seed0", "fixed_080/seed1"])
-    test_eq((opts["precision"], tasks[0].parameters["config"]), ("fp32", "dense"))
+    test_eq((opts["precision"], opts["train_n"], tasks[0].parameters["config"]), ("fp32", 0, "dense"))
+    test_eq(crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--train-n", "1200"]))[0][0].parameters["train_n"], 1200)
     test_fail(lambda: crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--configs", "sparse"])), exc=UsageError, contains="unknown Crisp config")
 
 # %%
@@ -290,7 +293,7 @@ def cmd_crisp(args):
     "Run the Crisp grid; returns the failures."
     tasks, options = crisp_tasks(args)
     with results_lock(args.out):
-        check_manifest(args.out, "crisp", options, defaults=dict(precision="fp32"))
+        check_manifest(args.out, "crisp", options, defaults=dict(precision="fp32", train_n=0))
         return run_tasks(tasks, Path(args.out) / "crisp_runs.csv", CRISP_KEYS, Path(args.out) / "rows" / "crisp",
                          jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="Crisp notebooks",
                          scrub_root=Path(args.out))
@@ -323,7 +326,7 @@ def cmd_reproduce(args):
                download=args.download, device=args.device)
     grid = argparse.Namespace(**run, datasets=None, methods=None, val_fraction=args.val_fraction, mask_padding=False,
                               patch_size=0, marker_vocab=20000, learned_pad_row=False, plain=False)
-    crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row", precision="fp32")
+    crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row", precision="fp32", train_n=0)
     grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
     fails = {**cmd_grid(grid), **cmd_crisp(crisp)}
     cmd_report(argparse.Namespace(results=args.out))

@@ -62,6 +62,7 @@ def _crisp_args(sub):
     c.add_argument("--configs", nargs="+"); c.add_argument("--seeds", nargs="+"); c.add_argument("--model", default="")
     c.add_argument("--scope", default="row", help="percentile per query row (row) or per head matrix (head)")
     c.add_argument("--precision", default="fp32", help="fp32 | bf16 (autocast; meant for GPUs)")
+    c.add_argument("--train-n", type=int, default=0, help="training sentences (0 = the profile's); for learning curves")
     _executor_args(c)
     return c
 
@@ -195,7 +196,8 @@ def crisp_tasks(args):
     if args.scope not in ("row", "head"): raise UsageError(f"--scope must be row or head, got {args.scope!r}")
     seeds = _seeds(args.seeds) if args.seeds else list(CRISP_PROFILES[args.profile]["seeds"])
     if args.precision not in ("fp32", "bf16"): raise UsageError(f"--precision must be fp32 or bf16, got {args.precision!r}")
-    options = dict(profile=args.profile, model=args.model or "", scope=args.scope, precision=args.precision)
+    if args.train_n < 0: raise UsageError(f"--train-n must be >= 0, got {args.train_n}")
+    options = dict(profile=args.profile, model=args.model or "", scope=args.scope, precision=args.precision, train_n=args.train_n)
     for split in ("train", "validation", "test"):  # SST-2 present (or downloaded now), before any notebook starts
         try: sst2_path(split, download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e)) from None
@@ -213,7 +215,7 @@ def cmd_crisp(args):
     "Run the Crisp grid; returns the failures."
     tasks, options = crisp_tasks(args)
     with results_lock(args.out):
-        check_manifest(args.out, "crisp", options, defaults=dict(precision="fp32"))
+        check_manifest(args.out, "crisp", options, defaults=dict(precision="fp32", train_n=0))
         return run_tasks(tasks, Path(args.out) / "crisp_runs.csv", CRISP_KEYS, Path(args.out) / "rows" / "crisp",
                          jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="Crisp notebooks",
                          scrub_root=Path(args.out))
@@ -238,7 +240,7 @@ def cmd_reproduce(args):
                download=args.download, device=args.device)
     grid = argparse.Namespace(**run, datasets=None, methods=None, val_fraction=args.val_fraction, mask_padding=False,
                               patch_size=0, marker_vocab=20000, learned_pad_row=False, plain=False)
-    crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row", precision="fp32")
+    crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row", precision="fp32", train_n=0)
     grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
     fails = {**cmd_grid(grid), **cmd_crisp(crisp)}
     cmd_report(argparse.Namespace(results=args.out))
