@@ -192,3 +192,75 @@ cmp = compare_runs(_grid(True), _grid(False))
 test_eq(cmp.method.tolist(), ["softmax", "sparsemax"])
 test_eq(cmp.set_index("method").loc["softmax", ["n", "identical", "delta"]].tolist(), [2, 2, 0.0])
 assert np.isfinite(cmp.mean_a).all() and cmp.mean_a.between(0, 1).all()
+
+
+# %% [markdown]
+# ## The arithmetic floor
+#
+# How far is a grid from what the machine can do at all? Nearly all of a training step is matrix multiplication, so a
+# lower bound on a run's time is its floating-point operations divided by the best rate one core multiplies fp32
+# matrices of the model's shapes at. `forward_flops` counts the multiply-adds of one example's forward pass through
+# the compact classifier (patch embedding, fused QKV, $QK^\top$, $PV$, output projection, MLP, head; 2 FLOPs per
+# multiply-add); a training step costs about three forward passes (the backward pass two). `matmul_rate` measures the
+# single-thread rate on the model's GEMM and batched-attention shapes and keeps the best; `floor_table` sets each
+# dataset's measured training time per seed (all methods) against that floor.
+
+# %%
+#| export
+def forward_flops(T, input_dim=None, d=64, hidden=256, layers=2, classes=10):
+    "FLOPs (2 per multiply-add) of one example's forward pass with T tokens including CLS; `input_dim` for patch inputs."
+    f = 2 * (T - 1) * input_dim * d if input_dim else 0                    # patch embedding (token ids: a lookup)
+    per_layer = 2 * T * d * 3 * d + 2 * 2 * T * T * d + 2 * T * d * d + 2 * 2 * T * d * hidden
+    return f + layers * per_layer + 2 * d * classes
+
+def matmul_rate(repeats=20, threads=1):
+    "Best single-thread fp32 GFLOP/s over the model's matmul shapes (GEMMs of 96 examples, batched attention products)."
+    old = torch.get_num_threads(); torch.set_num_threads(threads)
+    shapes = [((96 * 17, 64), (64, 192)), ((96 * 97, 64), (64, 256)), ((96 * 97, 256), (256, 64)),
+              ((384, 97, 16), (384, 16, 97)), ((384, 17, 16), (384, 16, 17))]
+    best = 0.0
+    try:
+        for a_shape, b_shape in shapes:
+            a, b = torch.randn(a_shape), torch.randn(b_shape)
+            flops = 2 * a.numel() * b_shape[-1]
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter(); a @ b; times.append(time.perf_counter() - t0)
+            best = max(best, flops / statistics.median(times) / 1e9)
+    finally: torch.set_num_threads(old)
+    return best
+
+def floor_table(runs, gflops) -> pd.DataFrame:
+    "Per dataset: training FLOPs of one seed (all methods), the floor at `gflops`, the measured median seconds, the ratio."
+    dims = {"cifar10": (17, 192), "fashion_mnist": (17, 49), "kmnist": (17, 49), "twenty_news": (97, None), "synthetic_marker": (97, None)}
+    classes = {"twenty_news": 20}
+    rows = []
+    for ds, g in runs[runs.status == "ok"].groupby("dataset"):
+        T, dim = dims[ds]
+        per_seed = g.groupby("seed").agg(seconds=("train_seconds", "sum"), methods=("method", "nunique"),
+                                         epochs=("epochs", "first"), train_n=("train_n", "first"))
+        r = per_seed.iloc[0]
+        flops = r.methods * r.epochs * r.train_n * 3 * forward_flops(T, dim, classes=classes.get(ds, 10))
+        floor = flops / (gflops * 1e9)
+        rows.append(dict(dataset=ds, methods=int(r.methods), tflop_per_seed=flops / 1e12, floor_s=floor,
+                         measured_s=float(per_seed.seconds.median()), ratio=float(per_seed.seconds.median()) / floor))
+    return pd.DataFrame(rows)
+
+# %% [markdown]
+# The count agrees with torch's own FLOP counter on the real model, for image patches and for tokens:
+
+# %%
+from torch.utils.flop_counter import FlopCounterMode
+from sparse_attention_repro.model import CompactClassifier, ClassifierConfig
+for cfg, x, T, dim, k in [(ClassifierConfig(10, 16, input_dim=49), torch.rand(4, 16, 49), 17, 49, 10),
+                          (ClassifierConfig(20, 96, vocab_size=200), torch.randint(1, 200, (4, 96)), 97, None, 20)]:
+    model = CompactClassifier(cfg).eval()
+    with FlopCounterMode(display=False) as fc: model(x)
+    test_eq(fc.get_total_flops(), 4 * forward_flops(T, dim, classes=k))
+rate = matmul_rate(repeats=3)
+assert rate > 0.1, rate
+toy = pd.DataFrame(dict(dataset="fashion_mnist", method=["softmax", "sparsemax"] * 2, seed=[0, 0, 1, 1], status="ok",
+                        train_seconds=[1.0, 2.0, 3.0, 4.0], epochs=6, train_n=8000))
+ft = floor_table(toy, 100.0).iloc[0]
+test_eq((ft.methods, ft.measured_s), (2, 5.0))                                # median over seeds of the per-seed sums
+test_eq(ft.tflop_per_seed, 2 * 6 * 8000 * 3 * forward_flops(17, 49) / 1e12)

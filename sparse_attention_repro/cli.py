@@ -100,8 +100,8 @@ def _ablations_args(sub):
 def _bench_args(sub):
     "`bench`: speed, side by side in one process."
     b = sub.add_parser("bench", help="speed benchmarks: ratios measured side by side in one process")
-    b.add_argument("what", choices=["normalizers", "grid", "compare"],
-                   help="normalizers (forward+backward), grid (training epochs) or compare (two results folders)")
+    b.add_argument("what", choices=["normalizers", "grid", "compare", "floor"],
+                   help="normalizers (forward+backward), grid (training epochs), compare (two results folders) or floor (a results folder against the machine's matmul rate)")
     b.add_argument("--results", nargs="+", help="compare: two results folders (e.g. default path vs --plain)")
     b.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 20 for normalizers, 1 for grid)")
     b.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 = as in one grid job per core)")
@@ -281,6 +281,15 @@ def cmd_bench(args):
     if args.threads < 1: raise UsageError(f"--threads must be >= 1, got {args.threads}")
     if args.repeats < 1: raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     torch.set_num_threads(args.threads)
+    if args.what == "floor":
+        if len(args.results or []) != 1 or not (Path(args.results[0]) / "runs.csv").exists():
+            raise UsageError("bench floor needs one results folder with a runs.csv: --results DIR")
+        import pandas as pd
+        rate = bench.matmul_rate(threads=args.threads)
+        print(f"best fp32 matmul rate at the model's shapes, {args.threads} thread(s): {rate:.1f} GFLOP/s")
+        print("training time per seed (all methods) against the arithmetic floor (FLOPs / that rate):")
+        print(bench.floor_table(pd.read_csv(Path(args.results[0]) / "runs.csv"), rate).round(2).to_string(index=False))
+        return {}
     if args.what == "compare":
         if len(args.results or []) != 2: raise UsageError("bench compare needs two results folders: --results A B")
         for d in args.results:
