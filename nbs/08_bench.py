@@ -21,15 +21,15 @@
 
 # %%
 #| export
-import statistics, time
+import math, statistics, time
 import pandas as pd
 import torch
-from sparse_attention_repro.normalizers import NORMALIZERS, get_normalizer
+from sparse_attention_repro.normalizers import NORMALIZERS, get_normalizer, parse_topk_ratio
 from sparse_attention_repro.kernels import use_kernels
 from sparse_attention_repro.train import PAPER_SIZES, PROFILES, profile_config, run_methods, load_run_data
 
 # %%
-from fastcore.test import test_eq
+from fastcore.test import test_eq, test_close
 
 
 # %% [markdown]
@@ -45,6 +45,33 @@ def _entmax_package(name, num_heads):
     if name == "headwise_adaptive_entmax":
         logit = torch.zeros(num_heads, requires_grad=True)
         return lambda s: entmax.entmax_bisect(s, (1.05 + 0.9 * torch.sigmoid(logit)).view(-1, 1, 1), dim=-1)
+    return None
+
+def original_bisect(s, alpha, n_iter=18):
+    "The original study's entmax: 18 bisection steps written with torch operations, differentiated by autograd through the loop."
+    X = s * (alpha - 1)
+    max_val = X.max(-1, keepdim=True).values
+    tau_lo, dm = max_val - 1, 1 - (1 / s.shape[-1]) ** (alpha - 1)
+    f_lo = (X - tau_lo).clamp_min(0).pow(1 / (alpha - 1)).sum(-1, keepdim=True) - 1
+    for _ in range(n_iter):
+        dm = dm / 2
+        tau_m = tau_lo + dm
+        p = (X - tau_m).clamp_min(0).pow(1 / (alpha - 1))
+        tau_lo = torch.where(((p.sum(-1, keepdim=True) - 1) * f_lo) >= 0, tau_m, tau_lo)
+    return p / p.sum(-1, keepdim=True)
+
+def _original(name, num_heads):
+    "The original study's implementation of a normalizer (entmax by autograd bisection, top-k by a -1e9 fill), or None."
+    if name == "entmax15": return lambda s: original_bisect(s, torch.tensor(1.5))
+    if name == "headwise_adaptive_entmax":
+        logit = torch.zeros(num_heads, requires_grad=True)
+        return lambda s: original_bisect(s, (1.05 + 0.9 * torch.sigmoid(logit)).view(-1, 1, 1))
+    if (r := parse_topk_ratio(name)):
+        def topk(s):
+            k = math.ceil(r * s.shape[-1])
+            kth = s.topk(k, dim=-1).values[..., -1:]
+            return torch.softmax(s.masked_fill(s < kth, -1e9), -1)
+        return topk
     return None
 
 def _fwd_bwd_seconds(fn, scores, g, kernels_on=True):
@@ -64,6 +91,7 @@ def bench_normalizers(shapes=((96, 4, 17, 17), (96, 4, 97, 97)), repeats=20, met
             variants[(name, "kernels")] = (norm, True)
             if name != "softmax": variants[(name, "torch")] = (norm, False)
             if (pkg := _entmax_package(name, shape[1])) is not None: variants[(name, "entmax_pkg")] = (pkg, True)
+            if (orig := _original(name, shape[1])) is not None: variants[(name, "original")] = (orig, False)
         variants.setdefault(("softmax", "kernels"), (get_normalizer("softmax"), True))
         times = {k: [] for k in variants}
         for r in range(repeats + 2):                              # 2 warm-up rounds, then interleaved repeats
@@ -88,9 +116,23 @@ def normalizer_table(df) -> pd.DataFrame:
 
 # %%
 nb = bench_normalizers(shapes=((4, 2, 5, 5),), repeats=2, methods=("softmax", "sparsemax", "topk_softmax_025"))
-test_eq(set(nb.implementation), {"kernels", "torch", "entmax_pkg"})
+test_eq(set(nb.implementation), {"kernels", "torch", "entmax_pkg", "original"})
 test_eq(float(nb.query("normalizer == 'softmax'").ratio_to_softmax.iloc[0]), 1.0)
-test_eq(normalizer_table(nb).shape, (3, 3))
+test_eq(normalizer_table(nb).shape, (3, 4))
+
+# %% [markdown]
+# The "original" rows are the original study's code paths: its entmax (equal here to our `entmax_bisect`, values and
+# gradients — which the normalizers notebook checks against autograd through the loop) and its top-k fill.
+
+# %%
+from sparse_attention_repro.normalizers import entmax_bisect, topk_softmax
+x = torch.randn(3, 4, 6, 17, dtype=torch.float64, requires_grad=True)
+a = torch.tensor([1.2, 1.5, 1.7, 1.9], dtype=torch.float64).view(4, 1, 1)
+o, e = original_bisect(x, a), entmax_bisect(x, a)
+test_close(o, e, eps=1e-12)
+test_close(torch.autograd.grad(o.pow(2).sum(), x)[0], torch.autograd.grad(e.pow(2).sum(), x)[0], eps=1e-10)
+xs = x.detach().float()
+test_close(_original("topk_softmax_025", 4)(xs), topk_softmax(xs, 0.25), eps=1e-6)
 
 # %% [markdown]
 # ## Training
