@@ -333,7 +333,7 @@ CLAIMS = [
          family="kmnist", dataset="kmnist", method="topk_softmax_025", baseline="softmax", paper_value=0.0186, single_run=False),
     dict(claim_id="A4", study="A", claim="20 Newsgroups: all six sparse methods beat softmax after Holm", kind="count",
          family="main", dataset="twenty_news", method="all sparse", baseline="softmax", paper_value=6, single_run=False),
-    dict(claim_id="A5", study="A", claim="CIFAR-10: HAE ≈ entmax-1.5 (Δ = +0.0015, p = 0.48)", kind="null",
+    dict(claim_id="A5", study="A", claim="CIFAR-10: HAE ≈ entmax-1.5 (Δ = +0.0015, p = 0.48)", kind="no_difference",
          family="hae_vs_entmax15:cifar10", dataset="cifar10", method="headwise_adaptive_entmax", baseline="entmax15",
          paper_value=0.0015, single_run=False),
     dict(claim_id="A6", study="A", claim="Learned α stays ≈ 1.50–1.52", kind="alpha", family="", dataset="all",
@@ -361,7 +361,7 @@ def verdict(kind, paper, est, lo, hi, p_holm, n, alpha=0.05):
     if n is None or not n >= 2 or not np.isfinite(est): return "not run"
     inside = bool(np.isfinite(lo) and np.isfinite(hi) and lo <= paper <= hi)
     sig = bool(np.isfinite(p_holm) and p_holm < alpha)
-    if kind == "null":
+    if kind == "no_difference":
         if sig: return "not reproduced"
         return "reproduced" if inside else "inconclusive"
     if kind in ("level", "alpha"):
@@ -387,7 +387,7 @@ def _claim_row(c, tests, crisp, runs, profile):
     r = dict(c, profile=profile, estimate=np.nan, ci_low=np.nan, ci_high=np.nan, pi_low=np.nan, pi_high=np.nan,
              p_holm=np.nan, n=0)
     k = c["kind"]
-    if k in ("delta", "null"):
+    if k in ("delta", "no_difference"):
         m = tests[(tests.family == c["family"]) & (tests.method == c["method"]) & (tests.baseline == c["baseline"])
                   & (tests.dataset == c["dataset"])] if len(tests) else tests
         if len(m):
@@ -433,7 +433,7 @@ def _sentence(r):
     if v == "not comparable":
         return (f"{r['claim']}: our dense runs average {100 * r['estimate']:.2f}% on a different model/training set, "
                 f"so the paper's absolute number cannot be checked here — not comparable.")
-    if k in ("delta", "null"):
+    if k in ("delta", "no_difference"):
         s = (f"{r['claim']}: over {n} matched seeds we measure {_fmt_pt(r['estimate'])} "
              f"(95% CI {_fmt_pt(r['ci_low'])} to {_fmt_pt(r['ci_high'])}, Holm p = {fmt_p(r['p_holm'])})")
         if np.isfinite(r["pi_low"]):
@@ -554,12 +554,12 @@ def readable_tests(tests):
 def paper_deltas(claims=CLAIMS):
     "The study A effects the paper states as numbers: dataset, method, baseline, Δ (fraction)."
     return pd.DataFrame([dict(dataset=c["dataset"], method=c["method"], baseline=c["baseline"], paper_delta=c["paper_value"])
-                         for c in claims if c["study"] == "A" and c["kind"] in ("delta", "null")])
+                         for c in claims if c["study"] == "A" and c["kind"] in ("delta", "no_difference")])
 
 # %% ../nbs/05_stats.ipynb
 def _fmt_value(kind, v):
     if not np.isfinite(v): return "–"
-    return {"delta": f"{100 * v:+.1f} pt", "null": f"{100 * v:+.1f} pt", "count": f"{int(v)} of 6",
+    return {"delta": f"{100 * v:+.1f} pt", "no_difference": f"{100 * v:+.1f} pt", "count": f"{int(v)} of 6",
             "alpha": f"{v:.3f}", "level": f"{100 * v:.1f}%"}[kind]
 
 def readable_claims(claims):
