@@ -115,7 +115,8 @@ with tempfile.TemporaryDirectory() as d:
 # %% [markdown]
 # ## The documentation site
 #
-# `render_site` converts the library notebooks (`nbs/*.ipynb`, in file-name order = reading order) plus, optionally, a
+# `render_site` converts the library notebooks (`nbs/*.ipynb`: the protocol page, then the numbered notebooks in
+# file-name order = reading order) plus, optionally, a
 # report (an executed `.ipynb`, or an `.html` that is copied), and writes an `index.html` linking them. Each entry is
 # titled by the notebook's first `# heading`. The notebooks are stored without outputs (they are source code), so by
 # default each one is **executed** first, in its own folder, and rendered with what every cell produced — the tables,
@@ -150,7 +151,8 @@ def render_site(out="outputs/site", # output folder
                ):
     "Render the library notebooks (and a report) to HTML in `out` with an index.html in reading order; returns index."
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
-    nbs = sorted(Path(p) for p in notebooks) if notebooks else sorted((_repo_root() / "nbs").glob("*.ipynb"))
+    nbs = sorted((Path(p) for p in notebooks) if notebooks else (_repo_root() / "nbs").glob("*.ipynb"),
+                 key=lambda q: (q.stem[:1].isdigit(), q.name))                   # unnumbered pages (the protocol) first
     entries = []
     for nb in nbs:
         src = executed_copy(nb, out / f"{nb.stem}.ipynb") if execute else nb

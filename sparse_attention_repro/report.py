@@ -85,7 +85,8 @@ def render_site(out="outputs/site", # output folder
                ):
     "Render the library notebooks (and a report) to HTML in `out` with an index.html in reading order; returns index."
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
-    nbs = sorted(Path(p) for p in notebooks) if notebooks else sorted((_repo_root() / "nbs").glob("*.ipynb"))
+    nbs = sorted((Path(p) for p in notebooks) if notebooks else (_repo_root() / "nbs").glob("*.ipynb"),
+                 key=lambda q: (q.stem[:1].isdigit(), q.name))                   # unnumbered pages (the protocol) first
     entries = []
     for nb in nbs:
         src = executed_copy(nb, out / f"{nb.stem}.ipynb") if execute else nb
