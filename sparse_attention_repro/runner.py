@@ -42,6 +42,8 @@ def scrub_record(nb_path, root):
     meta = nb.metadata.get("papermill", {})
     for k in ("input_path", "output_path"):
         if meta.get(k): meta[k] = Path(meta[k]).name
+    for c in nb.cells:
+        if c.get("outputs"): c.outputs = [o for o in c.outputs if not (o.output_type == "stream" and o.name == "stderr")]
     root = str(Path(root).resolve())
     text = nbformat.writes(nb).replace(root + os.sep, "").replace(root, ".")
     atomic_write(nb_path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
