@@ -461,6 +461,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                         'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.claims_table': ( 'stats.html#claims_table',
                                                                                              'sparse_attention_repro/stats.py'),
+                                              'sparse_attention_repro.stats.crisp_learning_curve': ( 'stats.html#crisp_learning_curve',
+                                                                                                     'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.crisp_tests': ( 'stats.html#crisp_tests',
                                                                                             'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.discordance_from_deltas': ( 'stats.html#discordance_from_deltas',

@@ -8,8 +8,9 @@ __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'BASELINE', 'SPARSE_METHODS', '
            'PAPER_SOFTMAX_ACCURACY', 'DATASET_ORDER', 'load_runs', 'load_crisp', 'paired_stats', 'holm', 'family_of',
            'paired_tests', 'crisp_tests', 'seed_deltas', 'single_seed_summary', 'single_pair_exceedance', 'mde_paired',
            'mde_unpaired', 'discordance_from_deltas', 'power_table', 'accuracy_ci', 'select_topk', 'alpha_long',
-           'time_ratios', 'layer_sparsity', 'prediction_interval', 'verdict', 'fmt_p', 'claims_table', 'ablation_tests',
-           'ablation_answer', 'readable_ablation', 'readable_tests', 'paper_deltas', 'readable_claims', 'analyse']
+           'time_ratios', 'layer_sparsity', 'crisp_learning_curve', 'prediction_interval', 'verdict', 'fmt_p',
+           'claims_table', 'ablation_tests', 'ablation_answer', 'readable_ablation', 'readable_tests', 'paper_deltas',
+           'readable_claims', 'analyse']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -322,6 +323,17 @@ def layer_sparsity(crisp):
     return pd.DataFrame(rows, columns=cols)
 
 # %% ../nbs/05_stats.ipynb
+def crisp_learning_curve(folder, config=CRISP_BASELINE):
+    "Mean accuracy of `config` per (model, training sentences, epochs) and split over the Crisp folders under `folder`."
+    frames = [f for p in sorted(Path(folder).glob("*/crisp_runs.csv")) if (f := load_crisp(p)) is not None]
+    cols = ["model_name", "train_n", "epochs", "split", "seeds", "accuracy", "train_seconds"]
+    d = pd.concat(frames) if frames else None
+    if d is None or not len(d := d[d.config == config]): return pd.DataFrame(columns=cols)
+    g = d.groupby(["model_name", "train_n", "epochs", "split"])
+    return g.agg(seeds=("seed", "nunique"), accuracy=("accuracy", "mean"), train_seconds=("train_seconds", "median")
+                 ).reset_index()[cols].sort_values(["model_name", "split", "train_n"], ignore_index=True)
+
+# %% ../nbs/05_stats.ipynb
 PAPER_MODEL = "distilbert-base-uncased"     # the Crisp paper's model: absolute accuracies compare only on it
 CLAIMS = [
     dict(claim_id="A1", study="A", claim="CIFAR-10: top-k 0.25 beats softmax by +2.63 pt (Holm p = 0.0051)", kind="delta",
@@ -465,17 +477,20 @@ def claims_table(runs=None, crisp=None, tests=None, ctests=None, claims=CLAIMS):
 
 # %% ../nbs/05_stats.ipynb
 ABLATIONS = {
-    "masked_padding": dict(datasets=("twenty_news",), options="--datasets twenty_news --mask-padding",
+    "masked_padding": dict(datasets=("twenty_news",),
+                           options="--datasets twenty_news --mask-padding --methods softmax sparsemax entmax15 headwise_adaptive_entmax",
                            question="Does the 20 Newsgroups gain of the sparse methods survive when padding is masked?"),
     "original_gradient": dict(datasets=("twenty_news", "fashion_mnist"),
                               options="--datasets twenty_news fashion_mnist --methods entmax15_bisect headwise_adaptive_entmax_bisect",
                               rename={"entmax15_bisect": "entmax15", "headwise_adaptive_entmax_bisect": "headwise_adaptive_entmax"},
                               question="Do the entmax-1.5 and adaptive-entmax results depend on the original's approximate gradient?"),
-    "patch4": dict(datasets=("fashion_mnist",), options="--datasets fashion_mnist --patch-size 4",
+    "patch4": dict(datasets=("fashion_mnist",),
+                   options="--datasets fashion_mnist --patch-size 4 --methods softmax topk_softmax_0125 topk_softmax_025 topk_softmax_05",
                    question="Does top-k's image gain survive with 4×4 patches (T = 50), where top-k is no longer a 3-of-17 gate?"),
     "learnable_marker": dict(datasets=("synthetic_marker",), options="--datasets synthetic_marker --marker-vocab 12",
                              question="Does any normalizer find the marker when the task can be learned?"),
-    "learned_pad_row": dict(datasets=("twenty_news",), options="--datasets twenty_news --learned-pad-row",
+    "learned_pad_row": dict(datasets=("twenty_news",),
+                            options="--datasets twenty_news --learned-pad-row --methods softmax sparsemax entmax15 headwise_adaptive_entmax",
                             question="How much does a learned padding embedding change the 20 Newsgroups results?"),
 }
 ABLATION_COLS = ["dataset", "method", "n", "gain_main", "gain_variant", "gain_variant_ci_low", "gain_variant_ci_high",

@@ -226,6 +226,24 @@ if crisp is not None:
 else: md("_No `crisp_runs.csv`: Study B figures skipped._")
 
 # %% [markdown]
+# ### The training budget: a learning curve of the dense model
+#
+# Where the Crisp grid is not run at the paper's size, `crisp_learning_curve/n<N>/` holds dense runs at several numbers
+# of training sentences (`sparse-repro crisp --configs dense --train-n N`); the curve shows how far the chosen budget is
+# from a well-trained baseline, which is where the paper's claim lives.
+
+# %%
+lc = S.crisp_learning_curve(RES / "crisp_learning_curve")
+if len(lc):
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    sns.lineplot(lc, x="train_n", y="accuracy", hue="split", marker="o", ax=ax)
+    ax.set_xscale("log"); ax.set_xlabel("training sentences (log scale)"); ax.set_ylabel("dense accuracy")
+    ax.set_xticks(sorted(set(lc.train_n)), [str(n) for n in sorted(set(lc.train_n))]); ax.minorticks_off()
+    save(fig, "crisp_learning_curve")
+    table(lc.assign(accuracy=(100 * lc.accuracy).round(1), train_seconds=lc.train_seconds.round(0)))
+else: md("_No learning curve in this folder._")
+
+# %% [markdown]
 # ### Per-layer sparsity of the adaptive configs
 
 # %%
