@@ -207,6 +207,10 @@ for name, vr in found.items():
 # %%
 PAPER = {"dense": 0.9062, "fixed_080": 0.9123, "adaptive_060": 0.9135, "adaptive_080": 0.9159}
 if crisp is not None:
+    setup = crisp.groupby(["model_name", "train_n", "epochs"]).seed.nunique().reset_index()
+    md("Our Crisp runs: " + "; ".join(f"`{r.model_name}`, {r.train_n:,} training sentences, {r.epochs} epochs, {r.seed} seeds"
+                                       for r in setup.itertuples()) +
+       ". The paper: `distilbert-base-uncased`, all 67,349 training sentences, 3 epochs, one run per configuration.")
     order = [c for c in ["dense", *S.CRISP_CONFIGS] if c in set(crisp.config)]
     splits = [s for s in ("validation", "test") if s in set(crisp.split)]
     fig, axes = plt.subplots(1, len(splits), figsize=(5.5 * len(splits), 4.2), squeeze=False)
