@@ -136,7 +136,9 @@ test_eq(pd.read_csv(d / "runs.csv").shape, (2, 3))
 # ## The manifest
 #
 # The options that change what a result *means* (profile, dataset variants, model) are stored in the results folder
-# the first time; a later run with different options is refused with one line, before anything is touched.
+# the first time; a later run with different options is refused with one line, before anything is touched. The two
+# studies are recorded apart: a folder may hold study A at one profile and Crisp at another (the report gives each
+# claim its profile), but never two profiles of one study.
 
 # %%
 #| export
@@ -145,11 +147,10 @@ def check_manifest(out_dir, study, options: dict, defaults: dict | None = None):
     path = Path(out_dir) / "manifest.json"
     manifest = json.loads(path.read_text()) if path.exists() else {}
     if study in manifest: manifest[study] = {**(defaults or {}), **manifest[study]}   # options added since the folder was made
-    for other in manifest.values():
-        if "profile" in other and other["profile"] != options.get("profile"):
-            raise ValueError(f"{out_dir} holds results of profile {other['profile']!r}, not {options.get('profile')!r}; "
-                             f"use another --out folder")
     old = manifest.get(study)
+    if old is not None and "profile" in old and old["profile"] != options.get("profile"):
+        raise ValueError(f"{out_dir} holds {study} results of profile {old['profile']!r}, not {options.get('profile')!r}; "
+                         f"use another --out folder")
     if old is not None and old != options:
         diff = ", ".join(f"{k}={old.get(k)!r} (now {options.get(k)!r})" for k in sorted(set(old) | set(options))
                          if old.get(k) != options.get(k))
@@ -162,9 +163,12 @@ def check_manifest(out_dir, study, options: dict, defaults: dict | None = None):
 check_manifest(d, "study_a", dict(profile="smoke", patch_size=None))
 check_manifest(d, "study_a", dict(profile="smoke", patch_size=None))      # same options: fine
 check_manifest(d, "crisp", dict(profile="smoke", model="tiny"))
-test_fail(lambda: check_manifest(d, "study_a", dict(profile="quick", patch_size=None)), contains="profile 'smoke'")
+test_fail(lambda: check_manifest(d, "study_a", dict(profile="quick", patch_size=None)), contains="study_a results of profile 'smoke'")
 test_fail(lambda: check_manifest(d, "study_a", dict(profile="smoke", patch_size=4)), contains="patch_size=None (now 4)")
 test_eq(sorted(json.loads((d / "manifest.json").read_text())), ["crisp", "study_a"])
+with _tf.TemporaryDirectory() as d2:
+    check_manifest(d2, "study_a", dict(profile="paper")); check_manifest(d2, "crisp", dict(profile="quick"))   # studies apart: fine
+    test_fail(lambda: check_manifest(d2, "crisp", dict(profile="paper")), contains="crisp results of profile 'quick'")
 check_manifest(d, "study_a", dict(profile="smoke", patch_size=None, pad=False), defaults=dict(pad=False))  # a newer option at its default
 test_fail(lambda: check_manifest(d, "crisp", dict(profile="smoke", model="tiny", pad=True), defaults=dict(pad=False)), contains="pad=False (now True)")
 

@@ -65,11 +65,10 @@ def check_manifest(out_dir, study, options: dict, defaults: dict | None = None):
     path = Path(out_dir) / "manifest.json"
     manifest = json.loads(path.read_text()) if path.exists() else {}
     if study in manifest: manifest[study] = {**(defaults or {}), **manifest[study]}   # options added since the folder was made
-    for other in manifest.values():
-        if "profile" in other and other["profile"] != options.get("profile"):
-            raise ValueError(f"{out_dir} holds results of profile {other['profile']!r}, not {options.get('profile')!r}; "
-                             f"use another --out folder")
     old = manifest.get(study)
+    if old is not None and "profile" in old and old["profile"] != options.get("profile"):
+        raise ValueError(f"{out_dir} holds {study} results of profile {old['profile']!r}, not {options.get('profile')!r}; "
+                         f"use another --out folder")
     if old is not None and old != options:
         diff = ", ".join(f"{k}={old.get(k)!r} (now {options.get(k)!r})" for k in sorted(set(old) | set(options))
                          if old.get(k) != options.get(k))

@@ -465,12 +465,15 @@ def claims_table(runs=None, crisp=None, tests=None, ctests=None, claims=CLAIMS):
     ctests = crisp_tests(crisp) if ctests is None else ctests
     allt = pd.concat([t for t in (tests, ctests) if len(t)], ignore_index=True) if len(tests) + len(ctests) else tests
     profiles = sorted(set(allt.profile)) if len(allt) and "profile" in allt else [""]
+    of_study = {"A": sorted(set(runs.profile)) if runs is not None else [], "B": sorted(set(crisp.profile)) if crisp is not None else []}
     rows = []
     for prof in profiles:   # one block per profile: results of a smoke grid never mix with the full grid's
         t = allt[allt.profile == prof] if len(allt) else allt
         ru = runs[runs.profile == prof] if runs is not None else None
         cr = crisp[crisp.profile == prof] if crisp is not None else None
-        rows += [_claim_row(c, t, cr, ru, prof) for c in claims]
+        # a study's claims in the blocks of its own profiles (a study without results: "not run", in the first block)
+        rows += [_claim_row(c, t, cr, ru, prof) for c in claims
+                 if prof in of_study[c["study"]] or (not of_study[c["study"]] and prof == profiles[0])]
     cols = ["claim_id", "study", "claim", "profile", "paper_value", "estimate", "ci_low", "ci_high", "pi_low", "pi_high",
             "p_holm", "n", "verdict", "sentence", "kind", "family", "dataset", "method", "baseline", "single_run"]
     return pd.DataFrame(rows)[cols]

@@ -50,9 +50,11 @@ def table(df, floatfmt=".4g"):
 
 missing = [f"`{f}`" for f, d in (("runs.csv", runs), ("crisp_runs.csv", crisp)) if d is None]
 profiles = sorted({*(runs.profile if runs is not None else []), *(crisp.profile if crisp is not None else [])})
-if len(profiles) > 1:
-    md(f"**Several profiles in these results:** {', '.join(profiles)}. Tests and claims are computed per profile; "
-       "the figures pool them.")
+of_study = {"Study A": runs, "Crisp": crisp}
+of_study = {k: sorted(set(d.profile)) for k, d in of_study.items() if d is not None}
+md("**Profiles:** " + "; ".join(f"{k} `{', '.join(v)}`" for k, v in of_study.items()) +
+   (". Several profiles in one study: its tests and claims are computed per profile; the figures pool them."
+    if any(len(v) > 1 for v in of_study.values()) else "."))
 md(f"**Results folder:** `{results_label or RES}`. " + (f"**Missing:** {', '.join(missing)} — the sections that need it are skipped."
                                         if missing else "Both result files found."))
 
