@@ -390,3 +390,43 @@ void softmax_bwd(const float* P, const float* G, float* DX, float* W, long rows,
 void entmax_bwd(const float* P, const float* G, float* DX, const float* A, float* DA, float* W, long rows, long n) {
     if (n <= 32 && !A) bwd_lanes(1, P, G, DX, W, rows, n); else entmax_bwd_rows(P, G, DX, A, DA, W, rows, n);
 }
+
+/* Dropout masks from a counter-based generator: Philox4x64-10 (Salmon et al., SC 2011), bit for bit the stream of
+   numpy.random.Philox(key=(k0, k1)) started at counter 0. Block b (counter b + 1, as numpy increments before it draws)
+   gives four 64-bit words; each word is two 32-bit draws, low half first, so element i of the stream is half (i % 2) of
+   word (i / 2) % 4 of block i / 8. Any element can be computed without the ones before it: chunks split freely. */
+static inline uint64_t mulhilo64(uint64_t a, uint64_t b, uint64_t* hi) {
+    __uint128_t p = (__uint128_t)a * b; *hi = (uint64_t)(p >> 64); return (uint64_t)p;
+}
+
+static inline void philox4x64_10(uint64_t b, uint64_t k0, uint64_t k1, uint32_t out[8]) {   /* block b */
+    uint64_t c0 = b + 1, c1 = b + 1 == 0, c2 = 0, c3 = 0;   /* numpy's 256-bit counter, carry into the next word */
+    for (int r = 0; r < 10; r++) {
+        if (r) { k0 += 0x9E3779B97F4A7C15ULL; k1 += 0xBB67AE8584CAA73BULL; }
+        uint64_t hi0, hi1;
+        uint64_t lo0 = mulhilo64(0xD2E7470EE14C6C93ULL, c0, &hi0);
+        uint64_t lo1 = mulhilo64(0xCA5A826395121157ULL, c2, &hi1);
+        c0 = hi1 ^ c1 ^ k0; c1 = lo1; c2 = hi0 ^ c3 ^ k1; c3 = lo0;
+    }
+    uint64_t w[4] = {c0, c1, c2, c3};
+    for (int j = 0; j < 4; j++) { out[2 * j] = (uint32_t)w[j]; out[2 * j + 1] = (uint32_t)(w[j] >> 32); }
+}
+
+/* Elements [first, first + count) of the stream, block by block; `emit` writes element i from its 32-bit draw. */
+#define PHILOX_FOR_EACH(emit) do {                                                                    \
+    uint32_t u[8]; long end = first + count;                                                          \
+    for (long b = first / 8; b * 8 < end; b++) {                                                      \
+        philox4x64_10((uint64_t)b, (uint64_t)k0, (uint64_t)k1, u);                                   \
+        long lo = b * 8 < first ? first : b * 8, hi = b * 8 + 8 > end ? end : b * 8 + 8;              \
+        for (long i = lo; i < hi; i++) { uint32_t d = u[i - b * 8]; emit; }                           \
+    } } while (0)
+
+/* The 32-bit draws themselves (what the tests compare with numpy). */
+void philox_bits(uint32_t* out, long first, long count, long k0, long k1) {
+    PHILOX_FOR_EACH(out[i - first] = d);
+}
+
+/* Dropout mask over elements [first, first + count): `scale` where the draw is below `keep_below`, else 0. */
+void philox_dropout(float* out, long first, long count, long k0, long k1, long keep_below, float scale) {
+    PHILOX_FOR_EACH(out[i - first] = (long)d < keep_below ? scale : 0.0f);
+}

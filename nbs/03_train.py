@@ -50,6 +50,7 @@ class TrainConfig:
     patch_size: int | None = None    # variant: 4 for 4x4 patches (None = the paper's 7x7 / 8x8)
     marker_vocab: int = 20000        # variant: a small vocabulary makes the marker task learnable
     learned_pad_row: bool = False    # variant: learn the padding embedding (the original keeps it zero and frozen)
+    dropout_rng: str = "torch"       # "torch" (nn.Dropout's masks) | "philox" (faster counter-based masks, see `model`)
     download: bool = False           # fetch the dataset online when no offline copy is found (the source is recorded per row)
     device: str = "auto"             # auto (CUDA when available) | cpu | cuda; recorded per row
     progress: bool = True            # tqdm bar
@@ -198,10 +199,11 @@ def train_model(model, train, cfg: TrainConfig, seed: int, desc="") -> TrainResu
 
 # %%
 #| export
-def _new_model(data, method, seed, learned_pad_row=False, device="cpu"):
+def _new_model(data, method, seed, learned_pad_row=False, device="cpu", dropout_rng="torch"):
     torch.manual_seed(seed); np.random.seed(seed)                      # initial weights drawn on the CPU: the same everywhere
     return CompactClassifier(ClassifierConfig(num_classes=data.num_classes, seq_len=data.seq_len, input_dim=data.input_dim,
-                                              vocab_size=data.vocab_size, normalizer=method, learned_pad_row=learned_pad_row)).to(device)
+                                              vocab_size=data.vocab_size, normalizer=method, learned_pad_row=learned_pad_row,
+                                              dropout_rng=dropout_rng)).to(device)
 
 def _row(dataset, method, seed, config, data, model, result: TrainResult, lockstep_size) -> dict:
     "Evaluate a trained `model` and return its metrics row."
@@ -237,7 +239,7 @@ def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None
     if not lockstep:
         return [r for m in methods for r in run_methods(dataset, [m], seed, config, data)]
     device = resolve_device(config.device)
-    models = [_new_model(data, m, seed, config.learned_pad_row, device) for m in methods]
+    models = [_new_model(data, m, seed, config.learned_pad_row, device, config.dropout_rng) for m in methods]
     results = train_lockstep(models, data.train.to(device), config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0] if len(methods) == 1 else f"{len(methods)} methods"))
     return [_row(dataset, m, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
 
@@ -284,6 +286,8 @@ assert r1["accuracy"] > 0.4, r1
 test_eq((r1["accuracy"], r1["test_loss"]), (r2["accuracy"], r2["test_loss"]))
 test_eq((r1["param_count"], r1["train_n"], r1["test_n"], r1["status"]), (104_970, 1200, 300, "ok"))
 test_close(r1["nonzero_ratio"], 1.0)
+rp = [run_one("fashion_mnist", "softmax", 0, replace(cfg, dropout_rng="philox"), data) for _ in range(2)]
+test_eq(rp[0]["accuracy"], rp[1]["accuracy"]); assert rp[0]["accuracy"] > 0.4 and rp[0]["test_loss"] != r1["test_loss"]
 rk = run_one("fashion_mnist", "topk_softmax_025", 0, cfg, data)
 test_close(rk["nonzero_ratio"], 5 / 17, eps=1e-6)
 test_eq(r1["device"], "cuda" if torch.cuda.is_available() else "cpu")             # "auto", the default, recorded per row

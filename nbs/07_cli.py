@@ -78,6 +78,7 @@ def _grid_args(sub):
     g.add_argument("--learned-pad-row", action="store_true", help="variant: learn the padding embedding (the original keeps it zero)")
     g.add_argument("--patch-size", type=int, default=0, help="variant: 4 for 4x4 patches (0 = the paper's)")
     g.add_argument("--marker-vocab", type=int, default=20000, help="variant: small vocabulary for a learnable marker task")
+    g.add_argument("--dropout-rng", default="torch", help="torch (nn.Dropout's masks, the default) | philox (faster counter-based masks)")
     _executor_args(g)
     return g
 
@@ -166,7 +167,7 @@ test_fail(lambda: build_parser().parse_args(["grid", "--out", "x", "--device", "
 # %%
 #| export
 STUDY_A_KEYS = ("dataset", "method", "seed")
-STUDY_A_OPTION_DEFAULTS = dict(learned_pad_row=False)   # options newer than some results folders: absent means this value
+STUDY_A_OPTION_DEFAULTS = dict(learned_pad_row=False, dropout_rng="torch")   # options newer than some results folders: absent means this value
 
 def _check_executor(args):
     if args.executor not in ("local", "dask"): raise UsageError(f"unknown executor {args.executor!r}; choose local or dask")
@@ -194,8 +195,11 @@ def grid_tasks(args):
     from sparse_attention_repro.data import resolve_device
     try: resolve_device(args.device)
     except ValueError as e: raise UsageError(str(e)) from None
+    from sparse_attention_repro.model import DROPOUT_RNGS
+    if args.dropout_rng not in DROPOUT_RNGS: raise UsageError(f"unknown --dropout-rng {args.dropout_rng!r}; choose one of {', '.join(DROPOUT_RNGS)}")
     options = dict(profile=args.profile, val_fraction=args.val_fraction, mask_padding=args.mask_padding,
-                   patch_size=args.patch_size, marker_vocab=args.marker_vocab, learned_pad_row=args.learned_pad_row)
+                   patch_size=args.patch_size, marker_vocab=args.marker_vocab, learned_pad_row=args.learned_pad_row,
+                   dropout_rng=args.dropout_rng)
     for d in datasets:                           # data present and readable? (also warms the decode cache once)
         try: load_dataset(d, 0, 1, 1, patch_size=args.patch_size or None, marker_vocab=args.marker_vocab, download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e).splitlines()[0]) from None
@@ -224,6 +228,9 @@ test_eq({k: tasks[0].parameters[k] for k in ("dataset", "seed", "methods", "prof
         dict(dataset="synthetic_marker", seed=3, methods=["softmax", "entmax15"], profile="smoke", device="auto"))
 test_eq([Path(p).name for p in tasks[0].produces], ["softmax.csv", "entmax15.csv"])
 test_eq(opts["profile"], "smoke"); assert not _out.exists()                    # validated, nothing written
+_ph = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--dropout-rng", "philox"]))
+test_eq((_ph[1]["dropout_rng"], _ph[0][0].parameters["dropout_rng"], opts["dropout_rng"]), ("philox", "philox", "torch"))
+test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--dropout-rng", "mt"])), exc=UsageError, contains="unknown --dropout-rng")
 
 # %% [markdown]
 # `cmd_grid` holds the results folder (one writer at a time), checks it was made with the same options and runs
@@ -325,7 +332,7 @@ def cmd_reproduce(args):
     run = dict(profile=args.profile, out=args.out, seeds=None, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
                download=args.download, device=args.device)
     grid = argparse.Namespace(**run, datasets=None, methods=None, val_fraction=args.val_fraction, mask_padding=False,
-                              patch_size=0, marker_vocab=20000, learned_pad_row=False, plain=False)
+                              patch_size=0, marker_vocab=20000, learned_pad_row=False, dropout_rng="torch", plain=False)
     crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row", precision="fp32", train_n=0)
     grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
     fails = {**cmd_grid(grid), **cmd_crisp(crisp)}

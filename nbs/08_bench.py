@@ -14,22 +14,26 @@
 # * `bench_normalizers`: forward + backward of each normalizer on the paper's two attention shapes (`[96, 4, 17, 17]`
 #   for image patches, `[96, 4, 97, 97]` for text), for our C kernels, our torch path and the `entmax` package where it
 #   offers the mapping, as a ratio to softmax's forward + backward.
-# * `bench_grid`: one epoch of study A training per method at paper size, (a) as before this benchmark existed — each
-#   method alone, torch normalizers —, (b) each method alone with the kernels, (c) all methods in lock-step with the
-#   kernels (the grid's default); the per-method time relative to softmax (the paper's "entmax trains ~4× slower"),
-#   the speed-ups, and the `paper` profile's wall time projected from the measured epochs.
+# * `bench_grid`: one epoch of study A training per method at paper size, (o) as the original study's code trains it —
+#   each method alone, its normalizer implementations (below), `nn.Dropout` —, (a) each method alone with our torch
+#   normalizers, (b) each method alone with the kernels, (c) all methods in lock-step with the kernels (the grid's
+#   default), (d) as (c) with the Philox dropout masks (`--dropout-rng philox`); the per-method time relative to softmax
+#   (the paper's "entmax trains ~4× slower"), the speed-ups against the original and the `paper` profile's wall time
+#   projected from the measured epochs.
 
 # %%
 #| export
 import math, statistics, time
+from dataclasses import replace
 import pandas as pd
 import torch
+import torch.nn as nn
 from sparse_attention_repro.normalizers import NORMALIZERS, get_normalizer, parse_topk_ratio
 from sparse_attention_repro.kernels import use_kernels
-from sparse_attention_repro.train import PAPER_SIZES, PROFILES, profile_config, run_methods, load_run_data
+from sparse_attention_repro.train import PAPER_SIZES, PROFILES, profile_config, run_methods, load_run_data, train_model, _new_model
 
 # %%
-from fastcore.test import test_eq, test_close
+from fastcore.test import test_eq, test_close, test_fail
 
 
 # %% [markdown]
@@ -144,9 +148,53 @@ test_close(_original("topk_softmax_025", 4)(xs), topk_softmax(xs, 0.25), eps=1e-
 
 # %%
 #| export
-PATHS = {"before": dict(kernels=False, lockstep=False), "kernels": dict(kernels=True, lockstep=False),
-         "kernels+lockstep": dict(kernels=True, lockstep=True)}
+PATHS = {"original": dict(kernels=False, lockstep=False, original=True),
+         "before": dict(kernels=False, lockstep=False), "kernels": dict(kernels=True, lockstep=False),
+         "kernels+lockstep": dict(kernels=True, lockstep=True),
+         "kernels+lockstep+philox": dict(kernels=True, lockstep=True, dropout_rng="philox")}
 
+class OriginalNormalizer(nn.Module):
+    "The original study's implementation of normalizer `name` (see `_original`; sparsemax: the `entmax` package's, sort-based)."
+    def __init__(self, name, num_heads):
+        super().__init__()
+        self.name = name
+        if name == "headwise_adaptive_entmax": self.alpha_logit = nn.Parameter(torch.zeros(num_heads))
+        elif name == "sparsemax": import entmax; self.fn = lambda s: entmax.sparsemax(s, dim=-1)
+        elif name == "softmax": self.fn = lambda s: torch.softmax(s, -1)
+        else: self.fn = _original(name, num_heads)
+    def forward(self, scores, key_mask=None):
+        if key_mask is not None: raise ValueError("the original code has no key mask")
+        if self.name == "headwise_adaptive_entmax":
+            return original_bisect(scores, (1.05 + 0.9 * torch.sigmoid(self.alpha_logit)).view(-1, 1, 1))
+        return self.fn(scores)
+
+def _original_rows(ds, methods, seed, cfg, data):
+    "Train each method alone as the original code does (its normalizers, no kernels); rows with the train seconds."
+    rows = []
+    for m in methods:
+        model = _new_model(data, m, seed, cfg.learned_pad_row)
+        for b in model.blocks: b.attn.normalizer = OriginalNormalizer(m, b.attn.num_heads)
+        with use_kernels(False): r = train_model(model, data.train, cfg, seed)
+        rows.append(dict(method=m, train_seconds=r.seconds))
+    return rows
+
+
+# %% [markdown]
+# The original path's normalizers compute what ours compute (the entmax ones: our `_bisect` variants, the original's
+# gradient), so the "original" row differs from ours in implementation only:
+
+# %%
+xo = torch.randn(3, 4, 6, 17)
+for name, ours in [("softmax", "softmax"), ("sparsemax", "sparsemax"), ("entmax15", "entmax15_bisect"),
+                   ("headwise_adaptive_entmax", "headwise_adaptive_entmax_bisect"), ("topk_softmax_025", "topk_softmax_025")]:
+    a, b = xo.clone().requires_grad_(), xo.clone().requires_grad_()
+    o, r = OriginalNormalizer(name, 4)(a), get_normalizer(ours, num_heads=4)(b)
+    test_close(o, r, eps=1e-5)
+    o.pow(2).sum().backward(); r.pow(2).sum().backward(); test_close(a.grad, b.grad, eps=1e-4)
+test_fail(lambda: OriginalNormalizer("softmax", 4)(xo, torch.ones(3, 17, dtype=torch.bool)), contains="no key mask")
+
+# %%
+#| export
 def bench_grid(datasets=("fashion_mnist", "twenty_news"), epochs=1, repeats=1, methods=NORMALIZERS, train_limit=None):
     "Per dataset and path: wall seconds of one seed's methods and each method's train seconds. Returns (runs, summary)."
     runs = []
@@ -158,16 +206,18 @@ def bench_grid(datasets=("fashion_mnist", "twenty_news"), epochs=1, repeats=1, m
             for path, opt in PATHS.items():
                 with use_kernels(opt["kernels"]):
                     t0 = time.perf_counter()
-                    rows = run_methods(ds, methods, 0, cfg, data, lockstep=opt["lockstep"])
+                    rows = (_original_rows(ds, methods, 0, cfg, data) if opt.get("original") else
+                            run_methods(ds, methods, 0, replace(cfg, dropout_rng=opt.get("dropout_rng", "torch")), data,
+                                        lockstep=opt["lockstep"]))
                     wall = time.perf_counter() - t0
                 runs += [dict(dataset=ds, path=path, repeat=r, wall_seconds=wall, method=x["method"],
                               train_seconds=x["train_seconds"], epochs=epochs, train_n=cfg.train_limit) for x in rows]
     runs = pd.DataFrame(runs)
     med = runs.groupby(["dataset", "path", "method"]).median(numeric_only=True).reset_index()
     wall = med.groupby(["dataset", "path"]).wall_seconds.first().unstack()
-    summary = pd.DataFrame({"seconds_before": wall["before"], "seconds_kernels": wall["kernels"],
-                            "seconds_kernels_lockstep": wall["kernels+lockstep"]})
-    summary["speedup"] = summary.seconds_before / summary.seconds_kernels_lockstep
+    summary = pd.DataFrame({f"seconds_{p.replace('+', '_')}": wall[p] for p in PATHS})
+    summary["speedup_vs_original"] = summary.seconds_original / summary.seconds_kernels_lockstep
+    summary["speedup_vs_original_philox"] = summary.seconds_original / summary.seconds_kernels_lockstep_philox
     return med, summary
 
 def method_ratios(med) -> pd.DataFrame:
@@ -191,8 +241,9 @@ def project_paper(summary, epochs_measured, jobs=2, train_limits=None) -> pd.Dat
 
 # %%
 med, summ = bench_grid(datasets=("fashion_mnist",), methods=("softmax", "sparsemax"), train_limit=192)
-test_eq(sorted(summ.columns), sorted(["seconds_before", "seconds_kernels", "seconds_kernels_lockstep", "speedup"]))
-test_eq(method_ratios(med).loc["softmax"].tolist(), [1.0] * 3)
+test_eq(sorted(summ.columns), sorted(["seconds_original", "seconds_before", "seconds_kernels", "seconds_kernels_lockstep",
+                                      "seconds_kernels_lockstep_philox", "speedup_vs_original", "speedup_vs_original_philox"]))
+test_eq(method_ratios(med).loc["softmax"].tolist(), [1.0] * 5)
 test_eq(project_paper(summ, 1, train_limits={"fashion_mnist": 192}).seeds.tolist(), [10])
 
 

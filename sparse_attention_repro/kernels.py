@@ -4,7 +4,8 @@
 
 # %% auto 0
 __all__ = ['CFLAGS', 'kernel_source', 'kernel_dir', 'build_kernels', 'kernels', 'use_kernels', 'usable', 'sparsemax_fwd',
-           'sparsemax_bwd', 'entmax15_fwd', 'entmax_alpha_fwd', 'entmax_bwd', 'topk_softmax_fwd', 'softmax_bwd']
+           'sparsemax_bwd', 'entmax15_fwd', 'entmax_alpha_fwd', 'entmax_bwd', 'topk_softmax_fwd', 'softmax_bwd',
+           'philox_bits', 'philox_dropout']
 
 # %% ../nbs/00_kernels.ipynb
 import ctypes, fcntl, hashlib, os, platform, shutil, subprocess, tempfile, warnings
@@ -26,7 +27,8 @@ def kernel_source() -> str:
 CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
 _SIGNATURES = {  # name: argument types (P = pointer, L = long, F = float, D = double)
     "sparsemax_fwd": "PPPLL", "sparsemax_bwd": "PPPPLL", "entmax15_fwd": "PPPLLLF", "entmax_alpha_fwd": "PPPPLLLF",
-    "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPLLD", "softmax_bwd": "PPPPLL"}
+    "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPLLD", "softmax_bwd": "PPPPLL",
+    "philox_bits": "PLLLL", "philox_dropout": "PLLLLLF"}
 _CTYPES = {"P": ctypes.c_void_p, "L": ctypes.c_long, "F": ctypes.c_float, "D": ctypes.c_double}
 _state = {"lib": None, "tried": False, "enabled": True, "calls": 0}
 
@@ -144,3 +146,29 @@ def topk_softmax_fwd(x, ratio):
 def softmax_bwd(p, g):
     "Gradient of softmax: p * (g - <p, g>)."
     p, g = p.contiguous(), g.contiguous(); dx = torch.empty_like(p); _run("softmax_bwd", [p, g, dx], *_rows(p), scratch=True); return dx
+
+# %% ../nbs/00_kernels.ipynb
+def _key_words(key):
+    "A Philox key as two signed 64-bit words (what ctypes passes as `long`)."
+    return [int(k) - (1 << 64) if int(k) >= 1 << 63 else int(k) for k in key]
+
+def philox_bits(n, key, first=0):
+    "Draws `first` .. `first + n - 1` of the 32-bit Philox4x64-10 stream of `key` (two 64-bit words), as int64."
+    out = torch.empty(n, dtype=torch.int32)
+    kernels().philox_bits(out.data_ptr(), first, n, *_key_words(key))
+    return out.to(torch.int64) & 0xFFFFFFFF
+
+def philox_dropout(shape, key, keep_below, scale):
+    "A float32 dropout mask of `shape` from the Philox stream of `key`: `scale` where the draw < `keep_below`, else 0."
+    out = torch.empty(shape, dtype=torch.float32)
+    n, fn, k = out.numel(), kernels().philox_dropout, _key_words(key)
+    threads = torch.get_num_threads() if n >= 1 << 16 else 1
+    bounds = [n * i // threads for i in range(threads + 1)]
+    def call(i):
+        lo, hi = bounds[i], bounds[i + 1]
+        if hi > lo: fn(out.data_ptr() + 4 * lo, lo, hi - lo, *k, int(keep_below), float(scale))
+    if threads == 1: call(0)
+    else:
+        if threads not in _pool: _pool[threads] = ThreadPoolExecutor(threads)
+        list(_pool[threads].map(call, range(threads)))
+    return out

@@ -36,6 +36,7 @@ class TrainConfig:
     patch_size: int | None = None    # variant: 4 for 4x4 patches (None = the paper's 7x7 / 8x8)
     marker_vocab: int = 20000        # variant: a small vocabulary makes the marker task learnable
     learned_pad_row: bool = False    # variant: learn the padding embedding (the original keeps it zero and frozen)
+    dropout_rng: str = "torch"       # "torch" (nn.Dropout's masks) | "philox" (faster counter-based masks, see `model`)
     download: bool = False           # fetch the dataset online when no offline copy is found (the source is recorded per row)
     device: str = "auto"             # auto (CUDA when available) | cpu | cuda; recorded per row
     progress: bool = True            # tqdm bar
@@ -137,10 +138,11 @@ def train_model(model, train, cfg: TrainConfig, seed: int, desc="") -> TrainResu
     return train_lockstep([model], train, cfg, seed, desc)[0]
 
 # %% ../nbs/03_train.ipynb
-def _new_model(data, method, seed, learned_pad_row=False, device="cpu"):
+def _new_model(data, method, seed, learned_pad_row=False, device="cpu", dropout_rng="torch"):
     torch.manual_seed(seed); np.random.seed(seed)                      # initial weights drawn on the CPU: the same everywhere
     return CompactClassifier(ClassifierConfig(num_classes=data.num_classes, seq_len=data.seq_len, input_dim=data.input_dim,
-                                              vocab_size=data.vocab_size, normalizer=method, learned_pad_row=learned_pad_row)).to(device)
+                                              vocab_size=data.vocab_size, normalizer=method, learned_pad_row=learned_pad_row,
+                                              dropout_rng=dropout_rng)).to(device)
 
 def _row(dataset, method, seed, config, data, model, result: TrainResult, lockstep_size) -> dict:
     "Evaluate a trained `model` and return its metrics row."
@@ -176,7 +178,7 @@ def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None
     if not lockstep:
         return [r for m in methods for r in run_methods(dataset, [m], seed, config, data)]
     device = resolve_device(config.device)
-    models = [_new_model(data, m, seed, config.learned_pad_row, device) for m in methods]
+    models = [_new_model(data, m, seed, config.learned_pad_row, device, config.dropout_rng) for m in methods]
     results = train_lockstep(models, data.train.to(device), config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0] if len(methods) == 1 else f"{len(methods)} methods"))
     return [_row(dataset, m, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
 
