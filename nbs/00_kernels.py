@@ -43,6 +43,7 @@ import sparse_attention_repro
 # %%
 from fastcore.test import test_eq, test_close, test_fail
 
+
 # %% [markdown]
 # ## The C source
 #
@@ -58,6 +59,7 @@ def kernel_source() -> str:
     for f in (pkg.parent / "nbs" / "00_kernels.c", pkg / "kernels.c"):
         if f.is_file(): return f.read_text()
     raise RuntimeError(f"kernel source not found ({pkg.parent / 'nbs' / '00_kernels.c'} or {pkg / 'kernels.c'}); reinstall the package")
+
 
 # %% [markdown]
 # ## Building and loading
@@ -256,6 +258,7 @@ def philox_dropout(shape, key, keep_below, scale):
         if threads not in _pool: _pool[threads] = ThreadPoolExecutor(threads)
         list(_pool[threads].map(call, range(threads)))
     return out
+
 
 # %% [markdown]
 # The draws are numpy's, from any starting element and for any count (partial blocks of 8 at both ends), including keys

@@ -94,8 +94,18 @@ def resolve_device(device: str = "auto") -> torch.device:
     if device == "cuda" and not torch.cuda.is_available(): raise ValueError("--device cuda was asked for, but torch sees no CUDA GPU; use --device cpu or auto")
     return torch.device(device)
 
+PRECISIONS = ("fp32", "bf16")
+
+def autocast(device, precision):
+    "bf16 autocast on `device` when `precision` is bf16 (matmuls in bf16; weights, optimizer and normalizers in fp32), else a no-op."
+    if precision not in PRECISIONS: raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
 
 # %%
+with autocast(torch.device("cpu"), "bf16"): test_eq((torch.ones(2, 3) @ torch.ones(3, 2)).dtype, torch.bfloat16)
+with autocast(torch.device("cpu"), "fp32"): test_eq((torch.ones(2, 3) @ torch.ones(3, 2)).dtype, torch.float32)
+test_fail(lambda: autocast(torch.device("cpu"), "fp16"), contains="fp32 or bf16")
 test_eq(resolve_device("cpu"), torch.device("cpu"))
 test_eq(resolve_device("auto"), torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 test_fail(lambda: resolve_device("tpu"), contains="choose auto, cpu or cuda")

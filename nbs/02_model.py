@@ -151,6 +151,7 @@ def philox_mask(shape, p: float, key) -> torch.Tensor:
     bits = np.random.Philox(key=np.array([k % 2**64 for k in key], dtype=np.uint64)).random_raw(-(-n // 2)).view(np.uint32)[:n]
     return torch.from_numpy(np.where(bits < keep_below, scale, np.float32(0))).view(shape)
 
+
 # %%
 m = philox_mask((200, 17, 256), 0.1, (11, 12))
 test_eq(set(m.unique().tolist()), {0.0, float(np.float32(1) / np.float32(0.9))})

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from sklearn.metrics import f1_score
 from tqdm.auto import tqdm
-from sparse_attention_repro.data import load_dataset, resolve_device, PAPER_SIZES, MAIN_FAMILY
+from sparse_attention_repro.data import load_dataset, resolve_device, autocast, PAPER_SIZES, MAIN_FAMILY
 from sparse_attention_repro.model import CompactClassifier, ClassifierConfig, MaskTape, count_parameters
 from sparse_attention_repro.normalizers import get_normalizer
 from sparse_attention_repro.runner import save_rows
@@ -51,6 +51,7 @@ class TrainConfig:
     marker_vocab: int = 20000        # variant: a small vocabulary makes the marker task learnable
     learned_pad_row: bool = False    # variant: learn the padding embedding (the original keeps it zero and frozen)
     dropout_rng: str = "torch"       # "torch" (nn.Dropout's masks) | "philox" (faster counter-based masks, see `model`)
+    precision: str = "fp32"          # "fp32" | "bf16": autocast for training and evaluation (bf16 matrix units: CPUs, GPUs)
     download: bool = False           # fetch the dataset online when no offline copy is found (the source is recorded per row)
     device: str = "auto"             # auto (CUDA when available) | cpu | cuda; recorded per row
     progress: bool = True            # tqdm bar
@@ -86,16 +87,17 @@ test_fail(lambda: profile_config("fast", "cifar10"), contains="unknown profile")
 # %%
 #| export
 @torch.no_grad()
-def evaluate(model, split, batch_size=500):
+def evaluate(model, split, batch_size=500, precision="fp32"):
     "Accuracy, macro-F1, loss, nonzero_ratio and seconds of one pass of `model` over `split`."
     model.eval(); model.set_recording(True)
-    split = split.to(next(model.parameters()).device)
+    device = next(model.parameters()).device
+    split = split.to(device)
     t0 = time.perf_counter()
     preds, loss, density = [], torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
     for i in range(0, len(split.y), batch_size):
         xb, yb = split.x[i:i + batch_size], split.y[i:i + batch_size]
         mb = None if split.key_mask is None else split.key_mask[i:i + batch_size]
-        logits = model(xb, mb)
+        with autocast(device, precision): logits = model(xb, mb).float()
         loss += F.cross_entropy(logits, yb, reduction="sum").double()
         density += torch.stack(model.densities()).double().mean() * len(yb)
         preds.append(logits.argmax(-1))
@@ -164,7 +166,7 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="") -> list:
                 for pos, j in enumerate(active):
                     if pos: tape.replay()
                     t0 = time.perf_counter()
-                    loss = F.cross_entropy(models[j](xb, mb), yb)
+                    with autocast(device, cfg.precision): loss = F.cross_entropy(models[j](xb, mb).float(), yb)
                     opts[j].zero_grad(set_to_none=True)
                     loss.backward()
                     torch.nn.utils.clip_grad_norm_(models[j].parameters(), cfg.grad_clip)
@@ -217,12 +219,12 @@ def _row(dataset, method, seed, config, data, model, result: TrainResult, lockst
     if result.status != "ok":
         row["error"] = "training loss became NaN/inf"
         return row
-    m = evaluate(model, data.test)
+    m = evaluate(model, data.test, precision=config.precision)
     row.update(accuracy=m["accuracy"], macro_f1=m["macro_f1"], test_loss=m["loss"], nonzero_ratio=m["nonzero_ratio"],
                inference_seconds=m["seconds"])
     if model.alphas() is not None: row["learned_alpha_mean"] = float(torch.stack(model.alphas()).mean())
     if data.val is not None:
-        v = evaluate(model, data.val)
+        v = evaluate(model, data.val, precision=config.precision)
         row.update(val_accuracy=v["accuracy"], val_macro_f1=v["macro_f1"])
     return row
 
@@ -288,6 +290,8 @@ test_eq((r1["param_count"], r1["train_n"], r1["test_n"], r1["status"]), (104_970
 test_close(r1["nonzero_ratio"], 1.0)
 rp = [run_one("fashion_mnist", "softmax", 0, replace(cfg, dropout_rng="philox"), data) for _ in range(2)]
 test_eq(rp[0]["accuracy"], rp[1]["accuracy"]); assert rp[0]["accuracy"] > 0.4 and rp[0]["test_loss"] != r1["test_loss"]
+rb16 = run_one("fashion_mnist", "entmax15", 0, replace(cfg, precision="bf16"), data)   # bf16 autocast: learns, differs
+assert rb16["accuracy"] > 0.4 and rb16["test_loss"] != run_one("fashion_mnist", "entmax15", 0, cfg, data)["test_loss"]
 rk = run_one("fashion_mnist", "topk_softmax_025", 0, cfg, data)
 test_close(rk["nonzero_ratio"], 5 / 17, eps=1e-6)
 test_eq(r1["device"], "cuda" if torch.cuda.is_available() else "cpu")             # "auto", the default, recorded per row

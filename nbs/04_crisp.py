@@ -47,7 +47,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from sparse_attention_repro.normalizers import get_normalizer, topk_name, attention_density, keep_count
 from pathlib import Path
-from sparse_attention_repro.data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data, resolve_device
+from sparse_attention_repro.data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data, resolve_device, autocast
 
 
 # %% [markdown]
@@ -742,10 +742,6 @@ def finetune(model, id_lists, labels, cfg: FinetuneConfig, seed=0, pad_id=0):
     bar.close()
     model.eval()
     return dict(status=status, train_seconds=time.perf_counter() - t0, losses=losses, steps=len(losses))
-
-def autocast(device, precision):
-    "bf16 autocast on `device` when `precision` is bf16, else a no-op context."
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 @torch.no_grad()
 def evaluate(model, id_lists, labels, batch_size=128, pad_id=0, precision="fp32"):

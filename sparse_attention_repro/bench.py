@@ -94,7 +94,8 @@ def normalizer_table(df) -> pd.DataFrame:
 PATHS = {"original": dict(kernels=False, lockstep=False, original=True),
          "before": dict(kernels=False, lockstep=False), "kernels": dict(kernels=True, lockstep=False),
          "kernels+lockstep": dict(kernels=True, lockstep=True),
-         "kernels+lockstep+philox": dict(kernels=True, lockstep=True, dropout_rng="philox")}
+         "kernels+lockstep+philox": dict(kernels=True, lockstep=True, dropout_rng="philox"),
+         "kernels+lockstep+philox+bf16": dict(kernels=True, lockstep=True, dropout_rng="philox", precision="bf16")}
 
 class OriginalNormalizer(nn.Module):
     "The original study's implementation of normalizer `name` (see `_original`; sparsemax: the `entmax` package's, sort-based)."
@@ -134,7 +135,7 @@ def bench_grid(datasets=("fashion_mnist", "twenty_news"), epochs=1, repeats=1, m
                 with use_kernels(opt["kernels"]):
                     t0 = time.perf_counter()
                     rows = (_original_rows(ds, methods, 0, cfg, data) if opt.get("original") else
-                            run_methods(ds, methods, 0, replace(cfg, dropout_rng=opt.get("dropout_rng", "torch")), data,
+                            run_methods(ds, methods, 0, replace(cfg, dropout_rng=opt.get("dropout_rng", "torch"), precision=opt.get("precision", "fp32")), data,
                                         lockstep=opt["lockstep"]))
                     wall = time.perf_counter() - t0
                 runs += [dict(dataset=ds, path=path, repeat=r, wall_seconds=wall, method=x["method"],
@@ -145,6 +146,7 @@ def bench_grid(datasets=("fashion_mnist", "twenty_news"), epochs=1, repeats=1, m
     summary = pd.DataFrame({f"seconds_{p.replace('+', '_')}": wall[p] for p in PATHS})
     summary["speedup_vs_original"] = summary.seconds_original / summary.seconds_kernels_lockstep
     summary["speedup_vs_original_philox"] = summary.seconds_original / summary.seconds_kernels_lockstep_philox
+    summary["speedup_vs_original_philox_bf16"] = summary.seconds_original / summary.seconds_kernels_lockstep_philox_bf16
     return med, summary
 
 def method_ratios(med) -> pd.DataFrame:
@@ -186,15 +188,15 @@ def forward_flops(T, input_dim=None, d=64, hidden=256, layers=2, classes=10):
     per_layer = 2 * T * d * 3 * d + 2 * 2 * T * T * d + 2 * T * d * d + 2 * 2 * T * d * hidden
     return f + layers * per_layer + 2 * d * classes
 
-def matmul_rate(repeats=20, threads=1):
-    "Best single-thread fp32 GFLOP/s over the model's matmul shapes (GEMMs of 96 examples, batched attention products)."
+def matmul_rate(repeats=20, threads=1, dtype=torch.float32):
+    "Best single-thread GFLOP/s (fp32 unless `dtype`) over the model's matmul shapes (GEMMs of 96 examples, batched attention products)."
     old = torch.get_num_threads(); torch.set_num_threads(threads)
     shapes = [((96 * 17, 64), (64, 192)), ((96 * 97, 64), (64, 256)), ((96 * 97, 256), (256, 64)),
               ((384, 97, 16), (384, 16, 97)), ((384, 17, 16), (384, 16, 17))]
     best = 0.0
     try:
         for a_shape, b_shape in shapes:
-            a, b = torch.randn(a_shape), torch.randn(b_shape)
+            a, b = torch.randn(a_shape, dtype=dtype), torch.randn(b_shape, dtype=dtype)
             flops = 2 * a.numel() * b_shape[-1]
             times = []
             for _ in range(repeats):

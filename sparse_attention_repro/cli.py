@@ -53,6 +53,7 @@ def _grid_args(sub):
     g.add_argument("--patch-size", type=int, default=0, help="variant: 4 for 4x4 patches (0 = the paper's)")
     g.add_argument("--marker-vocab", type=int, default=20000, help="variant: small vocabulary for a learnable marker task")
     g.add_argument("--dropout-rng", default="torch", help="torch (nn.Dropout's masks, the default) | philox (faster counter-based masks)")
+    g.add_argument("--precision", default="fp32", help="fp32 (default) | bf16 (autocast: for CPUs with bf16 units and GPUs)")
     _executor_args(g)
     return g
 
@@ -122,7 +123,7 @@ def build_parser():
 
 # %% ../nbs/07_cli.ipynb
 STUDY_A_KEYS = ("dataset", "method", "seed")
-STUDY_A_OPTION_DEFAULTS = dict(learned_pad_row=False, dropout_rng="torch")   # options newer than some results folders: absent means this value
+STUDY_A_OPTION_DEFAULTS = dict(learned_pad_row=False, dropout_rng="torch", precision="fp32")   # options newer than some results folders: absent means this value
 
 def _check_executor(args):
     if args.executor not in ("local", "dask"): raise UsageError(f"unknown executor {args.executor!r}; choose local or dask")
@@ -151,9 +152,10 @@ def grid_tasks(args):
     except ValueError as e: raise UsageError(str(e)) from None
     from sparse_attention_repro.model import DROPOUT_RNGS
     if args.dropout_rng not in DROPOUT_RNGS: raise UsageError(f"unknown --dropout-rng {args.dropout_rng!r}; choose one of {', '.join(DROPOUT_RNGS)}")
+    if args.precision not in ("fp32", "bf16"): raise UsageError(f"--precision must be fp32 or bf16, got {args.precision!r}")
     options = dict(profile=args.profile, val_fraction=args.val_fraction, mask_padding=args.mask_padding,
                    patch_size=args.patch_size, marker_vocab=args.marker_vocab, learned_pad_row=args.learned_pad_row,
-                   dropout_rng=args.dropout_rng)
+                   dropout_rng=args.dropout_rng, precision=args.precision)
     for d in datasets:                           # data present and readable? (also warms the decode cache once)
         try: load_dataset(d, 0, 1, 1, patch_size=args.patch_size or None, marker_vocab=args.marker_vocab, download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e).splitlines()[0]) from None
@@ -243,7 +245,7 @@ def cmd_reproduce(args):
     run = dict(profile=args.profile, out=args.out, seeds=None, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
                download=args.download, device=args.device)
     grid = argparse.Namespace(**run, datasets=None, methods=None, val_fraction=args.val_fraction, mask_padding=False,
-                              patch_size=0, marker_vocab=20000, learned_pad_row=False, dropout_rng="torch", plain=False)
+                              patch_size=0, marker_vocab=20000, learned_pad_row=False, dropout_rng="torch", precision="fp32", plain=False)
     crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row", precision="fp32", train_n=0)
     grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
     fails = {**cmd_grid(grid), **cmd_crisp(crisp)}
@@ -290,7 +292,8 @@ def cmd_bench(args):
             raise UsageError("bench floor needs one results folder with a runs.csv: --results DIR")
         import pandas as pd
         rate = bench.matmul_rate(threads=args.threads)
-        print(f"best fp32 matmul rate at the model's shapes, {args.threads} thread(s): {rate:.1f} GFLOP/s")
+        print(f"best fp32 matmul rate at the model's shapes, {args.threads} thread(s): {rate:.1f} GFLOP/s "
+              f"(bf16: {bench.matmul_rate(threads=args.threads, dtype=torch.bfloat16):.1f})")
         print("training time per seed (all methods) against the arithmetic floor (FLOPs / that rate):")
         print(bench.floor_table(pd.read_csv(Path(args.results[0]) / "runs.csv"), rate).round(2).to_string(index=False))
         return {}

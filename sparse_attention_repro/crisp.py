@@ -8,7 +8,7 @@ __all__ = ['CRISP_ATTENTION', 'CRISP_CONFIGS', 'SST2_SPLITS', 'SST2_HUB', 'TINY_
            'use_crisp_attention', 'crisp_target', 'crisp_nominal_sparsity', 'measured_sparsity_for_ratio',
            'calibrate_keep_ratio', 'crisp_keep_ratios', 'apply_crisp', 'crisp_recording', 'crisp_layer_stats',
            'sst2_path', 'read_sst2', 'minilm_path', 'load_crisp_model', 'encode_sentences', 'collate', 'FinetuneConfig',
-           'batch_order', 'finetune', 'autocast', 'evaluate', 'resolve_finetune', 'run_crisp']
+           'batch_order', 'finetune', 'evaluate', 'resolve_finetune', 'run_crisp']
 
 # %% ../nbs/04_crisp.ipynb
 import contextlib, json, math, os, time, types
@@ -25,7 +25,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .normalizers import get_normalizer, topk_name, attention_density, keep_count
 from pathlib import Path
-from .data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data, resolve_device
+from .data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data, resolve_device, autocast
 
 # %% ../nbs/04_crisp.ipynb
 def crisp_key_mask(attention_mask):
@@ -344,10 +344,6 @@ def finetune(model, id_lists, labels, cfg: FinetuneConfig, seed=0, pad_id=0):
     bar.close()
     model.eval()
     return dict(status=status, train_seconds=time.perf_counter() - t0, losses=losses, steps=len(losses))
-
-def autocast(device, precision):
-    "bf16 autocast on `device` when `precision` is bf16, else a no-op context."
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 @torch.no_grad()
 def evaluate(model, id_lists, labels, batch_size=128, pad_id=0, precision="fp32"):

@@ -4,11 +4,12 @@
 
 # %% auto 0
 __all__ = ['DATASETS', 'TEXT_VOCAB', 'TEXT_LEN', 'PAD_ID', 'MARKER_ID', 'CACHE_VERSION', 'CIFAR10_CLASSES', 'PAPER_SIZES',
-           'MAIN_FAMILY', 'NEWS_REMOVE', 'Split', 'DatasetBundle', 'resolve_device', 'DataUnavailableError',
-           'resolve_data_root', 'resolve_cache_dir', 'skip_unless_data', 'save_cached', 'load_cached', 'subset_indices',
-           'train_val_indices', 'patchify', 'read_idx', 'idx_files_present', 'load_idx_folder', 'official_cifar_keys',
-           'decode_cifar_jpeg_tar', 'is_flattened', 'news_texts_from_folder', 'tokenize', 'hash_token', 'encode_text',
-           'encode_news', 'make_marker', 'source_identity', 'news_home', 'full_arrays', 'load_dataset']
+           'MAIN_FAMILY', 'PRECISIONS', 'NEWS_REMOVE', 'Split', 'DatasetBundle', 'resolve_device', 'autocast',
+           'DataUnavailableError', 'resolve_data_root', 'resolve_cache_dir', 'skip_unless_data', 'save_cached',
+           'load_cached', 'subset_indices', 'train_val_indices', 'patchify', 'read_idx', 'idx_files_present',
+           'load_idx_folder', 'official_cifar_keys', 'decode_cifar_jpeg_tar', 'is_flattened', 'news_texts_from_folder',
+           'tokenize', 'hash_token', 'encode_text', 'encode_news', 'make_marker', 'source_identity', 'news_home',
+           'full_arrays', 'load_dataset']
 
 # %% ../nbs/01_data.ipynb
 import gzip, hashlib, io, json, os, re, shutil, struct, tarfile, tempfile, zlib
@@ -65,6 +66,13 @@ def resolve_device(device: str = "auto") -> torch.device:
     if device not in ("cpu", "cuda"): raise ValueError(f"unknown device {device!r}; choose auto, cpu or cuda")
     if device == "cuda" and not torch.cuda.is_available(): raise ValueError("--device cuda was asked for, but torch sees no CUDA GPU; use --device cpu or auto")
     return torch.device(device)
+
+PRECISIONS = ("fp32", "bf16")
+
+def autocast(device, precision):
+    "bf16 autocast on `device` when `precision` is bf16 (matmuls in bf16; weights, optimizer and normalizers in fp32), else a no-op."
+    if precision not in PRECISIONS: raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 # %% ../nbs/01_data.ipynb
 class DataUnavailableError(ValueError):

@@ -20,6 +20,7 @@ patch_size = 0  # variant: 4 for 4x4 patches; 0 keeps the paper patches (7x7, 8x
 marker_vocab = 20000  # variant: small vocabulary makes the marker task learnable
 learned_pad_row = False  # variant: learn the padding embedding (the original keeps it zero and frozen)
 dropout_rng = "torch"  # torch (nn.Dropout's masks) | philox (faster counter-based masks)
+precision = "fp32"  # fp32 | bf16 (autocast)
 threads = 0  # torch CPU threads; 0 keeps the torch default
 lockstep = True  # train the methods together, sharing batch order and dropout masks (same results as one by one)
 rows_dir = "rows"  # one CSV per method is written here, atomically, as soon as that run ends
@@ -32,7 +33,7 @@ from sparse_attention_repro.train import run_study_a
 
 # %%
 rows = run_study_a(dataset, seed, methods, profile, threads=threads, lockstep=lockstep, val_fraction=val_fraction, mask_padding=mask_padding,
-                   patch_size=patch_size or None, marker_vocab=marker_vocab, learned_pad_row=learned_pad_row, dropout_rng=dropout_rng, download=download, device=device, rows_dir=rows_dir)
+                   patch_size=patch_size or None, marker_vocab=marker_vocab, learned_pad_row=learned_pad_row, dropout_rng=dropout_rng, precision=precision, download=download, device=device, rows_dir=rows_dir)
 
 # %%
 pd.DataFrame(rows)[["method", "accuracy", "macro_f1", "test_loss", "nonzero_ratio", "learned_alpha_mean", "train_seconds", "status"]]
