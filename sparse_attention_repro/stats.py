@@ -537,8 +537,10 @@ def ablation_answer(name, t, main_tests=None):
     change = (f"the largest change of a gain is {100 * big.gain_change:+.1f} pt ({big.method} on {big.dataset}, "
               f"95% CI {100 * big.gain_change_ci_low:+.1f} to {100 * big.gain_change_ci_high:+.1f}, p = {fmt_p(big.gain_change_p)})")
     if name == "learnable_marker":
+        softmax_acc = float((t.accuracy_variant - t.gain_variant).mean())      # the variant's softmax, paired per seed
         return (f"With a learnable marker task, the sparse methods reach {100 * t.accuracy_variant.min():.1f}–"
-                f"{100 * t.accuracy_variant.max():.1f}% accuracy over {seeds} seeds (chance 10%); {kept} of {n} beat softmax "
+                f"{100 * t.accuracy_variant.max():.1f}% accuracy over {seeds} seeds, softmax {100 * softmax_acc:.1f}% "
+                f"(chance 10%); {kept} of {n} beat softmax "
                 f"significantly after Holm and {worse} fall significantly behind it.")
     return (f"Over {seeds} seeds, {kept} of {n} comparisons keep a significant gain over softmax in the variant (Holm p < 0.05; "
             f"{worse} significantly worse); {change}.")

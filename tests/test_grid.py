@@ -53,6 +53,19 @@ def test_profile_or_option_mismatch_is_refused(smoke):
         assert res.returncode == 2 and res.stderr.count("\n") == 1 and msg in res.stderr, res.stderr
     assert (smoke / "runs.csv").read_bytes() == before
 
+def test_fast_options_are_recorded_and_kept(smoke, tmp_path):
+    """`--dropout-rng philox --precision bf16`: a real grid that learns, differs from the default path, and a folder that refuses the default."""
+    fast = ["--profile", "smoke", "--out", tmp_path, "--datasets", "fashion_mnist", "--methods", "softmax", "entmax15",
+            "--seeds", "1", "--val-fraction", "0.1"]
+    res = cli("grid", *fast, "--dropout-rng", "philox", "--precision", "bf16")
+    assert res.returncode == 0, res.stderr[-2000:]
+    runs = pd.read_csv(tmp_path / "runs.csv").set_index("method")
+    default = pd.read_csv(smoke / "runs.csv").query("dataset == 'fashion_mnist' and seed == 1").set_index("method")
+    assert (runs.status == "ok").all() and runs.accuracy.between(0, 1).all()
+    assert (runs.test_loss != default.loc[runs.index, "test_loss"]).all()          # other masks, other arithmetic
+    res = cli("grid", *fast)
+    assert res.returncode == 2 and "dropout_rng='philox' (now 'torch')" in res.stderr, res.stderr
+
 @pytest.mark.parametrize("args, message", [
     (["--methods", "softmax", "sparsemaxx"], "unknown normalizer 'sparsemaxx'"),
     (["--datasets", "mnist"], "unknown dataset 'mnist'"),
