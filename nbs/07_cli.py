@@ -416,6 +416,8 @@ def cmd_bench(args):
             if not (Path(d) / "runs.csv").exists(): raise UsageError(f"{d}/runs.csv does not exist; run `sparse-repro grid --out {d}` first")
         print(f"A = {args.results[0]}, B = {args.results[1]}: accuracy per method, paired by (dataset, seed)")
         print(bench.compare_runs(*(Path(d) / "runs.csv" for d in args.results)).round(4).to_string(index=False))
+        print("\nthe study's conclusions on each path: gains over softmax (pt), Holm within each dataset, and their change A − B")
+        print(bench.compare_gains(*(Path(d) / "runs.csv" for d in args.results)).to_string(index=False))
         return {}
     print(f"{args.what} benchmark, {args.threads} thread(s), median of {args.repeats} interleaved repeat(s)")
     if args.what == "normalizers":

@@ -256,7 +256,7 @@ test_eq(project_paper(summ, 1, train_limits={"fashion_mnist": 192}).seeds.tolist
 # Speed must not change the science. `compare_runs` takes the `runs.csv` of two grids run on the same datasets and
 # seeds — e.g. the default path and `--plain` with `SPARSE_REPRO_KERNELS=0` — and reports per method the mean of each,
 # the number of bit-identical results and the paired difference over seeds with its 95 % CI and p (pingouin, via
-# `stats.paired_stats`). `sparse-repro bench compare A B` prints it.
+# `stats.paired_stats`). `sparse-repro bench compare A B` prints it, and `compare_gains` below.
 
 # %%
 #| export
@@ -288,6 +288,25 @@ cmp = compare_runs(_grid(True), _grid(False))
 test_eq(cmp.method.tolist(), ["softmax", "sparsemax"])
 test_eq(cmp.set_index("method").loc["softmax", ["n", "identical", "delta"]].tolist(), [2, 2, 0.0])
 assert np.isfinite(cmp.mean_a).all() and cmp.mean_a.between(0, 1).all()
+
+# %% [markdown]
+# Per-method agreement is not yet the question a user asks: do the two paths reach the same *conclusions*? `compare_gains`
+# answers it with the ablation statistics of `stats`: each method's gain over softmax on path B (the reference) and on
+# path A, A's gain tested with Holm within each dataset, and the paired change of the gain between the paths.
+
+# %%
+#| export
+def compare_gains(a, b) -> pd.DataFrame:
+    "Gains over softmax on `b` (reference) and `a`, Holm p of `a`'s gains, and the change of each gain (a − b), in points."
+    from sparse_attention_repro.stats import ablation_tests, readable_ablation
+    a, b = (pd.read_csv(x) if not isinstance(x, pd.DataFrame) else x for x in (a, b))
+    t = readable_ablation(ablation_tests(b, a))
+    return t.rename(columns={"gain, main (pt)": "gain, B (pt)", "gain, variant (pt)": "gain, A (pt)", "Holm p (variant)": "Holm p (A)"})
+
+# %%
+g = compare_gains(_grid(True), _grid(False))                      # toy size: the table's shape and the pairing
+test_eq((g.method.tolist(), g.n.tolist()), (["sparsemax"], [2]))
+test_eq(list(g.columns[3:6]), ["gain, B (pt)", "gain, A (pt)", "Holm p (A)"])
 
 
 # %% [markdown]

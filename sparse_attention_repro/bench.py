@@ -4,7 +4,8 @@
 
 # %% auto 0
 __all__ = ['PATHS', 'original_bisect', 'bench_normalizers', 'normalizer_table', 'OriginalNormalizer', 'bench_grid',
-           'method_ratios', 'project_paper', 'compare_runs', 'forward_flops', 'matmul_rate', 'floor_table']
+           'method_ratios', 'project_paper', 'compare_runs', 'compare_gains', 'forward_flops', 'matmul_rate',
+           'floor_table']
 
 # %% ../nbs/08_bench.ipynb
 import math, statistics, time
@@ -180,6 +181,14 @@ def compare_runs(a, b, metric="accuracy") -> pd.DataFrame:
                          identical=int((g[f"{metric}_a"] == g[f"{metric}_b"]).sum()), delta=st["mean_delta"],
                          ci_low=st["ci_low"], ci_high=st["ci_high"], p=st["p"]))
     return pd.DataFrame(rows)
+
+# %% ../nbs/08_bench.ipynb
+def compare_gains(a, b) -> pd.DataFrame:
+    "Gains over softmax on `b` (reference) and `a`, Holm p of `a`'s gains, and the change of each gain (a − b), in points."
+    from sparse_attention_repro.stats import ablation_tests, readable_ablation
+    a, b = (pd.read_csv(x) if not isinstance(x, pd.DataFrame) else x for x in (a, b))
+    t = readable_ablation(ablation_tests(b, a))
+    return t.rename(columns={"gain, main (pt)": "gain, B (pt)", "gain, variant (pt)": "gain, A (pt)", "Holm p (variant)": "Holm p (A)"})
 
 # %% ../nbs/08_bench.ipynb
 def forward_flops(T, input_dim=None, d=64, hidden=256, layers=2, classes=10):
