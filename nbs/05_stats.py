@@ -1016,6 +1016,37 @@ test_eq(readable_ablation(ab.reset_index()).set_index("method").loc["entmax15", 
 sm_fx = var_fx[var_fx.method == "softmax"].accuracy.mean()                 # the variant's softmax, straight from the rows
 assert f"softmax {100 * sm_fx:.1f}%" in ablation_answer("learnable_marker", ab.reset_index())
 
+
+# %% [markdown]
+# The single-seed summary and the power table, for reading: effects in points with one decimal, shares in percent,
+# sentences as whole numbers, and "–" where a column does not apply.
+
+# %%
+#| export
+def readable_single_seed(ss):
+    "`single_seed_summary` for reading: comparison, n, mean ± sd of the per-seed Δ and its range in points, % of seeds opposite."
+    pt_ = lambda v: f"{100 * v:+.1f}" if np.isfinite(v) else "–"
+    return pd.DataFrame({"family": ss.family, "dataset": ss.dataset, "comparison": ss.method + " vs " + ss.baseline,
+                         "seeds": ss.n.astype(int), "mean Δ (pt)": ss.mean_delta.map(pt_),
+                         "sd (pt)": [f"{100 * v:.1f}" if np.isfinite(v) else "–" for v in ss.sd_delta],
+                         "range (pt)": [f"{pt_(a)} to {pt_(b)}" for a, b in zip(ss.min_delta, ss.max_delta)],
+                         "seeds opposite the mean": [f"{100 * v:.0f}%" if np.isfinite(v) else "–" for v in ss.frac_opposite_sign]})
+
+def readable_power(pw):
+    "`power_table` for reading: the smallest detectable difference in points and in sentences."
+    return pd.DataFrame({"sentences scored": pw.n_eval.astype(int), "test": pw.test, "assumption": pw.assumption,
+                         "detectable Δ (pt)": [f"{100 * v:.1f}" if np.isfinite(v) else "–" for v in pw.mde],
+                         "in sentences": [f"{v:.0f}" if np.isfinite(v) else "–" for v in pw.mde_sentences]})
+
+# %%
+r_ss = readable_single_seed(single_seed_summary(pd.DataFrame(dict(family="x", profile="", dataset="d", method="m",
+                                                                 baseline="b", seed=range(4), delta=[0.02, 0.01, -0.005, 0.015]))))
+test_eq(r_ss.iloc[0][["mean Δ (pt)", "sd (pt)", "range (pt)", "seeds opposite the mean"]].tolist(),
+        ["+1.0", "1.1", "-0.5 to +2.0", "25%"])                              # the four deltas above: 2, 1, -0.5, 1.5 pt
+r_pw = readable_power(power_table(crisp=crisp))
+test_eq(r_pw.columns.tolist(), ["sentences scored", "test", "assumption", "detectable Δ (pt)", "in sentences"])
+assert not r_pw.isin(["nan"]).any().any()
+
 # %% [markdown]
 # ## For the reader: tables in points and the paper's numbers beside ours
 #

@@ -9,8 +9,8 @@ __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'BASELINE', 'SPARSE_METHODS', '
            'paired_tests', 'crisp_tests', 'seed_deltas', 'single_seed_summary', 'single_pair_exceedance', 'mde_paired',
            'mde_unpaired', 'discordance_from_deltas', 'power_table', 'accuracy_ci', 'select_topk', 'alpha_long',
            'time_ratios', 'layer_sparsity', 'crisp_learning_curve', 'prediction_interval', 'verdict', 'fmt_p',
-           'claims_table', 'ablation_tests', 'ablation_answer', 'readable_ablation', 'readable_tests', 'paper_deltas',
-           'readable_claims', 'analyse']
+           'claims_table', 'ablation_tests', 'ablation_answer', 'readable_ablation', 'readable_single_seed',
+           'readable_power', 'readable_tests', 'paper_deltas', 'readable_claims', 'analyse']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -554,6 +554,22 @@ def readable_ablation(t):
                          "change (pt)": t.gain_change.map(pt_),
                          "95% CI (pt)": [f"{pt_(a)} to {pt_(b)}" for a, b in zip(t.gain_change_ci_low, t.gain_change_ci_high)],
                          "p (change)": t.gain_change_p.map(fmt_p)})
+
+# %% ../nbs/05_stats.ipynb
+def readable_single_seed(ss):
+    "`single_seed_summary` for reading: comparison, n, mean ± sd of the per-seed Δ and its range in points, % of seeds opposite."
+    pt_ = lambda v: f"{100 * v:+.1f}" if np.isfinite(v) else "–"
+    return pd.DataFrame({"family": ss.family, "dataset": ss.dataset, "comparison": ss.method + " vs " + ss.baseline,
+                         "seeds": ss.n.astype(int), "mean Δ (pt)": ss.mean_delta.map(pt_),
+                         "sd (pt)": [f"{100 * v:.1f}" if np.isfinite(v) else "–" for v in ss.sd_delta],
+                         "range (pt)": [f"{pt_(a)} to {pt_(b)}" for a, b in zip(ss.min_delta, ss.max_delta)],
+                         "seeds opposite the mean": [f"{100 * v:.0f}%" if np.isfinite(v) else "–" for v in ss.frac_opposite_sign]})
+
+def readable_power(pw):
+    "`power_table` for reading: the smallest detectable difference in points and in sentences."
+    return pd.DataFrame({"sentences scored": pw.n_eval.astype(int), "test": pw.test, "assumption": pw.assumption,
+                         "detectable Δ (pt)": [f"{100 * v:.1f}" if np.isfinite(v) else "–" for v in pw.mde],
+                         "in sentences": [f"{v:.0f}" if np.isfinite(v) else "–" for v in pw.mde_sentences]})
 
 # %% ../nbs/05_stats.ipynb
 PAPER_SOFTMAX_ACCURACY = {"cifar10": 0.38, "fashion_mnist": 0.78, "twenty_news": 0.30, "kmnist": 0.75}

@@ -279,8 +279,8 @@ if len(sd_):
     sns.pointplot(sd_, y="comparison", x="delta", ax=ax, color="k", errorbar=None, markers="|", linestyle="none")
     ax.axvline(0, color="k", lw=0.8); ax.set_xlabel("Δ accuracy: seeds (dots), mean (bar)"); ax.set_ylabel("")
     save(fig, "seed_deltas")
-if len(ss_): table(ss_)
-table(pw)
+if len(ss_): table(S.readable_single_seed(ss_))
+table(S.readable_power(pw))
 c0 = ci.iloc[0]
 u872 = pw[(pw.n_eval == 872) & pw.test.str.startswith("two")].mde.item()
 m872 = pw[(pw.n_eval == 872) & (pw.assumption == "assumed ψ=0.06")].mde.item()
