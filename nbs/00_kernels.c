@@ -80,7 +80,7 @@ static void sparsemax_bwd_rows(const float* P, const float* G, float* DX, long r
    tau only grows, so a key that falls out of the support stays out: the iterations run over the keys with z > -1 only
    (copied, branch-free, into the scratch row ZB, padded to whole vectors). Each iteration costs an exp and a log
    per key, so this pays here. */
-void entmax_alpha_fwd(const float* X, float* P, const float* A, float* ZB, long rows, long n, long max_iter, float tol) {
+static void entmax_alpha_fwd_rows(const float* X, float* P, const float* A, float* ZB, long rows, long n, long max_iter, float tol) {
     for (long r = 0; r < rows; r++) {
         const float* x = X + r * n; float* p = P + r * n;
         float m = row_max(x, n);
@@ -274,6 +274,61 @@ static void entmax15_fwd_lanes(const float* X, float* P, float* Z, long rows, lo
     }
 }
 
+/* learned-alpha entmax in lanes: the row kernel's Newton steps, 16 rows at a time with one alpha per lane. The two
+   loops with exp/log are separate functions: inlined into the Newton loop, gcc does not vectorise them. */
+__attribute__((noinline)) static void alpha_newton_sums(const float* Z, const float* tau, const float* bm1, float* s1, float* s2, long n) {
+    for (long l = 0; l < LN; l++) { s1[l] = 0; s2[l] = 0; }
+    for (long j = 0; j < n; j++) {
+        #pragma omp simd
+        for (long l = 0; l < LN; l++) {
+            float d = Z[j * LN + l] - tau[l]; int on = d > 0;
+            float dp = on ? exp_f(bm1[l] * log_f(on ? d : 1.0f)) : 0.0f;   /* d^(beta-1) */
+            s1[l] += dp; s2[l] += dp * (on ? d : 0.0f);
+        }
+    }
+}
+
+__attribute__((noinline)) static void alpha_powers(float* Z, const float* tau, const float* beta, long n) {
+    for (long j = 0; j < n; j++) {
+        #pragma omp simd
+        for (long l = 0; l < LN; l++) {
+            float d = Z[j * LN + l] - tau[l]; int on = d > 0;
+            Z[j * LN + l] = on ? exp_f(beta[l] * log_f(on ? d : 1.0f)) : 0.0f;   /* d^beta */
+        }
+    }
+}
+
+/* learned-alpha entmax in lanes: the row kernel's Newton steps, 16 rows at a time with one alpha per lane */
+static void entmax_alpha_fwd_lanes(const float* X, float* P, const float* A, float* Z, long rows, long n, long max_iter, float tol) {
+    for (long r0 = 0; r0 < rows; r0 += LN) {
+        long L = rows - r0 < LN ? rows - r0 : LN;
+        float m[LN], tau[LN], s1[LN], s2[LN], am1[LN], beta[LN], bm1[LN]; int dead[LN], done[LN];
+        load_lanes(X, r0, L, n, Z);
+        center_lanes(Z, n, 1.0f, m, dead);
+        for (long l = 0; l < LN; l++) { am1[l] = A[r0 + (l < L ? l : L - 1)] - 1; beta[l] = 1 / am1[l]; bm1[l] = beta[l] - 1; }
+        for (long j = 0; j < n; j++) {                 /* z = (x - max)(alpha - 1) <= 0, f(-1) >= 0 */
+            #pragma omp simd
+            for (long l = 0; l < LN; l++) Z[j * LN + l] *= am1[l];
+        }
+        int left = 0;
+        for (long l = 0; l < LN; l++) { tau[l] = -1; done[l] = dead[l]; left += !done[l]; }
+        for (long it = 0; it < max_iter && left; it++) {
+            alpha_newton_sums(Z, tau, bm1, s1, s2, n);
+            left = 0;
+            for (long l = 0; l < LN; l++) {
+                if (done[l]) continue;
+                float step = (s2[l] - 1) / (beta[l] * s1[l]);
+                tau[l] += step;
+                if (fabsf(step) <= tol) done[l] = 1; else left++;
+            }
+        }
+        for (long l = 0; l < LN; l++) if (dead[l]) tau[l] = INFINITY;          /* no key of a dead lane is on */
+        alpha_powers(Z, tau, beta, n);
+        normalise_lanes(Z, n, dead);
+        store_lanes(P, r0, L, n, Z);
+    }
+}
+
 /* top-k: per lane, the k-th largest by counting (short rows) or by bisection on order-preserving integer keys
    (32 steps at most, all lanes together) */
 static void topk_softmax_fwd_lanes(const float* X, float* P, float* Z, long rows, long n, double ratio) {
@@ -343,13 +398,16 @@ static void topk_softmax_fwd_lanes(const float* X, float* P, float* Z, long rows
 }
 
 /* ---- Entry points: rows or lanes, whichever measured faster for the row length (sparsemax in lanes loses at long
-   rows; learned-alpha entmax stays in rows: the compiler does not vectorise its exp/log across lanes).
+   rows; learned-alpha entmax in lanes only for short rows).
    W: scratch of 32 * (n + 16) floats. */
 void sparsemax_fwd(const float* X, float* P, float* W, long rows, long n) {
     if (n <= 32) sparsemax_fwd_lanes(X, P, W, rows, n); else sparsemax_fwd_rows(X, P, rows, n);
 }
 void entmax15_fwd(const float* X, float* P, float* W, long rows, long n, long max_iter, float tol) {
     entmax15_fwd_lanes(X, P, W, rows, n, max_iter, tol);
+}
+void entmax_alpha_fwd(const float* X, float* P, const float* A, float* W, long rows, long n, long max_iter, float tol) {
+    if (n <= 32) entmax_alpha_fwd_lanes(X, P, A, W, rows, n, max_iter, tol); else entmax_alpha_fwd_rows(X, P, A, W, rows, n, max_iter, tol);
 }
 void topk_softmax_fwd(const float* X, float* P, float* W, long rows, long n, double ratio) {
     topk_softmax_fwd_lanes(X, P, W, rows, n, ratio);

@@ -16,8 +16,9 @@
 #
 # * **Short rows** (≤ 32 keys — the 17 of the image datasets) are transposed and processed 16 at a time, one row per
 #   vector lane: a row of 17 would otherwise be one vector plus one leftover element, with a horizontal sum at every
-#   step. Learned-α entmax stays row by row (gcc does not vectorise its exp/log across lanes); instead its iterations
-#   skip the keys that can no longer be in the support.
+#   step. Learned-α entmax does the same for short rows (its exp/log loops sit in their own functions: inlined into
+#   the Newton loop, gcc would not vectorise them); on long rows its iterations skip the keys that can no longer be in
+#   the support. Lanes and rows sum in a different order, so the two agree to a few float32 ulps, not bit for bit.
 # * **Top-k** needs the k-th largest score of each row: by counting on short rows, by bisection on the scores' bits
 #   mapped to order-preserving integers on long ones. No sort.
 # * They handle **float32**, the training dtype (half precision is upcast to it by the normalizers). float64 and
