@@ -298,7 +298,6 @@ __attribute__((noinline)) static void alpha_powers(float* Z, const float* tau, c
     }
 }
 
-/* learned-alpha entmax in lanes: the row kernel's Newton steps, 16 rows at a time with one alpha per lane */
 static void entmax_alpha_fwd_lanes(const float* X, float* P, const float* A, float* Z, long rows, long n, long max_iter, float tol) {
     for (long r0 = 0; r0 < rows; r0 += LN) {
         long L = rows - r0 < LN ? rows - r0 : LN;

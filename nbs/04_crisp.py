@@ -47,7 +47,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from sparse_attention_repro.normalizers import get_normalizer, topk_name, attention_density, keep_count
 from pathlib import Path
-from sparse_attention_repro.data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data, resolve_device, autocast
+from sparse_attention_repro.data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data, resolve_device, autocast, PRECISIONS
 
 
 # %% [markdown]
@@ -711,7 +711,7 @@ test_ne(batch_order(lens, 32, torch.Generator().manual_seed(1))[0], bs[0])
 def finetune(model, id_lists, labels, cfg: FinetuneConfig, seed=0, pad_id=0):
     "Fine-tune `model` on tokenised sentences; returns dict(status, train_seconds, losses, steps)."
     from tqdm.auto import tqdm
-    if cfg.precision not in ("fp32", "bf16"): raise ValueError(f"precision must be fp32 or bf16, got {cfg.precision!r}")
+    if cfg.precision not in PRECISIONS: raise ValueError(f"precision must be fp32 or bf16, got {cfg.precision!r}")
     device = resolve_device(cfg.device)
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)

@@ -145,9 +145,8 @@ def bench_grid(datasets=("fashion_mnist", "twenty_news"), epochs=1, repeats=1, m
     med = runs.groupby(["dataset", "path", "method"]).median(numeric_only=True).reset_index()
     wall = med.groupby(["dataset", "path"]).wall_seconds.first().unstack()
     summary = pd.DataFrame({f"seconds_{p.replace('+', '_')}": wall[p] for p in PATHS})
-    summary["speedup_vs_original"] = summary.seconds_original / summary.seconds_kernels_lockstep
-    summary["speedup_vs_original_philox"] = summary.seconds_original / summary.seconds_kernels_lockstep_philox
-    summary["speedup_vs_original_philox_bf16"] = summary.seconds_original / summary.seconds_kernels_lockstep_philox_bf16
+    for p in [p for p in PATHS if p.startswith("kernels+lockstep")]:            # the grid's paths against the original
+        summary["speedup_vs_original" + p[len("kernels+lockstep"):].replace("+", "_")] = summary.seconds_original / wall[p]
     return med, summary
 
 def method_ratios(med) -> pd.DataFrame:

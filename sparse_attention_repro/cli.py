@@ -147,12 +147,12 @@ def grid_tasks(args):
         except ValueError as e: raise UsageError(str(e)) from None
     seeds = _seeds(args.seeds) if args.seeds else list(PROFILES[args.profile]["seeds"])
     if args.val_fraction < 0 or args.val_fraction >= 1: raise UsageError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
-    from sparse_attention_repro.data import resolve_device
+    from sparse_attention_repro.data import resolve_device, PRECISIONS
     try: resolve_device(args.device)
     except ValueError as e: raise UsageError(str(e)) from None
     from sparse_attention_repro.model import DROPOUT_RNGS
     if args.dropout_rng not in DROPOUT_RNGS: raise UsageError(f"unknown --dropout-rng {args.dropout_rng!r}; choose one of {', '.join(DROPOUT_RNGS)}")
-    if args.precision not in ("fp32", "bf16"): raise UsageError(f"--precision must be fp32 or bf16, got {args.precision!r}")
+    if args.precision not in PRECISIONS: raise UsageError(f"--precision must be fp32 or bf16, got {args.precision!r}")
     options = dict(profile=args.profile, val_fraction=args.val_fraction, mask_padding=args.mask_padding,
                    patch_size=args.patch_size, marker_vocab=args.marker_vocab, learned_pad_row=args.learned_pad_row,
                    dropout_rng=args.dropout_rng, precision=args.precision)
@@ -194,14 +194,14 @@ def crisp_tasks(args):
     "Validate the Crisp arguments and return (tasks, options)."
     _check_executor(args)
     from sparse_attention_repro.crisp import CRISP_CONFIGS, CRISP_PROFILES, sst2_path
-    from sparse_attention_repro.data import DataUnavailableError
+    from sparse_attention_repro.data import DataUnavailableError, PRECISIONS
     if args.profile not in CRISP_PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(CRISP_PROFILES)}")
     configs = _split(args.configs) if args.configs else list(CRISP_CONFIGS)
     for c in configs:
         if c not in CRISP_CONFIGS: raise UsageError(f"unknown Crisp config {c!r}; choose from {', '.join(CRISP_CONFIGS)}")
     if args.scope not in ("row", "head"): raise UsageError(f"--scope must be row or head, got {args.scope!r}")
     seeds = _seeds(args.seeds) if args.seeds else list(CRISP_PROFILES[args.profile]["seeds"])
-    if args.precision not in ("fp32", "bf16"): raise UsageError(f"--precision must be fp32 or bf16, got {args.precision!r}")
+    if args.precision not in PRECISIONS: raise UsageError(f"--precision must be fp32 or bf16, got {args.precision!r}")
     if args.train_n < 0: raise UsageError(f"--train-n must be >= 0, got {args.train_n}")
     options = dict(profile=args.profile, model=args.model or "", scope=args.scope, precision=args.precision, train_n=args.train_n)
     for split in ("train", "validation", "test"):  # SST-2 present (or downloaded now), before any notebook starts

@@ -25,7 +25,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .normalizers import get_normalizer, topk_name, attention_density, keep_count
 from pathlib import Path
-from .data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data, resolve_device, autocast
+from .data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data, resolve_device, autocast, PRECISIONS
 
 # %% ../nbs/04_crisp.ipynb
 def crisp_key_mask(attention_mask):
@@ -313,7 +313,7 @@ def _param_groups(model, weight_decay):
 def finetune(model, id_lists, labels, cfg: FinetuneConfig, seed=0, pad_id=0):
     "Fine-tune `model` on tokenised sentences; returns dict(status, train_seconds, losses, steps)."
     from tqdm.auto import tqdm
-    if cfg.precision not in ("fp32", "bf16"): raise ValueError(f"precision must be fp32 or bf16, got {cfg.precision!r}")
+    if cfg.precision not in PRECISIONS: raise ValueError(f"precision must be fp32 or bf16, got {cfg.precision!r}")
     device = resolve_device(cfg.device)
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)

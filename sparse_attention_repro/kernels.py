@@ -97,17 +97,20 @@ def _run(name, row_tensors, rows, n, *scalars, per_row=(), scratch=False):
     "Call kernel `name` on `row_tensors` (`[rows, n]`) and `per_row` tensors (`[rows]`, None allowed), chunked over threads."
     fn = getattr(kernels(), name)
     _state["calls"] += 1
-    threads = torch.get_num_threads() if rows * n >= 1 << 16 else 1
-    bounds = [rows * i // threads for i in range(threads + 1)]
     def call(lo, hi):
-        if hi <= lo: return
         ptrs = [t.data_ptr() + lo * n * 4 for t in row_tensors]
         ptrs += [None if t is None else t.data_ptr() + lo * 4 for t in per_row]
         buf = torch.empty(32 * (n + 16), dtype=torch.float32) if scratch else None   # scratch: a row, or a 16-row block
         fn(*ptrs, *([buf.data_ptr()] if scratch else []), hi - lo, n, *scalars)
-    if threads == 1: call(0, rows); return
+    _chunked(call, rows, rows * n)
+
+def _chunked(call, items, work):
+    "`call(lo, hi)` over [0, items): one chunk per torch thread when `work` (elements) is large enough, else one call."
+    threads = torch.get_num_threads() if work >= 1 << 16 else 1
+    if threads == 1: call(0, items); return
+    bounds = [items * i // threads for i in range(threads + 1)]
     if threads not in _pool: _pool[threads] = ThreadPoolExecutor(threads)
-    list(_pool[threads].map(lambda i: call(bounds[i], bounds[i + 1]), range(threads)))
+    list(_pool[threads].map(lambda i: bounds[i + 1] > bounds[i] and call(bounds[i], bounds[i + 1]), range(threads)))
 
 # %% ../nbs/00_kernels.ipynb
 _TOL = 4 * torch.finfo(torch.float32).eps       # Newton stops at a few ulps, as the torch path does
@@ -161,14 +164,6 @@ def philox_bits(n, key, first=0):
 def philox_dropout(shape, key, keep_below, scale):
     "A float32 dropout mask of `shape` from the Philox stream of `key`: `scale` where the draw < `keep_below`, else 0."
     out = torch.empty(shape, dtype=torch.float32)
-    n, fn, k = out.numel(), kernels().philox_dropout, _key_words(key)
-    threads = torch.get_num_threads() if n >= 1 << 16 else 1
-    bounds = [n * i // threads for i in range(threads + 1)]
-    def call(i):
-        lo, hi = bounds[i], bounds[i + 1]
-        if hi > lo: fn(out.data_ptr() + 4 * lo, lo, hi - lo, *k, int(keep_below), float(scale))
-    if threads == 1: call(0)
-    else:
-        if threads not in _pool: _pool[threads] = ThreadPoolExecutor(threads)
-        list(_pool[threads].map(call, range(threads)))
+    fn, k = kernels().philox_dropout, _key_words(key)
+    _chunked(lambda lo, hi: fn(out.data_ptr() + 4 * lo, lo, hi - lo, *k, int(keep_below), float(scale)), out.numel(), out.numel())
     return out
