@@ -615,31 +615,35 @@ class Normalizer(nn.Module):
 
 class HeadwiseAdaptiveEntmax(nn.Module):
     "alpha-entmax with one learned alpha per head: alpha = 1.05 + 0.90 * sigmoid(a), a initialised at 0."
-    def __init__(self, num_heads, n_iter=30, bisect=False):
+    def __init__(self, num_heads, n_iter=30, bisect=False, num_models=None):
         super().__init__()
-        self.alpha_logit = nn.Parameter(torch.zeros(num_heads))
+        self.alpha_logit = nn.Parameter(torch.zeros(num_heads if num_models is None else (num_models, num_heads)))
         self.n_iter, self.bisect = n_iter, bisect
         self.name = "headwise_adaptive_entmax" + ("_bisect" if bisect else "")
     @property
     def alpha(self):
-        "Current alpha of each head, shape `[H]`."
+        "Current alpha of each head, shape `[H]` (`[M, H]` for a stack of M models)."
         return 1.05 + 0.90 * torch.sigmoid(self.alpha_logit)
     def forward(self, scores, key_mask=None):
-        if self.bisect: return entmax_bisect(scores, self.alpha.view(-1, 1, 1), key_mask)   # the original's gradient
-        return entmax_alpha(scores, self.alpha.view(-1, 1, 1), key_mask, self.n_iter)      # alpha (H, 1, 1)
+        "scores `[B, H, T, T]`, or `[M, B, H, T, T]` for a stack of M models."
+        a = self.alpha
+        a = a.view(-1, 1, 1) if a.dim() == 1 else a.view(a.shape[0], 1, -1, 1, 1)          # (H, 1, 1) / (M, 1, H, 1, 1)
+        if self.bisect: return entmax_bisect(scores, a, key_mask)                         # the original's gradient
+        return entmax_alpha(scores, a, key_mask, self.n_iter)
 
-def get_normalizer(name: str, num_heads: int = 1, **options) -> nn.Module:
-    "The attention normalizer called `name`; options: `scope` for top-k, `n_iter` for the adaptive entmax."
+def get_normalizer(name: str, num_heads: int = 1, num_models: int | None = None, **options) -> nn.Module:
+    """The attention normalizer called `name`; options: `scope` for top-k, `n_iter` for the adaptive entmax.
+    `num_models` gives a learned normalizer one set of parameters per model of a stack (`model.StackedClassifiers`)."""
     fixed = {"softmax": softmax, "sparsemax": sparsemax, "entmax15": entmax15}
     if name in fixed or name == "entmax15_bisect":
         if options: raise ValueError(f"{name} takes no options, got {sorted(options)}")
         return Normalizer(name, fixed[name]) if name in fixed else Normalizer(name, entmax_bisect, alpha=1.5)
     if name == "headwise_adaptive_entmax_bisect":
         if options: raise ValueError(f"{name} takes no options, got {sorted(options)}")
-        return HeadwiseAdaptiveEntmax(num_heads, bisect=True)
+        return HeadwiseAdaptiveEntmax(num_heads, bisect=True, num_models=num_models)
     if name == "headwise_adaptive_entmax":
         if set(options) - {"n_iter"}: raise ValueError(f"{name} takes only n_iter, got {sorted(options)}")
-        return HeadwiseAdaptiveEntmax(num_heads, **options)
+        return HeadwiseAdaptiveEntmax(num_heads, num_models=num_models, **options)
     ratio = parse_topk_ratio(name) if name.startswith("topk_softmax_") else None
     if ratio is None:
         raise ValueError(f"unknown normalizer {name!r}; choose one of {', '.join(NORMALIZERS + ORIGINAL_GRADIENT_VARIANTS)} or topk_softmax_<ratio digits>")
@@ -659,6 +663,14 @@ test_eq((hb.name, sum(p.numel() for p in hb.parameters())), ("headwise_adaptive_
 test_close(hb(x.detach()), entmax_bisect(x.detach(), hb.alpha.detach().double().view(-1, 1, 1)))
 test_close(get_normalizer("entmax15_bisect")(x.detach()), entmax_bisect(x.detach(), 1.5))
 test_fail(lambda: get_normalizer("sparsemax", scope="head"), contains="takes no options")
+stacked = get_normalizer("headwise_adaptive_entmax", num_heads=4, num_models=3)           # one alpha per head and model
+test_eq(stacked.alpha_logit.shape, (3, 4))
+with torch.no_grad(): stacked.alpha_logit.copy_(torch.randn(3, 4))
+s5 = torch.randn(3, 2, 4, 6, 6)
+for i in range(3):                                # model i of the stack is the one-model module with model i's alpha
+    single = get_normalizer("headwise_adaptive_entmax", num_heads=4)
+    with torch.no_grad(): single.alpha_logit.copy_(stacked.alpha_logit[i])
+    test_close(stacked(s5)[i], single(s5[i]), eps=1e-6)
 test_fail(lambda: get_normalizer("topk_softmax_025", scope="matrix")(x), contains="scope must be")
 
 # %% [markdown]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import numpy as np
 import torch.nn as nn
+import torch.nn.functional as F
 from sparse_attention_repro import kernels as K
 from sparse_attention_repro.normalizers import get_normalizer, attention_density
 
@@ -122,8 +123,7 @@ class MaskDropout(nn.Module):
         if not self.training or self.p == 0: return x
         if self.tape is not None and self.tape.replaying: return x * self.tape.next(x.shape)
         t0 = time.perf_counter()
-        if self.rng == "torch": noise = torch.empty_like(x).bernoulli_(1 - self.p).div_(1 - self.p)
-        else: noise = philox_mask(x.shape, self.p, torch.randint(-2**63, 2**63 - 1, (2,)).tolist()).to(x.device)
+        noise = draw_mask(x.shape, self.p, self.rng, x.device)
         if self.tape is not None:
             self.tape.masks.append(noise); self.tape.seconds += time.perf_counter() - t0
         return x * noise
@@ -142,6 +142,12 @@ class MaskDropout(nn.Module):
 # %%
 #| export
 DROPOUT_RNGS = ("torch", "philox")
+
+def draw_mask(shape, p: float, rng: str, device, generator=None, device_generator=None) -> torch.Tensor:
+    """A dropout mask (values 0 and 1/(1-p)) as `MaskDropout` draws it: from `generator` (CPU: Philox keys) and
+    `device_generator` (`bernoulli_` on `device`), torch's global generators where None."""
+    if rng == "torch": return torch.empty(shape, device=device).bernoulli_(1 - p, generator=device_generator).div_(1 - p)
+    return philox_mask(shape, p, torch.randint(-2**63, 2**63 - 1, (2,), generator=generator).tolist()).to(device)
 
 def philox_mask(shape, p: float, key) -> torch.Tensor:
     "Dropout mask of `shape` (values 0 and 1/(1-p)) from the Philox stream of `key` (two 64-bit ints), on the CPU."
@@ -330,3 +336,192 @@ with torch.no_grad(): frozen(ids_pad); learned(ids_pad)
 d_frozen, d_learned = float(torch.stack(frozen.densities()).mean()), float(torch.stack(learned.densities()).mean())
 print(f"sparsemax density at initialisation, 56 of 96 tokens padding: frozen pad row {d_frozen:.3f}, learned {d_learned:.3f}")
 assert abs(d_frozen - d_learned) > 0.02
+
+
+# %% [markdown]
+# ## Many models as one: the stack
+#
+# On a GPU these models are far too small to keep the device busy: one training step of one model launches a few hundred
+# tiny kernels, so a grid of sequential runs is bound by launch latency, not arithmetic. `StackedClassifiers` trains a
+# whole *methods × seeds* grid of one dataset as one module: every parameter gains a leading model axis (ordered method by
+# method, seeds within), a linear layer becomes one batched matmul over all models, and the normalizer of each method
+# runs once on its seeds' slice of the scores. The seeds' batches come in stacked (`[S, B, ...]`); each method reads them
+# through a broadcast, and each seed draws its dropout masks from its own generator, exactly the draws its plain run makes
+# — so the methods of a seed share their masks as in lock-step.
+#
+# On the CPU the stack is **the plain path bit for bit** (tested below and in `train`): where a batched kernel would
+# round differently from `nn.Linear` or `nn.LayerNorm` — a weight gradient of the head, the layer norms' affine
+# gradients — it computes model by model. On this 2-core CPU the stack is no faster than lock-step (break-even at 2 seeds
+# of 7 methods on Fashion-MNIST, 0.75× at 5): the larger working sets spill out of cache. It is the path for GPUs.
+
+# %%
+#| export
+class StackedLinear(torch.autograd.Function):
+    "y[i] = x[i] @ w[i].T + b[i] for every model i, with gradients computed as `nn.Linear` computes them."
+    @staticmethod
+    def forward(ctx, x, w, b):
+        ctx.dtypes = (x.dtype, w.dtype, b.dtype)
+        if torch.is_autocast_enabled(x.device.type):                  # bf16 autocast: cast as autocast casts a Linear
+            dt = torch.get_autocast_dtype(x.device.type)
+            x, w, b = x.to(dt), w.to(dt), b.to(dt)
+        ctx.save_for_backward(x, w)
+        with torch.autocast(x.device.type, enabled=False): return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        g = g.to(x.dtype)
+        dw = torch.stack([gi.t() @ xi for gi, xi in zip(g, x)])        # batched, this GEMM rounds unlike nn.Linear's
+        return tuple(t.to(dt) for t, dt in zip((torch.bmm(g, w), dw, g.sum(1)), ctx.dtypes))
+
+class StackedClassifiers(nn.Module):
+    "Models of a methods x seeds grid (built as `CompactClassifier`s, ordered method by method) as one module."
+    def __init__(self, models, num_seeds: int):
+        super().__init__()
+        cfg, n = models[0].cfg, len(models)
+        if n % num_seeds: raise ValueError(f"{n} models do not form a grid with {num_seeds} seeds")
+        self.cfg, self.num_seeds, self.num_methods = cfg, num_seeds, n // num_seeds
+        self.methods = [models[i].cfg.normalizer for i in range(0, n, num_seeds)]
+        if any(m.cfg.normalizer != self.methods[i // num_seeds] for i, m in enumerate(models)):
+            raise ValueError("order the models method by method, the seeds within each method")
+        self.names = [k for k, _ in models[0].named_parameters() if ".normalizer." not in k]
+        self.order = [[k for k, _ in models[g * num_seeds].named_parameters()] for g in range(self.num_methods)]
+        self.params = nn.ParameterDict({k.replace(".", "__"): nn.Parameter(torch.stack([m.get_parameter(k).detach() for m in models]))
+                                        for k in self.names})
+        self.normalizers = nn.ModuleList()                          # [method][layer], learned ones with one entry per seed
+        for g, name in enumerate(self.methods):
+            layers = nn.ModuleList(get_normalizer(name, num_heads=cfg.num_heads, num_models=num_seeds).to(self.p("pos").device)
+                                   for _ in range(cfg.num_layers))
+            with torch.no_grad():
+                for l, norm in enumerate(layers):
+                    for k, q in norm.named_parameters():
+                        q.copy_(torch.stack([models[g * num_seeds + s].blocks[l].attn.normalizer.get_parameter(k) for s in range(num_seeds)]))
+            self.normalizers.append(layers)
+        self.generators = None          # per seed: (CPU generator, device generator) for the dropout masks
+
+    def p(self, name): return self.params[name.replace(".", "__")]
+    def _norm_param(self, g, name):
+        return self.normalizers[g][int(name.split(".")[1])].get_parameter(name.split(".normalizer.")[1])
+
+    def linear(self, x, name):
+        "Each model's own `nn.Linear` called `name`: `[N, ..., in]` -> `[N, ..., out]`."
+        w, b = self.p(name + ".weight"), self.p(name + ".bias")
+        return StackedLinear.apply(x.reshape(x.shape[0], -1, x.shape[-1]), w, b).view(*x.shape[:-1], w.shape[1])
+
+    def layer_norm(self, x, name):
+        "Each model's own `nn.LayerNorm` (one call per model: a shared call would sum the affine gradients differently)."
+        w, b = self.p(name + ".weight"), self.p(name + ".bias")
+        return torch.stack([F.layer_norm(x[i], x.shape[-1:], w[i], b[i]) for i in range(x.shape[0])])
+
+    def dropout(self, x):
+        "Each seed's next mask, the draw its plain run makes, shared by the seed's methods."
+        if not self.training or self.cfg.dropout == 0: return x
+        if self.generators is None: raise RuntimeError("set `generators` (one pair per seed) before training the stack")
+        mask = torch.stack([draw_mask(x.shape[1:], self.cfg.dropout, self.cfg.dropout_rng, x.device, *g) for g in self.generators])
+        return (x.view(self.num_methods, self.num_seeds, *x.shape[1:]) * mask).view(x.shape)
+
+    def attention(self, x, layer, key_mask):
+        N, B, T, C = x.shape
+        H, S = self.cfg.num_heads, self.num_seeds
+        q, k, v = self.linear(x, f"blocks.{layer}.attn.qkv").view(N, B, T, 3, H, C // H).permute(3, 0, 1, 4, 2, 5)  # 3 x [N, B, H, T, D]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(C // H)                                                        # [N, B, H, T, T]
+        mask = None if key_mask is None else key_mask[:, :, None, None, :]                                          # [S, B, 1, 1, T]
+        outs = [norms[layer](scores[g * S:(g + 1) * S], mask) @ v[g * S:(g + 1) * S] for g, norms in enumerate(self.normalizers)]
+        return self.linear((torch.cat(outs) if len(outs) > 1 else outs[0]).transpose(2, 3).reshape(N, B, T, C), f"blocks.{layer}.attn.out")
+
+    def forward(self, x, key_mask=None):
+        "Each seed's batch `x` `[S, B, ...]` (and `key_mask` `[S, B, T]`) -> every model's logits `[N, B, classes]`."
+        cfg, M, S = self.cfg, self.num_methods, self.num_seeds
+        N, per_model = M * S, lambda t: t.expand(M, *t.shape).reshape(M * S, *t.shape[1:])
+        if cfg.input_dim: h = self.linear(per_model(x), "embed")
+        else:
+            rows = x[None] + (torch.arange(N, device=x.device) * cfg.vocab_size).view(M, S, 1, 1)      # model i's table
+            h = F.embedding(rows.view(N, *x.shape[1:]), self.p("embed.weight").view(N * cfg.vocab_size, -1))
+            if not cfg.learned_pad_row: h = h * per_model(x != 0).unsqueeze(-1)       # padding_idx=0: no gradient to row 0
+        B = h.shape[1]
+        h = torch.cat([self.p("cls").expand(N, B, 1, -1), h], 2) + self.p("pos")
+        if key_mask is not None: key_mask = torch.cat([key_mask.new_ones(S, B, 1), key_mask.bool()], 2)
+        for l in range(cfg.num_layers):
+            h = self.layer_norm(h + self.dropout(self.attention(h, l, key_mask)), f"blocks.{l}.ln1")
+            z = self.linear(self.dropout(F.gelu(self.linear(h, f"blocks.{l}.mlp.0"))), f"blocks.{l}.mlp.3")
+            h = self.layer_norm(h + self.dropout(z), f"blocks.{l}.ln2")
+        return self.linear(h[:, :, 0], "head")
+
+    @torch.no_grad()
+    def clip_grad_norms_(self, max_norm: float):
+        "`clip_grad_norm_` of every model: the norm over its own gradients, taken in its plain order; its own coefficient."
+        S, totals = self.num_seeds, []
+        norms = {k: torch.linalg.vector_norm(self.p(k).grad.flatten(1), 2, dim=1) for k in self.names}
+        for g in range(self.num_methods):
+            grads = [self._norm_param(g, k).grad if ".normalizer." in k else self.p(k).grad[g * S:(g + 1) * S] for k in self.order[g]]
+            per = [torch.linalg.vector_norm(gr.flatten(1), 2, dim=1) if ".normalizer." in k else norms[k][g * S:(g + 1) * S]
+                   for k, gr in zip(self.order[g], grads)]
+            total = torch.linalg.vector_norm(torch.stack(per, 1), 2, dim=1)                                  # [S]
+            coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+            for gr in grads: gr.mul_(coef.view(-1, *(1,) * (gr.dim() - 1)))
+            totals.append(total)
+        return torch.cat(totals)
+
+    def model_alphas(self, i):
+        "Per-layer, per-head alpha of model i when it has a learned normalizer, else None."
+        g, s = divmod(i, self.num_seeds)
+        norms = self.normalizers[g]
+        return [n.alpha[s].detach() for n in norms] if hasattr(norms[0], "alpha") else None
+
+    @torch.no_grad()
+    def write_back(self, models):
+        "Copy each model's slice of the stack into its `CompactClassifier` (to evaluate, save or inspect it)."
+        S = self.num_seeds
+        for i, m in enumerate(models):
+            for k in self.order[i // S]:
+                src = self._norm_param(i // S, k)[i % S] if ".normalizer." in k else self.p(k)[i]
+                m.get_parameter(k).copy_(src)
+
+
+# %% [markdown]
+# The stack computes what its models compute: logits bit for bit, the gradient of every parameter bit for bit (dropout
+# on, one mask stream per seed), and the adaptive entmax keeps one $\alpha$ per head *and model*. Training equivalence
+# over many steps is tested in `train`.
+
+# %%
+def _grid_models(num_seeds, methods, **kw):
+    out = []
+    for m in methods:
+        for s in range(num_seeds):
+            torch.manual_seed(s); out.append(CompactClassifier(ClassifierConfig(num_classes=5, normalizer=m, **kw)))
+    return out
+
+def _streams(num_seeds, models):
+    "Each seed's generator as its plain run finds it: seeded, then advanced by building the model."
+    gens = []
+    for s in range(num_seeds):
+        torch.manual_seed(s); CompactClassifier(models[0].cfg); g = torch.Generator(); g.set_state(torch.get_rng_state())
+        gens.append((g, g))
+    return gens
+
+for kw, x, km in [(dict(seq_len=16, input_dim=49), torch.rand(2, 12, 16, 49), None),
+                  (dict(seq_len=20, vocab_size=50), torch.randint(0, 50, (2, 12, 20)), torch.rand(2, 12, 20) > 0.3)]:
+    methods = ["softmax", "headwise_adaptive_entmax", "topk_softmax_025"]
+    models = _grid_models(2, methods, **kw)
+    with torch.no_grad():
+        for mod in models[2:4]:
+            for b in mod.blocks: b.attn.normalizer.alpha_logit.normal_()       # distinct alphas per seed
+    stack = StackedClassifiers(models, 2).train()
+    stack.generators = _streams(2, models)
+    y = torch.randint(0, 5, (2, 12))
+    logits = stack(x, km)
+    sum(F.cross_entropy(logits[i], y[i % 2]) for i in range(6)).backward()
+    for i, mod in enumerate(models):
+        torch.manual_seed(i % 2); CompactClassifier(mod.cfg)                     # the plain run's generator state
+        mod.train(); F.cross_entropy(out := mod(x[i % 2], None if km is None else km[i % 2]), y[i % 2]).backward()
+        assert torch.equal(out, logits[i])
+    grad_of = lambda i, k: stack._norm_param(i // 2, k).grad[i % 2] if ".normalizer." in k else stack.p(k).grad[i]
+    for i, mod in enumerate(models): assert all(torch.equal(grad_of(i, k), q.grad) for k, q in mod.named_parameters()), i
+    totals = stack.clip_grad_norms_(0.05)                                         # small enough to clip every model
+    for i, mod in enumerate(models):
+        test_eq(totals[i], torch.nn.utils.clip_grad_norm_(mod.parameters(), 0.05))
+        assert all(torch.equal(grad_of(i, k), q.grad) for k, q in mod.named_parameters()), i
+    test_eq(stack.normalizers[1][0].alpha_logit.shape, (2, 4))
+    test_eq(stack.model_alphas(3), [b.attn.normalizer.alpha.detach() for b in models[3].blocks])
+    test_eq(stack.model_alphas(0), None)
+test_fail(lambda: StackedClassifiers(models[:5], 2), contains="do not form a grid")
+test_fail(lambda: StackedClassifiers([models[0], models[2], models[1], models[3]], 2), contains="method by method")

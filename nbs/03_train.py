@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from sklearn.metrics import f1_score
 from tqdm.auto import tqdm
 from sparse_attention_repro.data import load_dataset, resolve_device, autocast, PAPER_SIZES, MAIN_FAMILY
-from sparse_attention_repro.model import CompactClassifier, ClassifierConfig, MaskTape, count_parameters
+from sparse_attention_repro.model import CompactClassifier, ClassifierConfig, MaskTape, StackedClassifiers, count_parameters
 from sparse_attention_repro.normalizers import get_normalizer
 from sparse_attention_repro.runner import save_rows
 
@@ -130,8 +130,8 @@ def evaluate(model, split, batch_size=500, precision="fp32"):
 
 # %%
 #| export
-def _alpha_snapshot(model, epoch):
-    a = model.alphas()
+def _alpha_snapshot(a, epoch):
+    "The per-head alphas `a` (per layer) of one model after `epoch`, as logged; None for a model without them."
     return None if a is None else {"epoch": epoch, "alpha": [[round(float(v), 5) for v in layer] for layer in a]}
 
 @dataclass
@@ -149,7 +149,7 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="") -> list:
     n, bs = len(train.y), cfg.batch_size
     steps = cfg.epochs * -(-n // bs)
     device = train.y.device
-    results = [TrainResult("ok", [s for s in [_alpha_snapshot(m, 0)] if s], 0.0,
+    results = [TrainResult("ok", [s for s in [_alpha_snapshot(m.alphas(), 0)] if s], 0.0,
                            torch.full((steps,), float("nan"), device=device)) for m in models]
     active, step = list(range(len(models))), 0
     bar = tqdm(total=steps, desc=desc, disable=not cfg.progress, mininterval=2, leave=False)
@@ -179,7 +179,7 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="") -> list:
             for j in list(active):
                 if not torch.isfinite(results[j].losses[step - (-(-n // bs)):step].sum()):
                     results[j].status = "failed_nonfinite_loss"; active.remove(j)
-                elif (s := _alpha_snapshot(models[j], epoch)): results[j].alpha_history.append(s)
+                elif (s := _alpha_snapshot(models[j].alphas(), epoch)): results[j].alpha_history.append(s)
             if not active: break
     finally:
         for m in models: m.set_mask_tape(None)
@@ -189,6 +189,71 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="") -> list:
 def train_model(model, train, cfg: TrainConfig, seed: int, desc="") -> TrainResult:
     "Train one `model` in place on `train` (the plain path)."
     return train_lockstep([model], train, cfg, seed, desc)[0]
+
+
+# %% [markdown]
+# ## Training a methods × seeds grid as one stacked model
+#
+# `train_stacked` trains `models` — every method of `methods` for every seed, ordered method by method — as one
+# `model.StackedClassifiers`: each step takes one batch per seed from that seed's own order and data subset, stacks
+# them, and runs one forward, backward, per-model clipping and one AdamW step for all models at once (AdamW is
+# elementwise, so one optimizer over the stacked parameters is each model's own). Each seed's dropout masks come from a
+# generator in the state the seed's plain run would find it (`dropout_generators`), so on the CPU every model is its
+# plain run **bit for bit** (tested below). Each model's `seconds` is an equal share of the stack's wall time.
+# A model whose loss turns non-finite is marked failed after its epoch; it stays in the stack (its slices cannot
+# disturb the others) but is not evaluated.
+
+# %%
+#| export
+def dropout_generators(seed: int, device) -> tuple:
+    "The (CPU, device) generators a run of `seed` draws its dropout masks from; call right after building its model."
+    cpu = torch.Generator(); cpu.set_state(torch.get_rng_state())          # seeded, then advanced by the initial weights
+    device = torch.device(device)
+    return cpu, (cpu if device.type == "cpu" else torch.Generator(device).manual_seed(seed))
+
+def train_stacked(models, trains, cfg: TrainConfig, seeds, generators, desc="") -> list:
+    "Train a methods x seeds grid of `models` in place as one stack (`trains`, `generators`: one per seed); one `TrainResult` per model."
+    S, N = len(seeds), len(models)
+    stack = StackedClassifiers(models, S)
+    stack.generators = generators
+    opt = torch.optim.AdamW(stack.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    orders_of = [torch.Generator().manual_seed(s) for s in seeds]
+    n, bs, device = len(trains[0].y), cfg.batch_size, trains[0].y.device
+    if any(len(t.y) != n for t in trains): raise ValueError("every seed's train subset must have the same size to stack them")
+    per_epoch = -(-n // bs); steps = cfg.epochs * per_epoch
+    results = [TrainResult("ok", [s for s in [_alpha_snapshot(m.alphas(), 0)] if s], 0.0,
+                           torch.full((steps,), float("nan"), device=device)) for m in models]
+    losses, step, ends = torch.full((steps, N), float("nan"), device=device), 0, [steps] * N
+    bar = tqdm(total=steps, desc=desc, disable=not cfg.progress, mininterval=2, leave=False)
+    t0 = time.perf_counter()
+    try:
+        for epoch in range(1, cfg.epochs + 1):
+            stack.train()
+            orders = [torch.randperm(n, generator=g).to(device) for g in orders_of]
+            for i in range(0, n, bs):
+                idx = [o[i:i + bs] for o in orders]
+                xb, yb = torch.stack([t.x[j] for t, j in zip(trains, idx)]), torch.stack([t.y[j] for t, j in zip(trains, idx)])
+                mb = None if trains[0].key_mask is None else torch.stack([t.key_mask[j] for t, j in zip(trains, idx)])
+                with autocast(device, cfg.precision): logits = stack(xb, mb).float()
+                loss = torch.stack([F.cross_entropy(logits[k], yb[k % S]) for k in range(N)])   # each model's own mean
+                opt.zero_grad(set_to_none=True)
+                loss.sum().backward()
+                stack.clip_grad_norms_(cfg.grad_clip)
+                opt.step()
+                losses[step] = loss.detach(); step += 1; bar.update()
+            for k, r in enumerate(results):
+                if r.status != "ok": continue
+                if not torch.isfinite(losses[step - per_epoch:step, k].sum()): r.status, ends[k] = "failed_nonfinite_loss", step
+                elif (a := _alpha_snapshot(stack.model_alphas(k), epoch)): r.alpha_history.append(a)
+            if all(r.status != "ok" for r in results): break
+        if device.type == "cuda": torch.cuda.synchronize()
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - t0
+    stack.write_back(models)
+    for k, r in enumerate(results):
+        end = min(step, ends[k]); r.losses[:end], r.seconds = losses[:end, k], seconds / N     # a failed model's steps end with its epoch
+    return results
 
 
 # %% [markdown]
@@ -245,33 +310,55 @@ def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None
     results = train_lockstep(models, data.train.to(device), config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0] if len(methods) == 1 else f"{len(methods)} methods"))
     return [_row(dataset, m, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
 
+def run_stacked(dataset: str, methods, seeds, config: TrainConfig, datas=None) -> list:
+    "Train every method on every seed as one stack (`train_stacked`) and evaluate each model; rows seed by seed."
+    for m in methods: get_normalizer(m, num_heads=1)
+    datas = [load_run_data(dataset, s, config) for s in seeds] if datas is None else datas
+    device = resolve_device(config.device)
+    built, generators = {}, []
+    for s, data in zip(seeds, datas):
+        for m in methods: built[m, s] = _new_model(data, m, s, config.learned_pad_row, device, config.dropout_rng)
+        generators.append(dropout_generators(s, device))
+    keys = [(m, s) for m in methods for s in seeds]
+    results = dict(zip(keys, train_stacked([built[k] for k in keys], [d.train.to(device) for d in datas], config, seeds,
+                                           generators, desc=f"{dataset}/{len(seeds)} seeds x {len(methods)} methods")))
+    return [_row(dataset, m, s, config, d, built[m, s], results[m, s], len(keys)) for s, d in zip(seeds, datas) for m in methods]
+
 def run_one(dataset: str, method: str, seed: int, config: TrainConfig, data=None) -> dict:
     "Train and evaluate one (dataset, method, seed); returns the metrics row of PROTOCOL.md."
     return run_methods(dataset, [method], seed, config, data)[0]
 
 
 # %% [markdown]
-# `run_study_a` is what the experiment notebook calls: the profile's configuration for one dataset, the requested
-# methods on one seed — all on the same subsets (paired design), loaded once — and the profile name on every row.
-# With `rows_dir` each method's row is written (atomically) the moment it is done — all of them at the end of the
-# lock-step group, or one by one with `lockstep=False` — so a killed grid loses at most the runs in flight. `threads` pins torch's CPU threads when several runs share a machine.
+# `run_study_a` is what the experiment notebook calls: the profile's configuration for one dataset and the requested
+# methods on each seed — all methods of a seed on the same subsets (paired design), loaded once. With `stack=True` the
+# seeds are trained together as one stacked model (the GPU path, `run_stacked`), otherwise seed after seed in lock-step
+# (or one method at a time with `lockstep=False`). With `rows_dir` each row is written (atomically) to
+# `rows_dir/seed<k>/<method>.csv` the moment its group is done, so a killed grid loses at most the runs in flight; the
+# profile name goes on every row. `threads` pins torch's CPU threads when several runs share a machine.
 
 # %%
 #| export
-def run_study_a(dataset: str, seed: int, methods, profile: str, threads: int = 0, rows_dir=None, lockstep=True,
+def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, rows_dir=None, lockstep=True, stack=False,
                 **options) -> list:
-    "Rows of every method in `methods` for one (dataset, seed) under `profile`; `options` override TrainConfig fields."
-    if seed < 0: raise ValueError(f"seed must be >= 0, got {seed}")
+    "Rows of every method in `methods` on each of `seeds` (an int or a list) under `profile`; `options` override TrainConfig fields."
+    seeds = [seeds] if isinstance(seeds, int) else list(seeds)
+    if not seeds or any(s < 0 for s in seeds): raise ValueError(f"seeds must be one or more integers >= 0, got {seeds}")
     for m in methods: get_normalizer(m, num_heads=1)
     if threads: torch.set_num_threads(threads)
     config = profile_config(profile, dataset, **options)
-    data = load_run_data(dataset, seed, config)
     rows = []
-    for group in ([list(methods)] if lockstep else [[m] for m in methods]):
-        done = [dict(r, profile=profile) for r in run_methods(dataset, group, seed, config, data)]
+    def keep(done):
+        done = [dict(r, profile=profile) for r in done]
         if rows_dir is not None:
-            for r in done: save_rows([r], Path(rows_dir) / f"{r['method']}.csv")
-        rows += done
+            for r in done: save_rows([r], Path(rows_dir) / f"seed{r['seed']}" / f"{r['method']}.csv")
+        rows.extend(done)
+    if stack: keep(run_stacked(dataset, list(methods), seeds, config))
+    else:
+        for seed in seeds:
+            data = load_run_data(dataset, seed, config)
+            for group in ([list(methods)] if lockstep else [[m] for m in methods]):
+                keep(run_methods(dataset, group, seed, config, data))
     return rows
 
 
@@ -345,8 +432,53 @@ assert torch.equal(rb[1].losses, res_alone[1].losses)
 import tempfile
 rows_dir = Path(tempfile.mkdtemp())
 rows = run_study_a("synthetic_marker", 3, ["softmax", "sparsemax"], "smoke", rows_dir=rows_dir, train_limit=96, test_limit=50, progress=False)
-test_eq(sorted(p.name for p in rows_dir.iterdir()), ["softmax.csv", "sparsemax.csv"])
+test_eq(sorted(p.name for p in (rows_dir / "seed3").iterdir()), ["softmax.csv", "sparsemax.csv"])
 test_eq([(r["method"], r["seed"], r["profile"], r["train_n"], r["test_n"]) for r in rows],
         [("softmax", 3, "smoke", 96, 50), ("sparsemax", 3, "smoke", 96, 50)])
-test_fail(lambda: run_study_a("synthetic_marker", -1, ["softmax"], "smoke"), contains="seed must be")
+test_fail(lambda: run_study_a("synthetic_marker", -1, ["softmax"], "smoke"), contains="seeds must be")
 test_fail(lambda: run_study_a("synthetic_marker", 0, ["softmaxx"], "smoke"), contains="unknown normalizer")
+
+# %% [markdown]
+# **The stack is the plain path, bit for bit.** Three methods (one with a learned $\alpha$) on two seeds, trained as one
+# stack for two epochs, give every model exactly the loss curve, the $\alpha$ history and the final weights of its own
+# lock-step run — on image patches and on token ids with the frozen padding row and a key mask. A model that diverges
+# in the stack is marked failed and leaves its neighbours' runs untouched. `run_study_a(..., stack=True)` gives the
+# rows `run_study_a` gives seed by seed.
+
+# %%
+def _plain(dataset, methods, seed, cfg, data):
+    models = [_new_model(data, m, seed) for m in methods]
+    return models, train_lockstep(models, data.train, cfg, seed)
+
+def _stacked(dataset, methods, seeds, cfg, datas, spoil=None):
+    built, gens = {}, []
+    for s, d in zip(seeds, datas):
+        for m in methods: built[m, s] = _new_model(d, m, s)
+        gens.append(dropout_generators(s, "cpu"))
+    keys = [(m, s) for m in methods for s in seeds]
+    if spoil is not None:
+        with torch.no_grad(): built[spoil].head.weight.fill_(float("nan"))
+    return built, dict(zip(keys, train_stacked([built[k] for k in keys], [d.train for d in datas], cfg, seeds, gens)))
+
+three = ["softmax", "headwise_adaptive_entmax", "topk_softmax_025"]
+for ds, kw in [("fashion_mnist", {}), ("twenty_news", dict(mask_padding=True))]:
+    c3 = replace(cfg, epochs=2, train_limit=300, **kw)
+    datas = [load_run_data(ds, s, c3) for s in (0, 1)]
+    built, res = _stacked(ds, three, [0, 1], c3, datas)
+    for s, d in zip((0, 1), datas):
+        models, results = _plain(ds, three, s, c3, d)
+        for m, model, r in zip(three, models, results):
+            assert torch.equal(r.losses, res[m, s].losses) and not r.losses.isnan().any(), (ds, m, s)
+            test_eq(r.alpha_history, res[m, s].alpha_history)
+            assert all(torch.equal(p, q) for p, q in zip(model.parameters(), built[m, s].parameters())), (ds, m, s)
+test_eq(len(res["headwise_adaptive_entmax", 1].alpha_history), 3)
+built, bad = _stacked(ds, three, [0, 1], c3, datas, spoil=("softmax", 1))
+test_eq([bad[k].status for k in bad], ["ok", "failed_nonfinite_loss", "ok", "ok", "ok", "ok"])
+test_eq(bad["softmax", 1].losses[c3.epochs * -(-300 // 96) // 2:].isnan().all(), True)       # its steps end with epoch 1
+assert all(torch.equal(bad[k].losses, res[k].losses) for k in bad if k != ("softmax", 1))
+
+r_stack = run_study_a("fashion_mnist", [0, 1], ["softmax", "sparsemax"], "smoke", stack=True, train_limit=192, test_limit=64, progress=False)
+r_plain = run_study_a("fashion_mnist", [0, 1], ["softmax", "sparsemax"], "smoke", train_limit=192, test_limit=64, progress=False)
+test_eq([(r["seed"], r["method"], r["accuracy"], r["test_loss"]) for r in r_stack],
+        [(r["seed"], r["method"], r["accuracy"], r["test_loss"]) for r in r_plain])
+test_eq([r["lockstep_size"] for r in r_stack], [4] * 4)

@@ -73,6 +73,7 @@ def _grid_args(sub):
     g.add_argument("--out", required=True, help="results folder (runs.csv, notebooks/, rows/)")
     g.add_argument("--datasets", nargs="+"); g.add_argument("--methods", nargs="+"); g.add_argument("--seeds", nargs="+")
     g.add_argument("--plain", action="store_true", help="train each method alone instead of in lock-step (same results, slower)")
+    g.add_argument("--stack-seeds", type=int, default=1, help="train this many seeds (all methods) as one stacked model per task: the GPU path")
     g.add_argument("--val-fraction", type=float, default=0.0, help="carve a validation split off each train subset")
     g.add_argument("--mask-padding", action="store_true", help="variant: mask twenty_news padding")
     g.add_argument("--learned-pad-row", action="store_true", help="variant: learn the padding embedding (the original keeps it zero)")
@@ -114,6 +115,7 @@ def _reproduce_args(sub):
     a = sub.add_parser("reproduce", help="study A grid + Crisp grid + report in one folder")
     a.add_argument("--profile", default="quick"); a.add_argument("--out", default=None); a.add_argument("--model", default="")
     a.add_argument("--val-fraction", type=float, default=0.1, help="validation split for leakage-free ratio selection")
+    a.add_argument("--stack-seeds", type=int, default=1, help="study A: seeds trained as one stacked model per task (the GPU path)")
     _executor_args(a)
     return a
 
@@ -124,6 +126,7 @@ def _ablations_args(sub):
     x = sub.add_parser("ablations", help="the ablations of the paper's confounds, paired with a main grid's seeds")
     x.add_argument("--profile", default="paper"); x.add_argument("--out", required=True, help="the main results folder")
     x.add_argument("--only", nargs="+", help="ablation names (default: all, in order)"); x.add_argument("--seeds", nargs="+")
+    x.add_argument("--stack-seeds", type=int, default=1, help="seeds trained as one stacked model per task (the GPU path)")
     _executor_args(x)
     return x
 
@@ -205,35 +208,45 @@ def grid_tasks(args):
     for d in datasets:                           # data present and readable? (also warms the decode cache once)
         try: load_dataset(d, 0, 1, 1, patch_size=args.patch_size or None, marker_vocab=args.marker_vocab, download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e).splitlines()[0]) from None
+    if args.stack_seeds < 1: raise UsageError(f"--stack-seeds must be >= 1, got {args.stack_seeds}")
+    if args.stack_seeds > 1 and args.plain: raise UsageError("--plain and --stack-seeds exclude each other: a stack trains every method together")
     out, nb = Path(args.out).resolve(), experiments_dir() / "study_a.ipynb"
     threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
     tasks = []
     for d in datasets:
-        for s in seeds:
-            rows_dir = (out / "rows" / "study_a" / d / f"seed{s}").resolve()
-            todo = [m for m in methods if not (rows_dir / f"{m}.csv").exists()] or methods
-            record = out / "notebooks" / d / f"seed{s}.ipynb"
+        rows_dir = (out / "rows" / "study_a" / d).resolve()
+        for i in range(0, len(seeds), args.stack_seeds):
+            group = seeds[i:i + args.stack_seeds]
+            name = f"seed{group[0]}" if len(group) == 1 else f"seeds{group[0]}-{group[-1]}"
+            todo = [m for m in methods if any(not (rows_dir / f"seed{s}" / f"{m}.csv").exists() for s in group)] or methods
+            record = out / "notebooks" / d / f"{name}.ipynb"
             n = 1
             while todo != methods and record.exists():         # a resumed notebook keeps the earlier record beside it
-                record = out / "notebooks" / d / f"seed{s}_resume{n}.ipynb"; n += 1
-            tasks.append(NotebookTask(f"{d}/seed{s}", nb, record,
-                                      [rows_dir / f"{m}.csv" for m in methods],
-                                      dict(dataset=d, seed=s, methods=todo, threads=threads, rows_dir=str(rows_dir),
-                                           lockstep=not args.plain, download=args.download, device=args.device, **options)))
+                record = out / "notebooks" / d / f"{name}_resume{n}.ipynb"; n += 1
+            tasks.append(NotebookTask(f"{d}/{name}", nb, record,
+                                      [rows_dir / f"seed{s}" / f"{m}.csv" for s in group for m in methods],
+                                      dict(dataset=d, seeds=group, methods=todo, threads=threads, rows_dir=str(rows_dir),
+                                           lockstep=not args.plain, stack=len(group) > 1, download=args.download,
+                                           device=args.device, **options)))
     return tasks, options
 
 # %%
 _out = Path(tempfile.mkdtemp()) / "res"
 tasks, opts = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--methods", "softmax,entmax15"]))
 test_eq([t.name for t in tasks], ["synthetic_marker/seed3"])
-test_eq({k: tasks[0].parameters[k] for k in ("dataset", "seed", "methods", "profile", "device")},
-        dict(dataset="synthetic_marker", seed=3, methods=["softmax", "entmax15"], profile="smoke", device="auto"))
+test_eq({k: tasks[0].parameters[k] for k in ("dataset", "seeds", "methods", "profile", "device", "stack")},
+        dict(dataset="synthetic_marker", seeds=[3], methods=["softmax", "entmax15"], profile="smoke", device="auto", stack=False))
 test_eq([Path(p).name for p in tasks[0].produces], ["softmax.csv", "entmax15.csv"])
 test_eq(opts["profile"], "smoke"); assert not _out.exists()                    # validated, nothing written
 _ph = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--dropout-rng", "philox"]))
 test_eq((_ph[1]["dropout_rng"], _ph[0][0].parameters["dropout_rng"], opts["dropout_rng"]), ("philox", "philox", "torch"))
 test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--dropout-rng", "mt"])), exc=UsageError, contains="unknown --dropout-rng")
 test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--precision", "fp16"])), exc=UsageError, contains="fp32 or bf16")
+_st = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "0", "1", "2", "3", "4", "--stack-seeds", "2"]))[0]
+test_eq([(t.name, t.parameters["seeds"], t.parameters["stack"], len(t.produces)) for t in _st],
+        [("synthetic_marker/seeds0-1", [0, 1], True, 14), ("synthetic_marker/seeds2-3", [2, 3], True, 14), ("synthetic_marker/seed4", [4], False, 7)])
+test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--stack-seeds", "0"])), exc=UsageError, contains="--stack-seeds must be")
+test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--stack-seeds", "2", "--plain"])), exc=UsageError, contains="exclude each other")
 
 # %% [markdown]
 # `cmd_grid` holds the results folder (one writer at a time), checks it was made with the same options and runs
@@ -335,7 +348,8 @@ def cmd_reproduce(args):
     run = dict(profile=args.profile, out=args.out, seeds=None, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
                download=args.download, device=args.device)
     grid = argparse.Namespace(**run, datasets=None, methods=None, val_fraction=args.val_fraction, mask_padding=False,
-                              patch_size=0, marker_vocab=20000, learned_pad_row=False, dropout_rng="torch", precision="fp32", plain=False)
+                              patch_size=0, marker_vocab=20000, learned_pad_row=False, dropout_rng="torch", precision="fp32", plain=False,
+                              stack_seeds=args.stack_seeds)
     crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row", precision="fp32", train_n=0)
     grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
     fails = {**cmd_grid(grid), **cmd_crisp(crisp)}
@@ -363,7 +377,7 @@ def ablation_grids(args):
         argv = ["grid", "--profile", args.profile, "--out", str(Path(args.out) / "ablations" / n), *ABLATIONS[n]["options"].split(),
                 "--jobs", str(args.jobs), "--executor", args.executor, "--device", args.device]
         argv += (["--seeds", *args.seeds] if args.seeds else []) + (["--scheduler", args.scheduler] if args.scheduler else [])
-        argv += ["--download"] if args.download else []
+        argv += (["--download"] if args.download else []) + ["--stack-seeds", str(args.stack_seeds)]
         g = build_parser().parse_args(argv)
         grid_tasks(g)
         grids.append((n, g))

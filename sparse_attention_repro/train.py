@@ -4,7 +4,8 @@
 
 # %% auto 0
 __all__ = ['PROFILES', 'TrainConfig', 'profile_config', 'evaluate', 'TrainResult', 'train_lockstep', 'train_model',
-           'load_run_data', 'run_methods', 'run_one', 'run_study_a']
+           'dropout_generators', 'train_stacked', 'load_run_data', 'run_methods', 'run_stacked', 'run_one',
+           'run_study_a']
 
 # %% ../nbs/03_train.ipynb
 import json, time
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from sklearn.metrics import f1_score
 from tqdm.auto import tqdm
 from .data import load_dataset, resolve_device, autocast, PAPER_SIZES, MAIN_FAMILY
-from .model import CompactClassifier, ClassifierConfig, MaskTape, count_parameters
+from .model import CompactClassifier, ClassifierConfig, MaskTape, StackedClassifiers, count_parameters
 from .normalizers import get_normalizer
 from .runner import save_rows
 
@@ -79,8 +80,8 @@ def evaluate(model, split, batch_size=500, precision="fp32"):
                 loss=float(loss) / n, nonzero_ratio=float(density) / n, seconds=seconds)
 
 # %% ../nbs/03_train.ipynb
-def _alpha_snapshot(model, epoch):
-    a = model.alphas()
+def _alpha_snapshot(a, epoch):
+    "The per-head alphas `a` (per layer) of one model after `epoch`, as logged; None for a model without them."
     return None if a is None else {"epoch": epoch, "alpha": [[round(float(v), 5) for v in layer] for layer in a]}
 
 @dataclass
@@ -98,7 +99,7 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="") -> list:
     n, bs = len(train.y), cfg.batch_size
     steps = cfg.epochs * -(-n // bs)
     device = train.y.device
-    results = [TrainResult("ok", [s for s in [_alpha_snapshot(m, 0)] if s], 0.0,
+    results = [TrainResult("ok", [s for s in [_alpha_snapshot(m.alphas(), 0)] if s], 0.0,
                            torch.full((steps,), float("nan"), device=device)) for m in models]
     active, step = list(range(len(models))), 0
     bar = tqdm(total=steps, desc=desc, disable=not cfg.progress, mininterval=2, leave=False)
@@ -128,7 +129,7 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="") -> list:
             for j in list(active):
                 if not torch.isfinite(results[j].losses[step - (-(-n // bs)):step].sum()):
                     results[j].status = "failed_nonfinite_loss"; active.remove(j)
-                elif (s := _alpha_snapshot(models[j], epoch)): results[j].alpha_history.append(s)
+                elif (s := _alpha_snapshot(models[j].alphas(), epoch)): results[j].alpha_history.append(s)
             if not active: break
     finally:
         for m in models: m.set_mask_tape(None)
@@ -138,6 +139,57 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="") -> list:
 def train_model(model, train, cfg: TrainConfig, seed: int, desc="") -> TrainResult:
     "Train one `model` in place on `train` (the plain path)."
     return train_lockstep([model], train, cfg, seed, desc)[0]
+
+# %% ../nbs/03_train.ipynb
+def dropout_generators(seed: int, device) -> tuple:
+    "The (CPU, device) generators a run of `seed` draws its dropout masks from; call right after building its model."
+    cpu = torch.Generator(); cpu.set_state(torch.get_rng_state())          # seeded, then advanced by the initial weights
+    device = torch.device(device)
+    return cpu, (cpu if device.type == "cpu" else torch.Generator(device).manual_seed(seed))
+
+def train_stacked(models, trains, cfg: TrainConfig, seeds, generators, desc="") -> list:
+    "Train a methods x seeds grid of `models` in place as one stack (`trains`, `generators`: one per seed); one `TrainResult` per model."
+    S, N = len(seeds), len(models)
+    stack = StackedClassifiers(models, S)
+    stack.generators = generators
+    opt = torch.optim.AdamW(stack.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    orders_of = [torch.Generator().manual_seed(s) for s in seeds]
+    n, bs, device = len(trains[0].y), cfg.batch_size, trains[0].y.device
+    if any(len(t.y) != n for t in trains): raise ValueError("every seed's train subset must have the same size to stack them")
+    per_epoch = -(-n // bs); steps = cfg.epochs * per_epoch
+    results = [TrainResult("ok", [s for s in [_alpha_snapshot(m.alphas(), 0)] if s], 0.0,
+                           torch.full((steps,), float("nan"), device=device)) for m in models]
+    losses, step, ends = torch.full((steps, N), float("nan"), device=device), 0, [steps] * N
+    bar = tqdm(total=steps, desc=desc, disable=not cfg.progress, mininterval=2, leave=False)
+    t0 = time.perf_counter()
+    try:
+        for epoch in range(1, cfg.epochs + 1):
+            stack.train()
+            orders = [torch.randperm(n, generator=g).to(device) for g in orders_of]
+            for i in range(0, n, bs):
+                idx = [o[i:i + bs] for o in orders]
+                xb, yb = torch.stack([t.x[j] for t, j in zip(trains, idx)]), torch.stack([t.y[j] for t, j in zip(trains, idx)])
+                mb = None if trains[0].key_mask is None else torch.stack([t.key_mask[j] for t, j in zip(trains, idx)])
+                with autocast(device, cfg.precision): logits = stack(xb, mb).float()
+                loss = torch.stack([F.cross_entropy(logits[k], yb[k % S]) for k in range(N)])   # each model's own mean
+                opt.zero_grad(set_to_none=True)
+                loss.sum().backward()
+                stack.clip_grad_norms_(cfg.grad_clip)
+                opt.step()
+                losses[step] = loss.detach(); step += 1; bar.update()
+            for k, r in enumerate(results):
+                if r.status != "ok": continue
+                if not torch.isfinite(losses[step - per_epoch:step, k].sum()): r.status, ends[k] = "failed_nonfinite_loss", step
+                elif (a := _alpha_snapshot(stack.model_alphas(k), epoch)): r.alpha_history.append(a)
+            if all(r.status != "ok" for r in results): break
+        if device.type == "cuda": torch.cuda.synchronize()
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - t0
+    stack.write_back(models)
+    for k, r in enumerate(results):
+        end = min(step, ends[k]); r.losses[:end], r.seconds = losses[:end, k], seconds / N     # a failed model's steps end with its epoch
+    return results
 
 # %% ../nbs/03_train.ipynb
 def _new_model(data, method, seed, learned_pad_row=False, device="cpu", dropout_rng="torch"):
@@ -184,23 +236,43 @@ def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None
     results = train_lockstep(models, data.train.to(device), config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0] if len(methods) == 1 else f"{len(methods)} methods"))
     return [_row(dataset, m, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
 
+def run_stacked(dataset: str, methods, seeds, config: TrainConfig, datas=None) -> list:
+    "Train every method on every seed as one stack (`train_stacked`) and evaluate each model; rows seed by seed."
+    for m in methods: get_normalizer(m, num_heads=1)
+    datas = [load_run_data(dataset, s, config) for s in seeds] if datas is None else datas
+    device = resolve_device(config.device)
+    built, generators = {}, []
+    for s, data in zip(seeds, datas):
+        for m in methods: built[m, s] = _new_model(data, m, s, config.learned_pad_row, device, config.dropout_rng)
+        generators.append(dropout_generators(s, device))
+    keys = [(m, s) for m in methods for s in seeds]
+    results = dict(zip(keys, train_stacked([built[k] for k in keys], [d.train.to(device) for d in datas], config, seeds,
+                                           generators, desc=f"{dataset}/{len(seeds)} seeds x {len(methods)} methods")))
+    return [_row(dataset, m, s, config, d, built[m, s], results[m, s], len(keys)) for s, d in zip(seeds, datas) for m in methods]
+
 def run_one(dataset: str, method: str, seed: int, config: TrainConfig, data=None) -> dict:
     "Train and evaluate one (dataset, method, seed); returns the metrics row of PROTOCOL.md."
     return run_methods(dataset, [method], seed, config, data)[0]
 
 # %% ../nbs/03_train.ipynb
-def run_study_a(dataset: str, seed: int, methods, profile: str, threads: int = 0, rows_dir=None, lockstep=True,
+def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, rows_dir=None, lockstep=True, stack=False,
                 **options) -> list:
-    "Rows of every method in `methods` for one (dataset, seed) under `profile`; `options` override TrainConfig fields."
-    if seed < 0: raise ValueError(f"seed must be >= 0, got {seed}")
+    "Rows of every method in `methods` on each of `seeds` (an int or a list) under `profile`; `options` override TrainConfig fields."
+    seeds = [seeds] if isinstance(seeds, int) else list(seeds)
+    if not seeds or any(s < 0 for s in seeds): raise ValueError(f"seeds must be one or more integers >= 0, got {seeds}")
     for m in methods: get_normalizer(m, num_heads=1)
     if threads: torch.set_num_threads(threads)
     config = profile_config(profile, dataset, **options)
-    data = load_run_data(dataset, seed, config)
     rows = []
-    for group in ([list(methods)] if lockstep else [[m] for m in methods]):
-        done = [dict(r, profile=profile) for r in run_methods(dataset, group, seed, config, data)]
+    def keep(done):
+        done = [dict(r, profile=profile) for r in done]
         if rows_dir is not None:
-            for r in done: save_rows([r], Path(rows_dir) / f"{r['method']}.csv")
-        rows += done
+            for r in done: save_rows([r], Path(rows_dir) / f"seed{r['seed']}" / f"{r['method']}.csv")
+        rows.extend(done)
+    if stack: keep(run_stacked(dataset, list(methods), seeds, config))
+    else:
+        for seed in seeds:
+            data = load_run_data(dataset, seed, config)
+            for group in ([list(methods)] if lockstep else [[m] for m in methods]):
+                keep(run_methods(dataset, group, seed, config, data))
     return rows

@@ -1,5 +1,6 @@
 """Study A grid through the real command line: smoke grid end to end, resume after SIGKILL, bad arguments, repeatability."""
 from pathlib import Path
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import cli, kill_at_random_moments
@@ -45,6 +46,18 @@ def test_same_seed_same_accuracy_plain_or_lockstep(smoke, tmp_path):
     for m in ("softmax", "entmax15", "headwise_adaptive_entmax"):
         for col in ("accuracy", "test_loss", "learned_alpha_mean"):
             assert again.loc[m, col] == pytest.approx(first.loc[m, col], abs=1e-12, nan_ok=True), (m, col)
+
+def test_stacked_seeds_give_the_lockstep_results(smoke, tmp_path):
+    """`--stack-seeds 2`: two seeds of three methods trained as one stacked model, through papermill, give the grid's rows."""
+    res = cli("grid", "--profile", "smoke", "--out", tmp_path, "--datasets", "fashion_mnist", "--methods", "softmax", "entmax15",
+              "headwise_adaptive_entmax", "--seeds", "0", "1", "--val-fraction", "0.1", "--stack-seeds", "2")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "notebooks" / "fashion_mnist" / "seeds0-1.ipynb").exists()
+    stacked = pd.read_csv(tmp_path / "runs.csv").set_index(["seed", "method"]).sort_index()
+    first = pd.read_csv(smoke / "runs.csv").query("dataset == 'fashion_mnist'").set_index(["seed", "method"]).loc[stacked.index]
+    assert len(stacked) == 6 and (stacked.lockstep_size == 6).all() and (stacked.status == "ok").all()
+    for col in ("accuracy", "test_loss", "val_accuracy", "learned_alpha_mean"):
+        assert np.array_equal(stacked[col].to_numpy(), first[col].to_numpy(), equal_nan=True), col
 
 def test_profile_or_option_mismatch_is_refused(smoke):
     before = (smoke / "runs.csv").read_bytes()

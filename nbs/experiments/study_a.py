@@ -3,15 +3,16 @@
 # ---
 
 # %% [markdown]
-# # Study A — one dataset, one seed, every method
-# > Executed by `sparse-repro grid` with papermill, once per (dataset, seed); the executed copy is the run's record.
+# # Study A — one dataset, every method, one seed or a few
+# > Executed by `sparse-repro grid` with papermill, once per (dataset, seed) — or per (dataset, group of seeds) trained as
+# > one stacked model with `--stack-seeds`; the executed copy is the runs' record.
 #
 # All methods run on the same train/test subsets and from the same initial weights (paired design). The logic lives in
 # `sparse_attention_repro.train`; this notebook holds parameters and calls.
 
 # %% tags=["parameters"]
 dataset = "fashion_mnist"  # cifar10 | fashion_mnist | kmnist | twenty_news | synthetic_marker
-seed = 0  # seed of the subsets, the initial weights and the data order
+seeds = [0]  # seeds of the subsets, the initial weights and the data order (each seed's runs are paired)
 methods = ["softmax", "sparsemax", "entmax15", "headwise_adaptive_entmax", "topk_softmax_0125", "topk_softmax_025", "topk_softmax_05"]  # normalizer names
 profile = "smoke"  # smoke | quick | paper
 val_fraction = 0.0  # > 0 carves a validation split off the train subset
@@ -23,7 +24,8 @@ dropout_rng = "torch"  # torch (nn.Dropout's masks) | philox (faster counter-bas
 precision = "fp32"  # fp32 | bf16 (autocast)
 threads = 0  # torch CPU threads; 0 keeps the torch default
 lockstep = True  # train the methods together, sharing batch order and dropout masks (same results as one by one)
-rows_dir = "rows"  # one CSV per method is written here, atomically, as soon as that run ends
+stack = False  # train all seeds and methods as one stacked model (the GPU path; on the CPU the same results bit for bit)
+rows_dir = "rows"  # one CSV per run is written to rows_dir/seed<k>/<method>.csv, atomically, as soon as it ends
 download = False  # fetch the dataset from its official online source when no offline copy is found
 device = "auto"  # auto (CUDA when available, else CPU) | cpu | cuda
 
@@ -32,8 +34,8 @@ import pandas as pd
 from sparse_attention_repro.train import run_study_a
 
 # %%
-rows = run_study_a(dataset, seed, methods, profile, threads=threads, lockstep=lockstep, val_fraction=val_fraction, mask_padding=mask_padding,
+rows = run_study_a(dataset, seeds, methods, profile, threads=threads, lockstep=lockstep, stack=stack, val_fraction=val_fraction, mask_padding=mask_padding,
                    patch_size=patch_size or None, marker_vocab=marker_vocab, learned_pad_row=learned_pad_row, dropout_rng=dropout_rng, precision=precision, download=download, device=device, rows_dir=rows_dir)
 
 # %%
-pd.DataFrame(rows)[["method", "accuracy", "macro_f1", "test_loss", "nonzero_ratio", "learned_alpha_mean", "train_seconds", "status"]]
+pd.DataFrame(rows)[["seed", "method", "accuracy", "macro_f1", "test_loss", "nonzero_ratio", "learned_alpha_mean", "train_seconds", "status"]]
