@@ -368,16 +368,22 @@ static void topk_softmax_fwd_lanes(const float* X, float* P, float* Z, long rows
         }
         for (int it = 0; it < 33; it++) {              /* invariant: >= k keys >= lo, < k keys > hi */
             int open = 0;
-            int32_t mid[LN];
-            for (long l = 0; l < LN; l++) { mid[l] = (int32_t)(lo[l] + ((int64_t)hi[l] - lo[l] + 1) / 2); c[l] = 0; open += lo[l] < hi[l]; }
+            int32_t mid[LN], low[LN];                  /* low: the smallest key >= mid */
+            for (long l = 0; l < LN; l++) {
+                mid[l] = (int32_t)(lo[l] + ((int64_t)hi[l] - lo[l] + 1) / 2); c[l] = 0; low[l] = INT32_MAX; open += lo[l] < hi[l];
+            }
             if (!open) break;
             for (long j = 0; j < n; j++) {
                 #pragma omp simd
-                for (long l = 0; l < LN; l++) c[l] += K[j * LN + l] >= mid[l];
+                for (long l = 0; l < LN; l++) {
+                    int32_t key = K[j * LN + l]; int above = key >= mid[l];
+                    c[l] += above; low[l] = above && key < low[l] ? key : low[l];
+                }
             }
             for (long l = 0; l < LN; l++) {
                 if (lo[l] >= hi[l]) continue;
-                if (c[l] >= k[l]) lo[l] = mid[l]; else hi[l] = mid[l] - 1;
+                if (c[l] == k[l]) lo[l] = hi[l] = low[l];   /* exactly k keys >= mid: the smallest of them is the k-th */
+                else if (c[l] > k[l]) lo[l] = mid[l]; else hi[l] = mid[l] - 1;
             }
         }
         for (long l = 0; l < LN; l++) {

@@ -133,8 +133,9 @@ def _ablations_args(sub):
 def _bench_args(sub):
     "`bench`: speed, side by side in one process."
     b = sub.add_parser("bench", help="speed benchmarks: ratios measured side by side in one process")
-    b.add_argument("what", choices=["normalizers", "grid", "compare", "floor"],
-                   help="normalizers (forward+backward), grid (training epochs), compare (two results folders) or floor (a results folder against the machine's matmul rate)")
+    b.add_argument("what", choices=["normalizers", "grid", "stack", "compare", "floor"],
+                   help="normalizers (forward+backward), grid (training epochs), stack (seeds in lock-step vs one stacked model), "
+                        "compare (two results folders) or floor (a results folder against the machine's matmul rate)")
     b.add_argument("--results", nargs="+", help="compare: two results folders (e.g. default path vs --plain)")
     b.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 20 for normalizers, 1 for grid)")
     b.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 = as in one grid job per core)")
@@ -142,6 +143,8 @@ def _bench_args(sub):
     b.add_argument("--epochs", type=int, default=1, help="grid: epochs per run")
     b.add_argument("--train-limit", type=int, default=0, help="grid: train examples (0 = the paper's)")
     b.add_argument("--jobs", type=int, default=2, help="grid: parallel jobs assumed by the projection")
+    b.add_argument("--stack-seeds", type=int, nargs="+", default=[2], help="stack: stack sizes (seeds) to measure")
+    b.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="stack: where to train (auto = CUDA when available)")
     return b
 
 # %%
@@ -445,6 +448,16 @@ def cmd_bench(args):
     for d in datasets:
         if d not in PAPER_SIZES: raise UsageError(f"unknown dataset {d!r}; choose from {', '.join(PAPER_SIZES)}")
     if args.epochs < 1: raise UsageError(f"--epochs must be >= 1, got {args.epochs}")
+    if args.what == "stack":
+        if min(args.stack_seeds) < 1: raise UsageError(f"--stack-seeds must be >= 1, got {min(args.stack_seeds)}")
+        from sparse_attention_repro.data import resolve_device
+        try: resolve_device(args.device)
+        except ValueError as e: raise UsageError(str(e)) from None
+        t = bench.bench_stack(datasets, num_seeds=args.stack_seeds, epochs=args.epochs, repeats=args.repeats,
+                              train_limit=args.train_limit or None, device=args.device)
+        print(f"\nall methods on several seeds, {args.epochs} epoch(s): seed by seed in lock-step vs one stacked model (wall seconds, evaluation included)")
+        print(t.round(2).to_string(index=False))
+        return {}
     med, summary = bench.bench_grid(datasets, epochs=args.epochs, repeats=args.repeats, train_limit=args.train_limit or None)
     print("\ntrain time of each method relative to softmax (per path)")
     print(bench.method_ratios(med).to_string())

@@ -20,6 +20,8 @@
 #   default), (d) as (c) with the Philox dropout masks (`--dropout-rng philox`); the per-method time relative to softmax
 #   (the paper's "entmax trains ~4× slower"), (e) as (d) in bf16 (`--precision bf16`); the speed-ups against the
 #   original and the `paper` profile's wall time projected from the measured epochs.
+# * `bench_stack`: a methods × seeds grid trained seed by seed in lock-step against the same grid as one stacked model
+#   (`--stack-seeds`, the GPU path), with a check that both give the same accuracies.
 
 # %%
 #| export
@@ -30,7 +32,7 @@ import torch
 import torch.nn as nn
 from sparse_attention_repro.normalizers import NORMALIZERS, get_normalizer, parse_topk_ratio
 from sparse_attention_repro.kernels import use_kernels
-from sparse_attention_repro.train import PAPER_SIZES, PROFILES, profile_config, run_methods, load_run_data, train_model, _new_model
+from sparse_attention_repro.train import PAPER_SIZES, PROFILES, profile_config, run_methods, run_stacked, load_run_data, train_model, _new_model
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
@@ -174,7 +176,7 @@ def _original_rows(ds, methods, seed, cfg, data):
     rows = []
     for m in methods:
         model = _new_model(data, m, seed, cfg.learned_pad_row)
-        for b in model.blocks: b.attn.normalizer = OriginalNormalizer(m, b.attn.num_heads)
+        for b in model.blocks: b.attn.normalizer, b.attn.scale_queries = OriginalNormalizer(m, b.attn.num_heads), False
         with use_kernels(False): r = train_model(model, data.train, cfg, seed)
         rows.append(dict(method=m, train_seconds=r.seconds))
     return rows
@@ -247,6 +249,46 @@ test_eq(sorted(summ.columns), sorted(["seconds_original", "seconds_before", "sec
                                       "speedup_vs_original_philox", "speedup_vs_original_philox_bf16"]))
 test_eq(method_ratios(med).loc["softmax"].tolist(), [1.0] * 6)
 test_eq(project_paper(summ, 1, train_limits={"fashion_mnist": 192}).seeds.tolist(), [10])
+
+
+# %% [markdown]
+# ## Seeds as one stacked model
+#
+# `bench_stack` times every method on `num_seeds` seeds, paper-size data, trained seed after seed in lock-step and as one
+# `StackedClassifiers` (evaluation included in both), interleaved, and reports how many accuracies the two paths share
+# exactly (all of them on the CPU). On a GPU this is the figure that matters; on this 2-core CPU the stack does not pay.
+
+# %%
+#| export
+def bench_stack(datasets=("fashion_mnist",), num_seeds=(2,), epochs=1, repeats=1, methods=NORMALIZERS, train_limit=None,
+                device="auto") -> pd.DataFrame:
+    "Per dataset and stack size: wall seconds of lock-step seed by seed vs one stack, their ratio, identical accuracies."
+    rows = []
+    for ds in datasets:
+        cfg = profile_config("paper", ds, epochs=epochs, progress=False, test_limit=200, device=device,
+                             **({"train_limit": train_limit} if train_limit else {}))
+        for S in num_seeds:
+            seeds = list(range(S)); datas = [load_run_data(ds, s, cfg) for s in seeds]
+            for r in range(repeats):
+                out = {}
+                for path in ("lockstep", "stacked"):
+                    t0 = time.perf_counter()
+                    out[path] = (run_stacked(ds, list(methods), seeds, cfg, datas) if path == "stacked" else
+                                 [x for s, d in zip(seeds, datas) for x in run_methods(ds, list(methods), s, cfg, d)])
+                    rows.append(dict(dataset=ds, seeds=S, models=S * len(methods), path=path, repeat=r,
+                                     wall_seconds=time.perf_counter() - t0, device=out[path][0]["device"]))
+                rows[-1]["identical"] = sum(a["accuracy"] == b["accuracy"] for a, b in zip(out["lockstep"], out["stacked"]))
+    df = pd.DataFrame(rows)
+    t = df.pivot_table(index=["dataset", "seeds", "models", "device"], columns="path", values="wall_seconds", aggfunc="median")
+    t["speedup_stacked"] = t.lockstep / t.stacked
+    t["identical_accuracies"] = df.dropna(subset=["identical"]).groupby(["dataset", "seeds"]).identical.min().to_numpy()
+    return t.reset_index().rename(columns={"lockstep": "seconds_lockstep", "stacked": "seconds_stacked"})
+
+
+# %%
+st_ = bench_stack(methods=("softmax", "headwise_adaptive_entmax"), train_limit=192, device="cpu")
+test_eq((st_.seeds.tolist(), st_.models.tolist(), st_.identical_accuracies.tolist(), st_.device.tolist()), ([2], [4], [4], ["cpu"]))
+assert (st_.speedup_stacked > 0).all()
 
 
 # %% [markdown]

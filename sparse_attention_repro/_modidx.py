@@ -19,6 +19,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                            'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.bench_normalizers': ( 'bench.html#bench_normalizers',
                                                                                                   'sparse_attention_repro/bench.py'),
+                                              'sparse_attention_repro.bench.bench_stack': ( 'bench.html#bench_stack',
+                                                                                            'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.compare_gains': ( 'bench.html#compare_gains',
                                                                                               'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.compare_runs': ( 'bench.html#compare_runs',

@@ -4,8 +4,8 @@
 
 # %% auto 0
 __all__ = ['PATHS', 'original_bisect', 'bench_normalizers', 'normalizer_table', 'OriginalNormalizer', 'bench_grid',
-           'method_ratios', 'project_paper', 'compare_runs', 'compare_gains', 'forward_flops', 'matmul_rate',
-           'floor_table']
+           'method_ratios', 'project_paper', 'bench_stack', 'compare_runs', 'compare_gains', 'forward_flops',
+           'matmul_rate', 'floor_table']
 
 # %% ../nbs/08_bench.ipynb
 import math, statistics, time
@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 from .normalizers import NORMALIZERS, get_normalizer, parse_topk_ratio
 from .kernels import use_kernels
-from .train import PAPER_SIZES, PROFILES, profile_config, run_methods, load_run_data, train_model, _new_model
+from .train import PAPER_SIZES, PROFILES, profile_config, run_methods, run_stacked, load_run_data, train_model, _new_model
 
 # %% ../nbs/08_bench.ipynb
 def _entmax_package(name, num_heads):
@@ -118,7 +118,7 @@ def _original_rows(ds, methods, seed, cfg, data):
     rows = []
     for m in methods:
         model = _new_model(data, m, seed, cfg.learned_pad_row)
-        for b in model.blocks: b.attn.normalizer = OriginalNormalizer(m, b.attn.num_heads)
+        for b in model.blocks: b.attn.normalizer, b.attn.scale_queries = OriginalNormalizer(m, b.attn.num_heads), False
         with use_kernels(False): r = train_model(model, data.train, cfg, seed)
         rows.append(dict(method=m, train_seconds=r.seconds))
     return rows
@@ -166,6 +166,31 @@ def project_paper(summary, epochs_measured, jobs=2, train_limits=None) -> pd.Dat
         rows.append(dict(dataset=ds, seconds_per_seed=per_seed, seeds=len(PROFILES["paper"]["seeds"]),
                          projected_minutes=per_seed * len(PROFILES["paper"]["seeds"]) / jobs / 60))
     return pd.DataFrame(rows)
+
+# %% ../nbs/08_bench.ipynb
+def bench_stack(datasets=("fashion_mnist",), num_seeds=(2,), epochs=1, repeats=1, methods=NORMALIZERS, train_limit=None,
+                device="auto") -> pd.DataFrame:
+    "Per dataset and stack size: wall seconds of lock-step seed by seed vs one stack, their ratio, identical accuracies."
+    rows = []
+    for ds in datasets:
+        cfg = profile_config("paper", ds, epochs=epochs, progress=False, test_limit=200, device=device,
+                             **({"train_limit": train_limit} if train_limit else {}))
+        for S in num_seeds:
+            seeds = list(range(S)); datas = [load_run_data(ds, s, cfg) for s in seeds]
+            for r in range(repeats):
+                out = {}
+                for path in ("lockstep", "stacked"):
+                    t0 = time.perf_counter()
+                    out[path] = (run_stacked(ds, list(methods), seeds, cfg, datas) if path == "stacked" else
+                                 [x for s, d in zip(seeds, datas) for x in run_methods(ds, list(methods), s, cfg, d)])
+                    rows.append(dict(dataset=ds, seeds=S, models=S * len(methods), path=path, repeat=r,
+                                     wall_seconds=time.perf_counter() - t0, device=out[path][0]["device"]))
+                rows[-1]["identical"] = sum(a["accuracy"] == b["accuracy"] for a, b in zip(out["lockstep"], out["stacked"]))
+    df = pd.DataFrame(rows)
+    t = df.pivot_table(index=["dataset", "seeds", "models", "device"], columns="path", values="wall_seconds", aggfunc="median")
+    t["speedup_stacked"] = t.lockstep / t.stacked
+    t["identical_accuracies"] = df.dropna(subset=["identical"]).groupby(["dataset", "seeds"]).identical.min().to_numpy()
+    return t.reset_index().rename(columns={"lockstep": "seconds_lockstep", "stacked": "seconds_stacked"})
 
 # %% ../nbs/08_bench.ipynb
 def compare_runs(a, b, metric="accuracy") -> pd.DataFrame:

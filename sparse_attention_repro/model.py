@@ -42,12 +42,13 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.embed_dim, 3 * cfg.embed_dim)
         self.out = nn.Linear(cfg.embed_dim, cfg.embed_dim)
         self.normalizer = get_normalizer(cfg.normalizer, num_heads=cfg.num_heads)
-        self.record, self.last_density = False, None
+        self.record, self.last_density, self.scale_queries = False, None, True
 
     def forward(self, x, key_mask=None):
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)                             # (B, H, T, T)
+        if self.scale_queries: scores = (q / math.sqrt(self.head_dim)) @ k.transpose(-2, -1)    # (B, H, T, T)
+        else: scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
         mask = None if key_mask is None else key_mask[:, None, None, :]                          # (B, 1, 1, T)
         p = self.normalizer(scores, mask)                                                        # (B, H, T, T)
         if self.record: self.last_density = attention_density(p).detach()
@@ -234,7 +235,7 @@ class StackedClassifiers(nn.Module):
         N, B, T, C = x.shape
         H, S = self.cfg.num_heads, self.num_seeds
         q, k, v = self.linear(x, f"blocks.{layer}.attn.qkv").view(N, B, T, 3, H, C // H).permute(3, 0, 1, 4, 2, 5)  # 3 x [N, B, H, T, D]
-        scores = q @ k.transpose(-2, -1) / math.sqrt(C // H)                                                        # [N, B, H, T, T]
+        scores = (q / math.sqrt(C // H)) @ k.transpose(-2, -1)                                                      # [N, B, H, T, T]
         mask = None if key_mask is None else key_mask[:, :, None, None, :]                                          # [S, B, 1, 1, T]
         outs = [norms[layer](scores[g * S:(g + 1) * S], mask) @ v[g * S:(g + 1) * S] for g, norms in enumerate(self.normalizers)]
         return self.linear((torch.cat(outs) if len(outs) > 1 else outs[0]).transpose(2, 3).reshape(N, B, T, C), f"blocks.{layer}.attn.out")
