@@ -361,18 +361,19 @@ assert abs(d_frozen - d_learned) > 0.02
 # through a broadcast, and each seed draws its dropout masks from its own generator, exactly the draws its plain run makes
 # — so the methods of a seed share their masks as in lock-step.
 #
-# On the CPU the stack is **the plain path bit for bit** (tested below and in `train`): where a batched kernel would
-# round differently from `nn.Linear` or `nn.LayerNorm` — a weight gradient of the head, the layer norms' affine
-# gradients — it computes model by model. On this 2-core CPU the stack is no faster than lock-step (break-even at 2 seeds
-# of 7 methods on Fashion-MNIST, 0.75× at 5): the larger working sets spill out of cache. It is the path for GPUs.
+# With `bitwise=True` (the default on the CPU) the stack is **the plain path bit for bit** (tested below and in
+# `train`): where a batched kernel would round differently from `nn.Linear` or `nn.LayerNorm` — a weight gradient of
+# the head, the layer norms' affine gradients — it computes model by model. `bitwise=False` (the default on a GPU, where
+# runs are not bit-reproducible anyway) batches those too: fewer kernel launches per step, last-bit differences. On this
+# 2-core CPU the stack is no faster than lock-step (the larger working sets spill out of cache): it is the path for GPUs.
 
 # %%
 #| export
 class StackedLinear(torch.autograd.Function):
     "y[i] = x[i] @ w[i].T + b[i] for every model i, with gradients computed as `nn.Linear` computes them."
     @staticmethod
-    def forward(ctx, x, w, b):
-        ctx.dtypes = (x.dtype, w.dtype, b.dtype)
+    def forward(ctx, x, w, b, bitwise=True):
+        ctx.dtypes, ctx.bitwise = (x.dtype, w.dtype, b.dtype), bitwise
         if torch.is_autocast_enabled(x.device.type):                  # bf16 autocast: cast as autocast casts a Linear
             dt = torch.get_autocast_dtype(x.device.type)
             x, w, b = x.to(dt), w.to(dt), b.to(dt)
@@ -382,14 +383,16 @@ class StackedLinear(torch.autograd.Function):
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         g = g.to(x.dtype)
-        dw = torch.stack([gi.t() @ xi for gi, xi in zip(g, x)])        # batched, this GEMM rounds unlike nn.Linear's
-        return tuple(t.to(dt) for t, dt in zip((torch.bmm(g, w), dw, g.sum(1)), ctx.dtypes))
+        if ctx.bitwise: dw = torch.stack([gi.t() @ xi for gi, xi in zip(g, x)])   # batched, this GEMM rounds unlike nn.Linear's
+        else: dw = torch.bmm(g.transpose(1, 2), x)
+        return *(t.to(dt) for t, dt in zip((torch.bmm(g, w), dw, g.sum(1)), ctx.dtypes)), None
 
 class StackedClassifiers(nn.Module):
     "Models of a methods x seeds grid (built as `CompactClassifier`s, ordered method by method) as one module."
-    def __init__(self, models, num_seeds: int):
+    def __init__(self, models, num_seeds: int, bitwise: bool | None = None):
         super().__init__()
         cfg, n = models[0].cfg, len(models)
+        self.bitwise = next(models[0].parameters()).device.type == "cpu" if bitwise is None else bitwise
         if n % num_seeds: raise ValueError(f"{n} models do not form a grid with {num_seeds} seeds")
         self.cfg, self.num_seeds, self.num_methods = cfg, num_seeds, n // num_seeds
         self.methods = [models[i].cfg.normalizer for i in range(0, n, num_seeds)]
@@ -417,12 +420,21 @@ class StackedClassifiers(nn.Module):
     def linear(self, x, name):
         "Each model's own `nn.Linear` called `name`: `[N, ..., in]` -> `[N, ..., out]`."
         w, b = self.p(name + ".weight"), self.p(name + ".bias")
-        return StackedLinear.apply(x.reshape(x.shape[0], -1, x.shape[-1]), w, b).view(*x.shape[:-1], w.shape[1])
+        return StackedLinear.apply(x.reshape(x.shape[0], -1, x.shape[-1]), w, b, self.bitwise).view(*x.shape[:-1], w.shape[1])
 
     def layer_norm(self, x, name):
-        "Each model's own `nn.LayerNorm` (one call per model: a shared call would sum the affine gradients differently)."
+        "Each model's own `nn.LayerNorm` (bitwise: one call per model; a shared call sums the affine gradients differently)."
         w, b = self.p(name + ".weight"), self.p(name + ".bias")
-        return torch.stack([F.layer_norm(x[i], x.shape[-1:], w[i], b[i]) for i in range(x.shape[0])])
+        if self.bitwise: return torch.stack([F.layer_norm(x[i], x.shape[-1:], w[i], b[i]) for i in range(x.shape[0])])
+        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+        return torch.addcmul(b.view(shape), F.layer_norm(x, x.shape[-1:]), w.view(shape))
+
+    def losses(self, logits, y):
+        "Each model's mean cross-entropy `[N]` on its seed's labels `y` `[S, B]` (bitwise: one call per model)."
+        N, B = logits.shape[:2]
+        if self.bitwise: return torch.stack([F.cross_entropy(logits[i], y[i % self.num_seeds]) for i in range(N)])
+        y = y.expand(self.num_methods, *y.shape).reshape(N * B)
+        return F.cross_entropy(logits.reshape(N * B, -1), y, reduction="none").view(N, B).mean(1)
 
     def dropout(self, x):
         "Each seed's next mask, the draw its plain run makes, shared by the seed's methods."
@@ -537,3 +549,33 @@ for kw, x, km in [(dict(seq_len=16, input_dim=49), torch.rand(2, 12, 16, 49), No
     test_eq(stack.model_alphas(0), None)
 test_fail(lambda: StackedClassifiers(models[:5], 2), contains="do not form a grid")
 test_fail(lambda: StackedClassifiers([models[0], models[2], models[1], models[3]], 2), contains="method by method")
+
+# %% [markdown]
+# `bitwise=False` batches the per-model reductions: the same model to the last bits, and far fewer operator calls per
+# training step (each a kernel launch on a GPU) — counted here, forward and backward, for 7 methods × 2 seeds:
+
+# %%
+from torch.utils._python_dispatch import TorchDispatchMode
+from sparse_attention_repro.normalizers import NORMALIZERS
+
+class CountOps(TorchDispatchMode):
+    "Counts the operator calls that reach the kernels."
+    def __init__(self): super().__init__(); self.n = 0
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+calls, out = {}, {}
+for seeds in (2, 6):
+    models = _grid_models(seeds, NORMALIZERS, seq_len=16, input_dim=49)
+    x, y = torch.rand(seeds, 32, 16, 49), torch.randint(0, 5, (seeds, 32))
+    for bitwise in (True, False):
+        stack = StackedClassifiers(models, seeds, bitwise=bitwise).train()
+        stack.generators = _streams(seeds, models)
+        with CountOps() as ops:
+            loss = stack.losses(stack(x), y); loss.sum().backward(); stack.clip_grad_norms_(5.0)
+        calls[seeds, bitwise] = ops.n
+        out[seeds, bitwise] = (loss.detach(), stack.p("blocks.0.ln1.weight").grad.clone(), stack.p("head.weight").grad.clone())
+    print(f"operator calls per training step, {7 * seeds} models: bitwise {calls[seeds, True]}, batched {calls[seeds, False]}")
+assert calls[6, False] - calls[2, False] < (calls[6, True] - calls[2, True]) / 4       # batched: barely grows with seeds
+for a, b in zip(out[6, True], out[6, False]): test_close(a, b, eps=1e-5)

@@ -119,9 +119,9 @@ def evaluate(model, split, batch_size=500, precision="fp32"):
 # results (tested below); only the drawing of the masks, about a third of a softmax run on this CPU, is shared.
 # A list of one model is the plain, one-run-at-a-time path (`train_model`).
 #
-# (We also tried stacking the methods into one model with a leading method axis and batched matmuls. It was 1.2× faster
-# at 17 tokens and *slower* at 97 tokens: seven methods' attention maps no longer fit in cache, and the matmuls of this
-# model already run near this CPU's single-core peak. Lock-step keeps each model's working set as small as a plain run's.)
+# (Stacking the models into one with a leading model axis and batched matmuls — `train_stacked`, below, the path for
+# GPUs — does not pay on this 2-core CPU: seven methods' attention maps no longer fit in cache, and the matmuls of this
+# model already run near the core's peak. Lock-step keeps each model's working set as small as a plain run's.)
 #
 # A non-finite training loss ends that model's training with `status="failed_nonfinite_loss"` instead of crashing the
 # grid; it is checked once per epoch, so the hot loop has no host synchronisation. For the adaptive entmax the per-head
@@ -235,7 +235,7 @@ def train_stacked(models, trains, cfg: TrainConfig, seeds, generators, desc="") 
                 xb, yb = torch.stack([t.x[j] for t, j in zip(trains, idx)]), torch.stack([t.y[j] for t, j in zip(trains, idx)])
                 mb = None if trains[0].key_mask is None else torch.stack([t.key_mask[j] for t, j in zip(trains, idx)])
                 with autocast(device, cfg.precision): logits = stack(xb, mb).float()
-                loss = torch.stack([F.cross_entropy(logits[k], yb[k % S]) for k in range(N)])   # each model's own mean
+                loss = stack.losses(logits, yb)                                 # each model's own mean
                 opt.zero_grad(set_to_none=True)
                 loss.sum().backward()
                 stack.clip_grad_norms_(cfg.grad_clip)

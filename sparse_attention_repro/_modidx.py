@@ -331,6 +331,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                               'sparse_attention_repro/model.py'),
                                               'sparse_attention_repro.model.StackedClassifiers.linear': ( 'model.html#stackedclassifiers.linear',
                                                                                                           'sparse_attention_repro/model.py'),
+                                              'sparse_attention_repro.model.StackedClassifiers.losses': ( 'model.html#stackedclassifiers.losses',
+                                                                                                          'sparse_attention_repro/model.py'),
                                               'sparse_attention_repro.model.StackedClassifiers.model_alphas': ( 'model.html#stackedclassifiers.model_alphas',
                                                                                                                 'sparse_attention_repro/model.py'),
                                               'sparse_attention_repro.model.StackedClassifiers.p': ( 'model.html#stackedclassifiers.p',

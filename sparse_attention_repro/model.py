@@ -171,8 +171,8 @@ def count_parameters(model):
 class StackedLinear(torch.autograd.Function):
     "y[i] = x[i] @ w[i].T + b[i] for every model i, with gradients computed as `nn.Linear` computes them."
     @staticmethod
-    def forward(ctx, x, w, b):
-        ctx.dtypes = (x.dtype, w.dtype, b.dtype)
+    def forward(ctx, x, w, b, bitwise=True):
+        ctx.dtypes, ctx.bitwise = (x.dtype, w.dtype, b.dtype), bitwise
         if torch.is_autocast_enabled(x.device.type):                  # bf16 autocast: cast as autocast casts a Linear
             dt = torch.get_autocast_dtype(x.device.type)
             x, w, b = x.to(dt), w.to(dt), b.to(dt)
@@ -182,14 +182,16 @@ class StackedLinear(torch.autograd.Function):
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         g = g.to(x.dtype)
-        dw = torch.stack([gi.t() @ xi for gi, xi in zip(g, x)])        # batched, this GEMM rounds unlike nn.Linear's
-        return tuple(t.to(dt) for t, dt in zip((torch.bmm(g, w), dw, g.sum(1)), ctx.dtypes))
+        if ctx.bitwise: dw = torch.stack([gi.t() @ xi for gi, xi in zip(g, x)])   # batched, this GEMM rounds unlike nn.Linear's
+        else: dw = torch.bmm(g.transpose(1, 2), x)
+        return *(t.to(dt) for t, dt in zip((torch.bmm(g, w), dw, g.sum(1)), ctx.dtypes)), None
 
 class StackedClassifiers(nn.Module):
     "Models of a methods x seeds grid (built as `CompactClassifier`s, ordered method by method) as one module."
-    def __init__(self, models, num_seeds: int):
+    def __init__(self, models, num_seeds: int, bitwise: bool | None = None):
         super().__init__()
         cfg, n = models[0].cfg, len(models)
+        self.bitwise = next(models[0].parameters()).device.type == "cpu" if bitwise is None else bitwise
         if n % num_seeds: raise ValueError(f"{n} models do not form a grid with {num_seeds} seeds")
         self.cfg, self.num_seeds, self.num_methods = cfg, num_seeds, n // num_seeds
         self.methods = [models[i].cfg.normalizer for i in range(0, n, num_seeds)]
@@ -217,12 +219,21 @@ class StackedClassifiers(nn.Module):
     def linear(self, x, name):
         "Each model's own `nn.Linear` called `name`: `[N, ..., in]` -> `[N, ..., out]`."
         w, b = self.p(name + ".weight"), self.p(name + ".bias")
-        return StackedLinear.apply(x.reshape(x.shape[0], -1, x.shape[-1]), w, b).view(*x.shape[:-1], w.shape[1])
+        return StackedLinear.apply(x.reshape(x.shape[0], -1, x.shape[-1]), w, b, self.bitwise).view(*x.shape[:-1], w.shape[1])
 
     def layer_norm(self, x, name):
-        "Each model's own `nn.LayerNorm` (one call per model: a shared call would sum the affine gradients differently)."
+        "Each model's own `nn.LayerNorm` (bitwise: one call per model; a shared call sums the affine gradients differently)."
         w, b = self.p(name + ".weight"), self.p(name + ".bias")
-        return torch.stack([F.layer_norm(x[i], x.shape[-1:], w[i], b[i]) for i in range(x.shape[0])])
+        if self.bitwise: return torch.stack([F.layer_norm(x[i], x.shape[-1:], w[i], b[i]) for i in range(x.shape[0])])
+        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+        return torch.addcmul(b.view(shape), F.layer_norm(x, x.shape[-1:]), w.view(shape))
+
+    def losses(self, logits, y):
+        "Each model's mean cross-entropy `[N]` on its seed's labels `y` `[S, B]` (bitwise: one call per model)."
+        N, B = logits.shape[:2]
+        if self.bitwise: return torch.stack([F.cross_entropy(logits[i], y[i % self.num_seeds]) for i in range(N)])
+        y = y.expand(self.num_methods, *y.shape).reshape(N * B)
+        return F.cross_entropy(logits.reshape(N * B, -1), y, reduction="none").view(N, B).mean(1)
 
     def dropout(self, x):
         "Each seed's next mask, the draw its plain run makes, shared by the seed's methods."

@@ -171,7 +171,7 @@ def train_stacked(models, trains, cfg: TrainConfig, seeds, generators, desc="") 
                 xb, yb = torch.stack([t.x[j] for t, j in zip(trains, idx)]), torch.stack([t.y[j] for t, j in zip(trains, idx)])
                 mb = None if trains[0].key_mask is None else torch.stack([t.key_mask[j] for t, j in zip(trains, idx)])
                 with autocast(device, cfg.precision): logits = stack(xb, mb).float()
-                loss = torch.stack([F.cross_entropy(logits[k], yb[k % S]) for k in range(N)])   # each model's own mean
+                loss = stack.losses(logits, yb)                                 # each model's own mean
                 opt.zero_grad(set_to_none=True)
                 loss.sum().backward()
                 stack.clip_grad_norms_(cfg.grad_clip)
