@@ -33,6 +33,7 @@ from sparse_attention_repro.normalizers import get_normalizer, attention_density
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
+from sparse_attention_repro.kernels import use_kernels
 
 
 # %%
@@ -475,15 +476,16 @@ class StackedClassifiers(nn.Module):
         "`clip_grad_norm_` of every model: the norm over its own gradients, taken in its plain order; its own coefficient."
         S, totals = self.num_seeds, []
         norms = {k: torch.linalg.vector_norm(self.p(k).grad.flatten(1), 2, dim=1) for k in self.names}
-        for g in range(self.num_methods):
-            grads = [self._norm_param(g, k).grad if ".normalizer." in k else self.p(k).grad[g * S:(g + 1) * S] for k in self.order[g]]
-            per = [torch.linalg.vector_norm(gr.flatten(1), 2, dim=1) if ".normalizer." in k else norms[k][g * S:(g + 1) * S]
-                   for k, gr in zip(self.order[g], grads)]
-            total = torch.linalg.vector_norm(torch.stack(per, 1), 2, dim=1)                                  # [S]
-            coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-            for gr in grads: gr.mul_(coef.view(-1, *(1,) * (gr.dim() - 1)))
-            totals.append(total)
-        return torch.cat(totals)
+        for g, layers in enumerate(self.normalizers):
+            per = [torch.linalg.vector_norm(self._norm_param(g, k).grad.flatten(1), 2, dim=1) if ".normalizer." in k
+                   else norms[k][g * S:(g + 1) * S] for k in self.order[g]]
+            totals.append(torch.linalg.vector_norm(torch.stack(per, 1), 2, dim=1))                          # [S]
+        total = torch.cat(totals)
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        for k in self.names: self.p(k).grad.mul_(coef.view(-1, *(1,) * (self.p(k).dim() - 1)))
+        for g, layers in enumerate(self.normalizers):
+            for q in layers.parameters(): q.grad.mul_(coef[g * S:(g + 1) * S].view(-1, *(1,) * (q.dim() - 1)))
+        return total
 
     def model_alphas(self, i):
         "Per-layer, per-head alpha of model i when it has a learned normalizer, else None."
@@ -544,6 +546,9 @@ for kw, x, km in [(dict(seq_len=16, input_dim=49), torch.rand(2, 12, 16, 49), No
     for i, mod in enumerate(models):
         test_eq(totals[i], torch.nn.utils.clip_grad_norm_(mod.parameters(), 0.05))
         assert all(torch.equal(grad_of(i, k), q.grad) for k, q in mod.named_parameters()), i
+    with use_kernels(False), torch.no_grad():    # the torch normalizers (the GPU's): the same model, to the Newton
+        for i, mod in enumerate(models):          # tolerance (their iterations stop when every row of the call has converged)
+            test_close(stack.eval()(x, km)[i], mod.eval()(x[i % 2], None if km is None else km[i % 2]), eps=1e-5)
     test_eq(stack.normalizers[1][0].alpha_logit.shape, (2, 4))
     test_eq(stack.model_alphas(3), [b.attn.normalizer.alpha.detach() for b in models[3].blocks])
     test_eq(stack.model_alphas(0), None)

@@ -274,15 +274,16 @@ class StackedClassifiers(nn.Module):
         "`clip_grad_norm_` of every model: the norm over its own gradients, taken in its plain order; its own coefficient."
         S, totals = self.num_seeds, []
         norms = {k: torch.linalg.vector_norm(self.p(k).grad.flatten(1), 2, dim=1) for k in self.names}
-        for g in range(self.num_methods):
-            grads = [self._norm_param(g, k).grad if ".normalizer." in k else self.p(k).grad[g * S:(g + 1) * S] for k in self.order[g]]
-            per = [torch.linalg.vector_norm(gr.flatten(1), 2, dim=1) if ".normalizer." in k else norms[k][g * S:(g + 1) * S]
-                   for k, gr in zip(self.order[g], grads)]
-            total = torch.linalg.vector_norm(torch.stack(per, 1), 2, dim=1)                                  # [S]
-            coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-            for gr in grads: gr.mul_(coef.view(-1, *(1,) * (gr.dim() - 1)))
-            totals.append(total)
-        return torch.cat(totals)
+        for g, layers in enumerate(self.normalizers):
+            per = [torch.linalg.vector_norm(self._norm_param(g, k).grad.flatten(1), 2, dim=1) if ".normalizer." in k
+                   else norms[k][g * S:(g + 1) * S] for k in self.order[g]]
+            totals.append(torch.linalg.vector_norm(torch.stack(per, 1), 2, dim=1))                          # [S]
+        total = torch.cat(totals)
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        for k in self.names: self.p(k).grad.mul_(coef.view(-1, *(1,) * (self.p(k).dim() - 1)))
+        for g, layers in enumerate(self.normalizers):
+            for q in layers.parameters(): q.grad.mul_(coef[g * S:(g + 1) * S].view(-1, *(1,) * (q.dim() - 1)))
+        return total
 
     def model_alphas(self, i):
         "Per-layer, per-head alpha of model i when it has a learned normalizer, else None."
