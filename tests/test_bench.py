@@ -15,3 +15,11 @@ def test_bench_normalizers_prints_every_normalizer():
     assert r.returncode == 0, r.stderr
     for text in ("sparsemax", "entmax15", "topk_softmax_05", "entmax_pkg", "kernels", "torch"):
         assert text in r.stdout, (text, r.stdout)
+
+def test_bench_stack_prints_speedup_and_identical_results(data_root):
+    r = cli("bench", "stack", "--datasets", "fashion_mnist", "--train-limit", "192", "--stack-seeds", "2", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    line = [l for l in r.stdout.splitlines() if l.startswith("fashion_mnist")][0].split()
+    assert line[1:4] == ["2", "14", "cpu"] and line[-1] == "14.0", r.stdout       # every accuracy identical on the CPU
+    bad = cli("bench", "stack", "--stack-seeds", "0")
+    assert bad.returncode == 2 and "--stack-seeds must be >= 1" in bad.stderr, bad.stderr
