@@ -262,7 +262,8 @@ def train_stacked(models, trains, cfg: TrainConfig, seeds, generators, desc="") 
 # `run_methods` trains and evaluates every method of one (dataset, seed): all models are built from
 # `torch.manual_seed(seed)` — the same initial weights, the paired design — and trained in lock-step (`lockstep=True`, the
 # default) or one after the other. Each returns the metrics row of PROTOCOL.md; `lockstep_size` records how many runs
-# shared the masks. `run_one` is the single run.
+# trained together (1 for a run alone; methods × seeds for a stack, `run_stacked`, whose `train_seconds` are each model's
+# equal share of the stack's wall time). `run_one` is the single run.
 
 # %%
 #| export
