@@ -295,7 +295,9 @@ def execute_task_portable(task: NotebookTask, notebook_text: str):
     "Execute `task` in a private temporary folder (on any machine); return (error, {path: bytes}) for the driver to write."
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        base = Path(os.path.commonpath([str(Path(p).parent) for p in task.produces]))
+        base = os.path.commonpath([str(Path(p).parent) for p in task.produces])
+        above = [v for v in task.parameters.values() if isinstance(v, str) and v and _under(base, v)]
+        base = Path(min(above, key=len) if above else base)      # a folder parameter above the rows (one per seed) maps too
         local_path = lambda v: str(tmp / "rows" / Path(v).relative_to(base))
         params = {k: local_path(v) if _under(v, base) else v for k, v in task.parameters.items()}
         (tmp / "template.ipynb").write_text(notebook_text)
@@ -413,3 +415,13 @@ test_eq(pd.read_csv(t.produces[0]).values.tolist(), [[5, 25]])         # ... unt
 err, files = execute_task_portable(NotebookTask("x-2", d / "square.ipynb", d / "nbs" / "x-2.ipynb", [d / "rows2" / "x-2.csv"],
                                                 dict(x=-2, rows_path=str(d / "rows2" / "x-2.csv"))), (d / "square.ipynb").read_text())
 test_eq((err, list(files)), ("ValueError: x must be >= 0", [str(d / "nbs" / "x-2.ipynb")]))   # failed notebook kept, no rows
+
+# a folder parameter above the rows (the study A notebook writes `rows_dir/seed<k>/<method>.csv`) is mapped too
+nb_sub = nbformat.v4.new_notebook()
+params = nbformat.v4.new_code_cell('x = 1\nrows_dir = "r"'); params.metadata["tags"] = ["parameters"]
+nb_sub.cells = [params, nbformat.v4.new_code_cell("from sparse_attention_repro.runner import save_rows\n"
+                                                  "save_rows([dict(x=x)], f'{rows_dir}/seed{x}/x.csv')")]
+t = NotebookTask("x7", d / "sub.ipynb", d / "nbs" / "x7.ipynb", [d / "rows3" / "seed7" / "x.csv"], dict(x=7, rows_dir=str(d / "rows3")))
+err, files = execute_task_portable(t, nbformat.writes(nb_sub))
+test_eq((err, sorted(files)), (None, sorted([str(t.output), str(t.produces[0])])))
+assert not (d / "rows3").exists()

@@ -149,7 +149,9 @@ def execute_task_portable(task: NotebookTask, notebook_text: str):
     "Execute `task` in a private temporary folder (on any machine); return (error, {path: bytes}) for the driver to write."
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        base = Path(os.path.commonpath([str(Path(p).parent) for p in task.produces]))
+        base = os.path.commonpath([str(Path(p).parent) for p in task.produces])
+        above = [v for v in task.parameters.values() if isinstance(v, str) and v and _under(base, v)]
+        base = Path(min(above, key=len) if above else base)      # a folder parameter above the rows (one per seed) maps too
         local_path = lambda v: str(tmp / "rows" / Path(v).relative_to(base))
         params = {k: local_path(v) if _under(v, base) else v for k, v in task.parameters.items()}
         (tmp / "template.ipynb").write_text(notebook_text)
