@@ -142,6 +142,11 @@ class TrainResult:
     seconds: float              # own compute + drawing the dropout masks
     losses: torch.Tensor        # training loss of every step
 
+def _fresh_results(models, steps, device) -> list:
+    "One `TrainResult` per model before its first step: ok, alpha at epoch 0, no time, `steps` NaN losses."
+    return [TrainResult("ok", [s for s in [_alpha_snapshot(m.alphas(), 0)] if s], 0.0,
+                        torch.full((steps,), float("nan"), device=device)) for m in models]
+
 def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="") -> list:
     "Train `models` (same seed, one per normalizer) in place, step by step together; one `TrainResult` per model."
     opts = [torch.optim.AdamW(m.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for m in models]
@@ -149,8 +154,7 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="") -> list:
     n, bs = len(train.y), cfg.batch_size
     steps = cfg.epochs * -(-n // bs)
     device = train.y.device
-    results = [TrainResult("ok", [s for s in [_alpha_snapshot(m.alphas(), 0)] if s], 0.0,
-                           torch.full((steps,), float("nan"), device=device)) for m in models]
+    results = _fresh_results(models, steps, device)
     active, step = list(range(len(models))), 0
     bar = tqdm(total=steps, desc=desc, disable=not cfg.progress, mininterval=2, leave=False)
     try:
@@ -221,8 +225,7 @@ def train_stacked(models, trains, cfg: TrainConfig, seeds, generators, desc="") 
     n, bs, device = len(trains[0].y), cfg.batch_size, trains[0].y.device
     if any(len(t.y) != n for t in trains): raise ValueError("every seed's train subset must have the same size to stack them")
     per_epoch = -(-n // bs); steps = cfg.epochs * per_epoch
-    results = [TrainResult("ok", [s for s in [_alpha_snapshot(m.alphas(), 0)] if s], 0.0,
-                           torch.full((steps,), float("nan"), device=device)) for m in models]
+    results = _fresh_results(models, steps, device)
     losses, step, ends = torch.full((steps, N), float("nan"), device=device), 0, [steps] * N
     bar = tqdm(total=steps, desc=desc, disable=not cfg.progress, mininterval=2, leave=False)
     t0 = time.perf_counter()
@@ -475,7 +478,11 @@ for ds, kw in [("fashion_mnist", {}), ("twenty_news", dict(mask_padding=True))]:
 test_eq(len(res["headwise_adaptive_entmax", 1].alpha_history), 3)
 built, bad = _stacked(ds, three, [0, 1], c3, datas, spoil=("softmax", 1))
 test_eq([bad[k].status for k in bad], ["ok", "failed_nonfinite_loss", "ok", "ok", "ok", "ok"])
-test_eq(bad["softmax", 1].losses[c3.epochs * -(-300 // 96) // 2:].isnan().all(), True)       # its steps end with epoch 1
+spoilt = [_new_model(datas[1], m, 1) for m in three]
+with torch.no_grad(): spoilt[0].head.weight.fill_(float("nan"))
+plain_bad = train_lockstep(spoilt, datas[1].train, c3, 1)                         # the same failure on the plain path
+test_eq(bad["softmax", 1].status, plain_bad[0].status)
+assert torch.equal(bad["softmax", 1].losses.isnan(), plain_bad[0].losses.isnan())
 assert all(torch.equal(bad[k].losses, res[k].losses) for k in bad if k != ("softmax", 1))
 
 r_stack = run_study_a("fashion_mnist", [0, 1], ["softmax", "sparsemax"], "smoke", stack=True, train_limit=192, test_limit=64, progress=False)

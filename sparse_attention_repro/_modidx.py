@@ -575,6 +575,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                             'sparse_attention_repro/train.py'),
                                               'sparse_attention_repro.train._alpha_snapshot': ( 'train.html#_alpha_snapshot',
                                                                                                 'sparse_attention_repro/train.py'),
+                                              'sparse_attention_repro.train._fresh_results': ( 'train.html#_fresh_results',
+                                                                                               'sparse_attention_repro/train.py'),
                                               'sparse_attention_repro.train._new_model': ( 'train.html#_new_model',
                                                                                            'sparse_attention_repro/train.py'),
                                               'sparse_attention_repro.train._row': ('train.html#_row', 'sparse_attention_repro/train.py'),

@@ -92,6 +92,11 @@ class TrainResult:
     seconds: float              # own compute + drawing the dropout masks
     losses: torch.Tensor        # training loss of every step
 
+def _fresh_results(models, steps, device) -> list:
+    "One `TrainResult` per model before its first step: ok, alpha at epoch 0, no time, `steps` NaN losses."
+    return [TrainResult("ok", [s for s in [_alpha_snapshot(m.alphas(), 0)] if s], 0.0,
+                        torch.full((steps,), float("nan"), device=device)) for m in models]
+
 def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="") -> list:
     "Train `models` (same seed, one per normalizer) in place, step by step together; one `TrainResult` per model."
     opts = [torch.optim.AdamW(m.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for m in models]
@@ -99,8 +104,7 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="") -> list:
     n, bs = len(train.y), cfg.batch_size
     steps = cfg.epochs * -(-n // bs)
     device = train.y.device
-    results = [TrainResult("ok", [s for s in [_alpha_snapshot(m.alphas(), 0)] if s], 0.0,
-                           torch.full((steps,), float("nan"), device=device)) for m in models]
+    results = _fresh_results(models, steps, device)
     active, step = list(range(len(models))), 0
     bar = tqdm(total=steps, desc=desc, disable=not cfg.progress, mininterval=2, leave=False)
     try:
@@ -157,8 +161,7 @@ def train_stacked(models, trains, cfg: TrainConfig, seeds, generators, desc="") 
     n, bs, device = len(trains[0].y), cfg.batch_size, trains[0].y.device
     if any(len(t.y) != n for t in trains): raise ValueError("every seed's train subset must have the same size to stack them")
     per_epoch = -(-n // bs); steps = cfg.epochs * per_epoch
-    results = [TrainResult("ok", [s for s in [_alpha_snapshot(m.alphas(), 0)] if s], 0.0,
-                           torch.full((steps,), float("nan"), device=device)) for m in models]
+    results = _fresh_results(models, steps, device)
     losses, step, ends = torch.full((steps, N), float("nan"), device=device), 0, [steps] * N
     bar = tqdm(total=steps, desc=desc, disable=not cfg.progress, mininterval=2, leave=False)
     t0 = time.perf_counter()
