@@ -202,6 +202,72 @@ test_close(h.p_holm[4], 0.02)                   # the NaN is not counted: family
 assert np.isnan(h.p_holm[5])
 
 # %% [markdown]
+# ## Equivalence: "no difference" needs a margin fixed in advance
+#
+# A non-significant paired t-test is absence of evidence, not evidence of "≈". To say two arms are the same we use the
+# two one-sided tests (TOST, Schuirmann 1987) on the paired differences: the arms are *equivalent within ±m* when both
+# "Δ ≤ −m" and "Δ ≥ +m" are rejected at 5 % — the same as the 90 % confidence interval of Δ lying inside (−m, +m). The
+# margins are declared in the protocol notebook before the runs they judge, and live here, in one place:
+#
+# | margin | judges | value |
+# |---|---|---|
+# | `hae_vs_entmax15` | the adaptive entmax against entmax-1.5 (claim A5) | ±0.5 pt |
+# | `ablation` | "the ablation does not change a gain" | ±1 pt |
+# | `crisp` | a Crisp configuration against dense | ±0.5 pt |
+# | `recipe` | "the gain over softmax is gone" once every arm is trained to its best recipe | ±1 pt |
+# | `fast_path` | a method's accuracy on the fast path against the default path | ±0.5 pt |
+# | `alpha_start` | the learned α (not accuracy) against a reference α | ±0.05 |
+
+# %%
+#| export
+EQUIVALENCE_MARGINS = dict(hae_vs_entmax15=0.005, ablation=0.01, crisp=0.005, recipe=0.01, fast_path=0.005, alpha_start=0.05)
+
+def tost_paired(a, b, margin):
+    "TOST p-value that the paired mean of `a - b` lies within ±`margin` (pingouin's `tost`; NaN with fewer than 2 pairs)."
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    ok = ~(np.isnan(a) | np.isnan(b)); a, b = a[ok], b[ok]
+    if len(a) < 2: return np.nan
+    d = a - b
+    if np.allclose(d, d[0]): return 0.0 if abs(d[0]) < margin else 1.0      # no spread: the constant decides
+    with _unrounded(): return float(_pg_get(pg.tost(a, b, bound=margin, paired=True).iloc[0], "pval", "p-val"))
+
+# %% [markdown]
+# Checked against the definition: the larger of the two one-sided p-values of one-sample t-tests of the differences
+# against −m (alternative "greater") and +m ("less"), computed with scipy.
+
+# %%
+_rng = np.random.default_rng(3)
+_a = _rng.normal(0.40, 0.02, 10); _b = _a - _rng.normal(0.002, 0.003, 10)
+for _m in (0.001, 0.005, 0.02):
+    _ref = max(sps.ttest_1samp(_a - _b, -_m, alternative="greater").pvalue, sps.ttest_1samp(_a - _b, _m, alternative="less").pvalue)
+    test_close(tost_paired(_a, _b, _m), _ref, eps=1e-9)
+assert tost_paired(_a, _b, 0.02) < 0.05 < tost_paired(_a, _b, 0.001)        # a wide margin is met, a tight one is not
+assert np.isnan(tost_paired([0.5], [0.4], 0.01))
+test_eq(tost_paired([0.5, 0.6], [0.5, 0.6], 0.01), 0.0)                      # identical arms: equivalent at any margin
+
+# %% [markdown]
+# The verdict reads three ways. *Equivalent within ±m* when TOST rejects; a difference can be significant and still
+# inside the margin (a small, consistent offset) — the sentence then says so. *Different* when TOST does not reject but
+# the two-sided test does (with its Holm-adjusted p where it belongs to a family). *Undecided* otherwise: the seeds
+# cannot tell.
+
+# %%
+#| export
+def equivalence_verdict(p_tost, p_diff, margin, alpha=0.05, unit="pt"):
+    "'equivalent within ±m', 'different' or 'undecided' from a TOST p and a (Holm) two-sided p."
+    m = f"±{100 * margin:.1f} pt" if unit == "pt" else f"±{margin:g}"
+    if np.isfinite(p_tost) and p_tost < alpha: return f"equivalent within {m}"
+    if np.isfinite(p_diff) and p_diff < alpha: return "different"
+    return "undecided"
+
+# %%
+test_eq(equivalence_verdict(0.01, 0.002, 0.005), "equivalent within ±0.5 pt")
+test_eq(equivalence_verdict(0.30, 0.002, 0.005), "different")
+test_eq(equivalence_verdict(0.30, 0.40, 0.01), "undecided")
+test_eq(equivalence_verdict(np.nan, np.nan, 0.05, unit="alpha"), "undecided")
+test_eq(equivalence_verdict(0.01, np.nan, 0.05, unit="alpha"), "equivalent within ±0.05")
+
+# %% [markdown]
 # ## Study A: every sparse method vs softmax
 #
 # `paired_tests` runs one comparison per `(profile, dataset, method)` against the baseline, on `metric`, and carries the

@@ -4,13 +4,14 @@
 
 # %% auto 0
 __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'BASELINE', 'SPARSE_METHODS', 'TOPK_METHODS', 'CRISP_BASELINE', 'CRISP_CONFIGS',
-           'TEST_COLS', 'PUBLISHED_CRISP_GAIN', 'PAPER_MODEL', 'CLAIMS', 'ABLATIONS', 'ABLATION_COLS',
-           'PAPER_SOFTMAX_ACCURACY', 'DATASET_ORDER', 'load_runs', 'load_crisp', 'paired_stats', 'holm', 'family_of',
-           'paired_tests', 'crisp_tests', 'seed_deltas', 'single_seed_summary', 'single_pair_exceedance', 'mde_paired',
-           'mde_unpaired', 'discordance_from_deltas', 'power_table', 'accuracy_ci', 'select_topk', 'alpha_long',
-           'time_ratios', 'layer_sparsity', 'crisp_learning_curve', 'prediction_interval', 'verdict', 'fmt_p',
-           'claims_table', 'ablation_tests', 'ablation_answer', 'readable_ablation', 'readable_single_seed',
-           'readable_power', 'readable_tests', 'paper_deltas', 'readable_claims', 'analyse']
+           'EQUIVALENCE_MARGINS', 'TEST_COLS', 'PUBLISHED_CRISP_GAIN', 'PAPER_MODEL', 'CLAIMS', 'ABLATIONS',
+           'ABLATION_COLS', 'PAPER_SOFTMAX_ACCURACY', 'DATASET_ORDER', 'load_runs', 'load_crisp', 'paired_stats',
+           'holm', 'tost_paired', 'equivalence_verdict', 'family_of', 'paired_tests', 'crisp_tests', 'seed_deltas',
+           'single_seed_summary', 'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas',
+           'power_table', 'accuracy_ci', 'select_topk', 'alpha_long', 'time_ratios', 'layer_sparsity',
+           'crisp_learning_curve', 'prediction_interval', 'verdict', 'fmt_p', 'claims_table', 'ablation_tests',
+           'ablation_answer', 'readable_ablation', 'readable_single_seed', 'readable_power', 'readable_tests',
+           'paper_deltas', 'readable_claims', 'analyse']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -102,6 +103,26 @@ def holm(df, family_cols=("family",), p_col="p"):
             _, adj = pg.multicomp(p[ok], method="holm")
             df.loc[np.asarray(idx)[ok], "p_holm"] = adj
     return df
+
+# %% ../nbs/05_stats.ipynb
+EQUIVALENCE_MARGINS = dict(hae_vs_entmax15=0.005, ablation=0.01, crisp=0.005, recipe=0.01, fast_path=0.005, alpha_start=0.05)
+
+def tost_paired(a, b, margin):
+    "TOST p-value that the paired mean of `a - b` lies within ±`margin` (pingouin's `tost`; NaN with fewer than 2 pairs)."
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    ok = ~(np.isnan(a) | np.isnan(b)); a, b = a[ok], b[ok]
+    if len(a) < 2: return np.nan
+    d = a - b
+    if np.allclose(d, d[0]): return 0.0 if abs(d[0]) < margin else 1.0      # no spread: the constant decides
+    with _unrounded(): return float(_pg_get(pg.tost(a, b, bound=margin, paired=True).iloc[0], "pval", "p-val"))
+
+# %% ../nbs/05_stats.ipynb
+def equivalence_verdict(p_tost, p_diff, margin, alpha=0.05, unit="pt"):
+    "'equivalent within ±m', 'different' or 'undecided' from a TOST p and a (Holm) two-sided p."
+    m = f"±{100 * margin:.1f} pt" if unit == "pt" else f"±{margin:g}"
+    if np.isfinite(p_tost) and p_tost < alpha: return f"equivalent within {m}"
+    if np.isfinite(p_diff) and p_diff < alpha: return "different"
+    return "undecided"
 
 # %% ../nbs/05_stats.ipynb
 TEST_COLS = ["family", "profile", "dataset", "method", "baseline", "metric", "n", "mean_delta", "ci_low", "ci_high",
