@@ -52,6 +52,7 @@ class TrainConfig:
     learned_pad_row: bool = False    # variant: learn the padding embedding (the original keeps it zero and frozen)
     dropout_rng: str = "torch"       # "torch" (nn.Dropout's masks) | "philox" (faster counter-based masks, see `model`)
     precision: str = "fp32"          # "fp32" | "bf16": autocast for training and evaluation (bf16 matrix units: CPUs, GPUs)
+    epoch_eval: bool = False         # also evaluate validation and test after every epoch (learning curves; training unchanged)
     download: bool = False           # fetch the dataset online when no offline copy is found (the source is recorded per row)
     device: str = "auto"             # auto (CUDA when available) | cpu | cuda; recorded per row
     progress: bool = True            # tqdm bar
@@ -141,14 +142,16 @@ class TrainResult:
     alpha_history: list         # per-epoch alpha of the adaptive entmax, else []
     seconds: float              # own compute + drawing the dropout masks
     losses: torch.Tensor        # training loss of every step
+    epoch_metrics: list = None  # with a `monitor`: its metrics after every epoch, e.g. [{"epoch": 1, "val_accuracy": ...}, ...]
 
 def _fresh_results(models, steps, device) -> list:
     "One `TrainResult` per model before its first step: ok, alpha at epoch 0, no time, `steps` NaN losses."
     return [TrainResult("ok", [s for s in [_alpha_snapshot(m.alphas(), 0)] if s], 0.0,
                         torch.full((steps,), float("nan"), device=device)) for m in models]
 
-def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="") -> list:
-    "Train `models` (same seed, one per normalizer) in place, step by step together; one `TrainResult` per model."
+def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="", monitor=None) -> list:
+    """Train `models` (same seed, one per normalizer) in place, step by step together; one `TrainResult` per model.
+    `monitor(model) -> dict`, when given, is called on every model still training after each epoch (untimed)."""
     opts = [torch.optim.AdamW(m.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for m in models]
     gen, tape = torch.Generator().manual_seed(seed), MaskTape()
     n, bs = len(train.y), cfg.batch_size
@@ -183,16 +186,18 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="") -> list:
             for j in list(active):
                 if not torch.isfinite(results[j].losses[step - (-(-n // bs)):step].sum()):
                     results[j].status = "failed_nonfinite_loss"; active.remove(j)
-                elif (s := _alpha_snapshot(models[j].alphas(), epoch)): results[j].alpha_history.append(s)
+                else:
+                    if (s := _alpha_snapshot(models[j].alphas(), epoch)): results[j].alpha_history.append(s)
+                    if monitor is not None: results[j].epoch_metrics = (results[j].epoch_metrics or []) + [dict(epoch=epoch, **monitor(models[j]))]
             if not active: break
     finally:
         for m in models: m.set_mask_tape(None)
         bar.close()
     return results
 
-def train_model(model, train, cfg: TrainConfig, seed: int, desc="") -> TrainResult:
+def train_model(model, train, cfg: TrainConfig, seed: int, desc="", monitor=None) -> TrainResult:
     "Train one `model` in place on `train` (the plain path)."
-    return train_lockstep([model], train, cfg, seed, desc)[0]
+    return train_lockstep([model], train, cfg, seed, desc, monitor)[0]
 
 
 # %% [markdown]
@@ -284,7 +289,8 @@ def _row(dataset, method, seed, config, data, model, result: TrainResult, lockst
                val_n=0 if data.val is None else len(data.val.y), val_accuracy=np.nan, val_macro_f1=np.nan,
                dataset_source=data.dataset_source, status=result.status, error="", lockstep_size=lockstep_size,
                device=str(next(model.parameters()).device.type),
-               alpha_history=json.dumps(result.alpha_history) if result.alpha_history else "")
+               alpha_history=json.dumps(result.alpha_history) if result.alpha_history else "", lr=config.lr,
+               epoch_metrics=json.dumps(result.epoch_metrics) if result.epoch_metrics else "")
     if result.status != "ok":
         row["error"] = "training loss became NaN/inf"
         return row
@@ -303,6 +309,17 @@ def load_run_data(dataset, seed, config):
                         patch_size=config.patch_size, mask_padding=config.mask_padding, marker_vocab=config.marker_vocab,
                         download=config.download)
 
+def epoch_monitor(data, precision="fp32"):
+    "The `monitor` of `TrainConfig.epoch_eval`: accuracy and loss on the validation (if any) and test splits."
+    def monitor(model):
+        out = {}
+        for name, split in (("val", data.val), ("test", data.test)):
+            if split is None: continue
+            m = evaluate(model, split, precision=precision)
+            out.update({f"{name}_accuracy": m["accuracy"], f"{name}_loss": m["loss"]})
+        return out
+    return monitor
+
 def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None, lockstep=True) -> list:
     "Train and evaluate every method of `methods` on one (dataset, seed); one metrics row per method."
     for m in methods: get_normalizer(m, num_heads=1)                  # fail early on an unknown method
@@ -311,11 +328,13 @@ def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None
         return [r for m in methods for r in run_methods(dataset, [m], seed, config, data)]
     device = resolve_device(config.device)
     models = [_new_model(data, m, seed, config.learned_pad_row, device, config.dropout_rng) for m in methods]
-    results = train_lockstep(models, data.train.to(device), config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0] if len(methods) == 1 else f"{len(methods)} methods"))
+    results = train_lockstep(models, data.train.to(device), config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0] if len(methods) == 1 else f"{len(methods)} methods"),
+                             monitor=epoch_monitor(data, config.precision) if config.epoch_eval else None)
     return [_row(dataset, m, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
 
 def run_stacked(dataset: str, methods, seeds, config: TrainConfig, datas=None) -> list:
     "Train every method on every seed as one stack (`train_stacked`) and evaluate each model; rows seed by seed."
+    if config.epoch_eval: raise ValueError("epoch_eval (learning curves) runs on the lock-step or plain path; drop the stack")
     for m in methods: get_normalizer(m, num_heads=1)
     datas = [load_run_data(dataset, s, config) for s in seeds] if datas is None else datas
     device = resolve_device(config.device)
@@ -350,7 +369,7 @@ def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, ro
     if not seeds or any(s < 0 for s in seeds): raise ValueError(f"seeds must be one or more integers >= 0, got {seeds}")
     for m in methods: get_normalizer(m, num_heads=1)
     if threads: torch.set_num_threads(threads)
-    config = profile_config(profile, dataset, **options)
+    config = profile_config(profile, dataset, **{k: v for k, v in options.items() if not (k in ("lr", "epochs") and not v)})   # 0 = the protocol's
     rows = []
     def keep(done):
         done = [dict(r, profile=profile) for r in done]
@@ -402,6 +421,27 @@ assert hist[1]["alpha"] != hist[0]["alpha"] and 1.05 < rh["learned_alpha_mean"] 
 nan_data = replace(data, train=replace(data.train, x=torch.full_like(data.train.x, float("nan"))))
 bad = run_one("fashion_mnist", "softmax", 0, replace(cfg, epochs=1), nan_data)
 test_eq(bad["status"], "failed_nonfinite_loss")
+
+# %% [markdown]
+# **Learning curves leave training untouched.** With `epoch_eval` every epoch ends with an evaluation on the validation
+# and test splits (recorded as `epoch_metrics`). Evaluation draws no random numbers and changes no weight, so a
+# 2-epoch run with curves ends exactly where one without them does, and its epoch-1 entry equals the final evaluation
+# of a 1-epoch run; a choice of training length can then be read off one long run.
+
+# %%
+dv = load_dataset("fashion_mnist", 0, 600, 300, val_fraction=0.25)
+c_one, c_two = replace(cfg, epochs=1, train_limit=600), replace(cfg, epochs=2, train_limit=600)
+one = run_methods("fashion_mnist", ["softmax", "headwise_adaptive_entmax"], 0, c_one, dv)
+two = run_methods("fashion_mnist", ["softmax", "headwise_adaptive_entmax"], 0, c_two, dv)
+curves = run_methods("fashion_mnist", ["softmax", "headwise_adaptive_entmax"], 0, replace(c_two, epoch_eval=True), dv)
+for a, b, c in zip(one, two, curves):
+    test_eq((c["accuracy"], c["test_loss"], c["alpha_history"]), (b["accuracy"], b["test_loss"], b["alpha_history"]))
+    em = json.loads(c["epoch_metrics"])
+    test_eq([e["epoch"] for e in em], [1, 2])
+    test_eq((em[0]["test_accuracy"], em[0]["test_loss"], em[0]["val_accuracy"]), (a["accuracy"], a["test_loss"], a["val_accuracy"]))
+    test_eq((em[1]["test_accuracy"], em[1]["val_accuracy"]), (c["accuracy"], c["val_accuracy"]))
+    test_eq((b["epoch_metrics"], c["lr"]), ("", 1e-3))
+test_fail(lambda: run_stacked("fashion_mnist", ["softmax"], [0, 1], replace(c_two, epoch_eval=True)), contains="epoch_eval")
 
 # %% [markdown]
 # **Lock-step is the plain path, bit for bit.** All seven methods trained together give exactly the loss curve, the

@@ -1114,6 +1114,40 @@ test_eq(r_pw.columns.tolist(), ["sentences scored", "test", "assumption", "detec
 assert not r_pw.isin(["nan"]).any().any()
 
 # %% [markdown]
+# ## A fair recipe: does an advantage survive when every arm is trained to its best?
+#
+# Every verdict above rests on one recipe — learning rate 10⁻³, the paper's 6 or 8 epochs, no schedule — under which
+# softmax reaches only 78 % on Fashion-MNIST and 38 % on CIFAR-10. A gain in that regime could be faster early learning
+# rather than better attention. So each method of a headline claim gets its own learning rate and training length,
+# chosen on validation from the grid below (the protocol notebook fixed it before the runs). Each (dataset, learning
+# rate) is one grid run for the longest length with `--epoch-eval`: with no schedule, the run read at an earlier epoch
+# *is* the shorter run (the training test of `03_train` checks this bit for bit), so one run gives both lengths. The
+# validation split is a quarter of the training size, drawn after the training subset in each seed's permutation.
+
+# %%
+#| export
+RECIPE_SEARCH = {   # dataset: the methods of its claims, the learning rates and the lengths (epochs) searched
+    "fashion_mnist": dict(methods=("softmax", "entmax15", "topk_softmax_0125"), lrs=(3e-4, 1e-3, 3e-3), epochs=(6, 24)),
+    "cifar10": dict(methods=("softmax", "entmax15", "topk_softmax_025"), lrs=(3e-4, 1e-3, 3e-3), epochs=(6, 24)),
+    "twenty_news": dict(methods=("softmax", "entmax15", "topk_softmax_025"), lrs=(1e-3, 3e-3), epochs=(6, 12)),
+}
+RECIPE_VAL_FRACTION = 0.25
+
+def _recipe_grids(search=RECIPE_SEARCH):
+    "One grid per (dataset, learning rate): name -> the `grid` options that run it."
+    return {f"{ds}_lr{lr:g}": dict(datasets=(ds,), lr=lr, options=f"--datasets {ds} --methods {' '.join(r['methods'])} --lr {lr:g} "
+                                   f"--epochs {max(r['epochs'])} --epoch-eval --val-fraction {RECIPE_VAL_FRACTION:g}")
+            for ds, r in search.items() for lr in r["lrs"]}
+
+RECIPE_GRIDS = _recipe_grids()
+
+# %%
+test_eq(list(RECIPE_GRIDS)[:3], ["fashion_mnist_lr0.0003", "fashion_mnist_lr0.001", "fashion_mnist_lr0.003"])
+test_eq(len(RECIPE_GRIDS), 3 + 3 + 2)
+test_eq(RECIPE_GRIDS["twenty_news_lr0.003"]["options"],
+        "--datasets twenty_news --methods softmax entmax15 topk_softmax_025 --lr 0.003 --epochs 12 --epoch-eval --val-fraction 0.25")
+
+# %% [markdown]
 # ## For the reader: tables in points and the paper's numbers beside ours
 #
 # `readable_tests` turns a table of paired tests into what a reader scans: the effect in accuracy points with one

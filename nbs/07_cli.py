@@ -81,6 +81,9 @@ def _grid_args(sub):
     g.add_argument("--marker-vocab", type=int, default=20000, help="variant: small vocabulary for a learnable marker task")
     g.add_argument("--dropout-rng", default="torch", help="torch (nn.Dropout's masks, the default) | philox (faster counter-based masks)")
     g.add_argument("--precision", default="fp32", help="fp32 (default) | bf16 (autocast: for CPUs with bf16 units and GPUs)")
+    g.add_argument("--lr", type=float, default=0.0, help="AdamW learning rate (0 = the protocol's 1e-3)")
+    g.add_argument("--epochs", type=int, default=0, help="training epochs (0 = each dataset's paper epochs)")
+    g.add_argument("--epoch-eval", action="store_true", help="evaluate validation and test after every epoch (learning curves)")
     _executor_args(g)
     return g
 
@@ -130,6 +133,15 @@ def _ablations_args(sub):
     _executor_args(x)
     return x
 
+def _recipes_args(sub):
+    "`recipes`: each claim's methods at every learning rate and length of `stats.RECIPE_SEARCH`, chosen later on validation."
+    x = sub.add_parser("recipes", help="the tuned-recipe grids: every arm at its own learning rate and length (chosen on validation)")
+    x.add_argument("--profile", default="paper"); x.add_argument("--out", required=True, help="the main results folder")
+    x.add_argument("--only", nargs="+", help="grid names, e.g. fashion_mnist_lr0.003 (default: all, in order)"); x.add_argument("--seeds", nargs="+")
+    x.add_argument("--stack-seeds", type=int, default=1, help=argparse.SUPPRESS)    # curves need the lock-step path
+    _executor_args(x)
+    return x
+
 def _bench_args(sub):
     "`bench`: speed, side by side in one process."
     b = sub.add_parser("bench", help="speed benchmarks: ratios measured side by side in one process")
@@ -153,7 +165,7 @@ def build_parser():
     "The `sparse-repro` argument parser: one sub-command per task."
     p = _Parser(prog="sparse-repro", description="Reproduce Canay (2026) and Crisp Attention with papermill-executed notebooks.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add in (_grid_args, _crisp_args, _report_args, _site_args, _reproduce_args, _ablations_args, _bench_args): add(sub)
+    for add in (_grid_args, _crisp_args, _report_args, _site_args, _reproduce_args, _ablations_args, _recipes_args, _bench_args): add(sub)
     return p
 
 # %%
@@ -174,7 +186,7 @@ test_fail(lambda: build_parser().parse_args(["grid", "--out", "x", "--device", "
 # %%
 #| export
 STUDY_A_KEYS = ("dataset", "method", "seed")
-STUDY_A_OPTION_DEFAULTS = dict(learned_pad_row=False, dropout_rng="torch", precision="fp32")   # options newer than some results folders: absent means this value
+STUDY_A_OPTION_DEFAULTS = dict(learned_pad_row=False, dropout_rng="torch", precision="fp32", lr=0.0, epochs=0, epoch_eval=False)   # options newer than some results folders: absent means this value
 
 def _check_executor(args):
     if args.executor not in ("local", "dask"): raise UsageError(f"unknown executor {args.executor!r}; choose local or dask")
@@ -205,9 +217,12 @@ def grid_tasks(args):
     from sparse_attention_repro.model import DROPOUT_RNGS
     if args.dropout_rng not in DROPOUT_RNGS: raise UsageError(f"unknown --dropout-rng {args.dropout_rng!r}; choose one of {', '.join(DROPOUT_RNGS)}")
     if args.precision not in PRECISIONS: raise UsageError(f"--precision must be fp32 or bf16, got {args.precision!r}")
+    if not (args.lr >= 0 and args.lr < 1): raise UsageError(f"--lr must be in (0, 1) (or 0 for the protocol's), got {args.lr}")
+    if args.epochs < 0: raise UsageError(f"--epochs must be >= 1 (or 0 for the paper's), got {args.epochs}")
+    if args.epoch_eval and args.stack_seeds > 1: raise UsageError("--epoch-eval runs on the lock-step or plain path; drop --stack-seeds")
     options = dict(profile=args.profile, val_fraction=args.val_fraction, mask_padding=args.mask_padding,
                    patch_size=args.patch_size, marker_vocab=args.marker_vocab, learned_pad_row=args.learned_pad_row,
-                   dropout_rng=args.dropout_rng, precision=args.precision)
+                   dropout_rng=args.dropout_rng, precision=args.precision, lr=args.lr, epochs=args.epochs, epoch_eval=args.epoch_eval)
     for d in datasets:                           # data present and readable? (also warms the decode cache once)
         try: load_dataset(d, 0, 1, 1, patch_size=args.patch_size or None, marker_vocab=args.marker_vocab, download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e).splitlines()[0]) from None
@@ -250,6 +265,12 @@ test_eq([(t.name, t.parameters["seeds"], t.parameters["stack"], len(t.produces))
         [("synthetic_marker/seeds0-1", [0, 1], True, 14), ("synthetic_marker/seeds2-3", [2, 3], True, 14), ("synthetic_marker/seed4", [4], False, 7)])
 test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--stack-seeds", "0"])), exc=UsageError, contains="--stack-seeds must be")
 test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--stack-seeds", "2", "--plain"])), exc=UsageError, contains="exclude each other")
+_lr = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--lr", "3e-3", "--epochs", "12", "--epoch-eval"]))
+test_eq([_lr[0][0].parameters[k] for k in ("lr", "epochs", "epoch_eval")], [3e-3, 12, True])
+test_eq([opts[k] for k in ("lr", "epochs", "epoch_eval")], [0.0, 0, False])          # 0: the protocol's values
+for bad, msg in [(["--lr", "-1"], "--lr must be"), (["--lr", "2"], "--lr must be"), (["--epochs", "-3"], "--epochs must be"),
+                 (["--epoch-eval", "--stack-seeds", "2"], "--epoch-eval runs on")]:
+    test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), *bad])), exc=UsageError, contains=msg)
 
 # %% [markdown]
 # `cmd_grid` holds the results folder (one writer at a time), checks it was made with the same options and runs
@@ -352,6 +373,7 @@ def cmd_reproduce(args):
                download=args.download, device=args.device)
     grid = argparse.Namespace(**run, datasets=None, methods=None, val_fraction=args.val_fraction, mask_padding=False,
                               patch_size=0, marker_vocab=20000, learned_pad_row=False, dropout_rng="torch", precision="fp32", plain=False,
+                              lr=0.0, epochs=0, epoch_eval=False,
                               stack_seeds=args.stack_seeds)
     crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row", precision="fp32", train_n=0)
     grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
@@ -369,15 +391,16 @@ def cmd_reproduce(args):
 
 # %%
 #| export
-def ablation_grids(args):
-    "The grid arguments of every requested ablation (validated), in order."
+def ablation_grids(args, table=None, folder="ablations", kind="ablation"):
+    "The grid arguments of every requested experiment of `table` (default `stats.ABLATIONS`), validated, in order."
     from sparse_attention_repro.stats import ABLATIONS
-    names = _split(args.only) if args.only else list(ABLATIONS)
+    table = ABLATIONS if table is None else table
+    names = _split(args.only) if args.only else list(table)
     for n in names:
-        if n not in ABLATIONS: raise UsageError(f"unknown ablation {n!r}; choose from {', '.join(ABLATIONS)}")
+        if n not in table: raise UsageError(f"unknown {kind} {n!r}; choose from {', '.join(table)}")
     grids = []
     for n in names:
-        argv = ["grid", "--profile", args.profile, "--out", str(Path(args.out) / "ablations" / n), *ABLATIONS[n]["options"].split(),
+        argv = ["grid", "--profile", args.profile, "--out", str(Path(args.out) / folder / n), *table[n]["options"].split(),
                 "--jobs", str(args.jobs), "--executor", args.executor, "--device", args.device]
         argv += (["--seeds", *args.seeds] if args.seeds else []) + (["--scheduler", args.scheduler] if args.scheduler else [])
         argv += (["--download"] if args.download else []) + ["--stack-seeds", str(args.stack_seeds)]
@@ -394,11 +417,27 @@ def cmd_ablations(args):
         fails.update({f"{name}:{k}": v for k, v in cmd_grid(g).items()})
     return fails
 
+def cmd_recipes(args):
+    "Run the tuned-recipe grids (`stats.RECIPE_GRIDS`) into `<out>/recipes/<name>`, one after the other; returns the failures."
+    from sparse_attention_repro.stats import RECIPE_GRIDS
+    fails = {}
+    for name, g in ablation_grids(args, RECIPE_GRIDS, "recipes", "recipe grid"):
+        print(f"recipe grid {name}: {g.out}")
+        fails.update({f"{name}:{k}": v for k, v in cmd_grid(g).items()})
+    return fails
+
 # %%
 _ab = ablation_grids(build_parser().parse_args(["ablations", "--profile", "smoke", "--out", str(_out), "--only", "learnable_marker,patch4", "--seeds", "0"]))
 test_eq([n for n, _ in _ab], ["learnable_marker", "patch4"])
 test_eq((_ab[0][1].marker_vocab, _ab[0][1].datasets, _ab[1][1].patch_size, _ab[1][1].out), (12, ["synthetic_marker"], 4, str(_out / "ablations" / "patch4")))
 test_fail(lambda: ablation_grids(build_parser().parse_args(["ablations", "--out", "x", "--only", "dropout"])), exc=UsageError, contains="unknown ablation")
+from sparse_attention_repro.stats import RECIPE_GRIDS
+_rc = ablation_grids(build_parser().parse_args(["recipes", "--profile", "smoke", "--out", str(_out), "--only", "twenty_news_lr0.003", "--seeds", "0"]),
+                    RECIPE_GRIDS, "recipes", "recipe grid")
+test_eq([(_rc[0][1].lr, _rc[0][1].epochs, _rc[0][1].epoch_eval, _rc[0][1].val_fraction, _rc[0][1].out)],
+        [(0.003, 12, True, 0.25, str(_out / "recipes" / "twenty_news_lr0.003"))])
+test_fail(lambda: ablation_grids(build_parser().parse_args(["recipes", "--out", "x", "--only", "fashion_mnist_lr1"]), RECIPE_GRIDS,
+                                 "recipes", "recipe grid"), exc=UsageError, contains="unknown recipe grid")
 assert not _out.exists()
 
 # %% [markdown]
@@ -477,7 +516,7 @@ def cmd_bench(args):
 # %%
 #| export
 COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "site": cmd_site, "reproduce": cmd_reproduce,
-            "ablations": cmd_ablations,
+            "ablations": cmd_ablations, "recipes": cmd_recipes,
             "bench": cmd_bench}
 
 def main(argv=None):

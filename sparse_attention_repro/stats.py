@@ -5,13 +5,13 @@
 # %% auto 0
 __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'BASELINE', 'SPARSE_METHODS', 'TOPK_METHODS', 'CRISP_BASELINE', 'CRISP_CONFIGS',
            'EQUIVALENCE_MARGINS', 'TEST_COLS', 'PUBLISHED_CRISP_GAIN', 'PAPER_MODEL', 'CLAIMS', 'ABLATIONS',
-           'ABLATION_COLS', 'PAPER_SOFTMAX_ACCURACY', 'DATASET_ORDER', 'load_runs', 'load_crisp', 'paired_stats',
-           'holm', 'tost_paired', 'equivalence_verdict', 'family_of', 'paired_tests', 'crisp_tests', 'seed_deltas',
-           'single_seed_summary', 'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas',
-           'power_table', 'accuracy_ci', 'select_topk', 'alpha_long', 'time_ratios', 'layer_sparsity',
-           'crisp_learning_curve', 'prediction_interval', 'verdict', 'fmt_p', 'claims_table', 'ablation_tests',
-           'ablation_answer', 'readable_ablation', 'readable_single_seed', 'readable_power', 'readable_tests',
-           'paper_deltas', 'readable_claims', 'analyse']
+           'ABLATION_COLS', 'RECIPE_SEARCH', 'RECIPE_VAL_FRACTION', 'RECIPE_GRIDS', 'PAPER_SOFTMAX_ACCURACY',
+           'DATASET_ORDER', 'load_runs', 'load_crisp', 'paired_stats', 'holm', 'tost_paired', 'equivalence_verdict',
+           'family_of', 'paired_tests', 'crisp_tests', 'seed_deltas', 'single_seed_summary', 'single_pair_exceedance',
+           'mde_paired', 'mde_unpaired', 'discordance_from_deltas', 'power_table', 'accuracy_ci', 'select_topk',
+           'alpha_long', 'time_ratios', 'layer_sparsity', 'crisp_learning_curve', 'prediction_interval', 'verdict',
+           'fmt_p', 'claims_table', 'ablation_tests', 'ablation_answer', 'readable_ablation', 'readable_single_seed',
+           'readable_power', 'readable_tests', 'paper_deltas', 'readable_claims', 'analyse']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -591,6 +591,22 @@ def readable_power(pw):
     return pd.DataFrame({"sentences scored": pw.n_eval.astype(int), "test": pw.test, "assumption": pw.assumption,
                          "detectable Δ (pt)": [f"{100 * v:.1f}" if np.isfinite(v) else "–" for v in pw.mde],
                          "in sentences": [f"{v:.0f}" if np.isfinite(v) else "–" for v in pw.mde_sentences]})
+
+# %% ../nbs/05_stats.ipynb
+RECIPE_SEARCH = {   # dataset: the methods of its claims, the learning rates and the lengths (epochs) searched
+    "fashion_mnist": dict(methods=("softmax", "entmax15", "topk_softmax_0125"), lrs=(3e-4, 1e-3, 3e-3), epochs=(6, 24)),
+    "cifar10": dict(methods=("softmax", "entmax15", "topk_softmax_025"), lrs=(3e-4, 1e-3, 3e-3), epochs=(6, 24)),
+    "twenty_news": dict(methods=("softmax", "entmax15", "topk_softmax_025"), lrs=(1e-3, 3e-3), epochs=(6, 12)),
+}
+RECIPE_VAL_FRACTION = 0.25
+
+def _recipe_grids(search=RECIPE_SEARCH):
+    "One grid per (dataset, learning rate): name -> the `grid` options that run it."
+    return {f"{ds}_lr{lr:g}": dict(datasets=(ds,), lr=lr, options=f"--datasets {ds} --methods {' '.join(r['methods'])} --lr {lr:g} "
+                                   f"--epochs {max(r['epochs'])} --epoch-eval --val-fraction {RECIPE_VAL_FRACTION:g}")
+            for ds, r in search.items() for lr in r["lrs"]}
+
+RECIPE_GRIDS = _recipe_grids()
 
 # %% ../nbs/05_stats.ipynb
 PAPER_SOFTMAX_ACCURACY = {"cifar10": 0.38, "fashion_mnist": 0.78, "twenty_news": 0.30, "kmnist": 0.75}

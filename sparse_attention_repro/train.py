@@ -4,8 +4,8 @@
 
 # %% auto 0
 __all__ = ['PROFILES', 'TrainConfig', 'profile_config', 'evaluate', 'TrainResult', 'train_lockstep', 'train_model',
-           'dropout_generators', 'train_stacked', 'load_run_data', 'run_methods', 'run_stacked', 'run_one',
-           'run_study_a']
+           'dropout_generators', 'train_stacked', 'load_run_data', 'epoch_monitor', 'run_methods', 'run_stacked',
+           'run_one', 'run_study_a']
 
 # %% ../nbs/03_train.ipynb
 import json, time
@@ -39,6 +39,7 @@ class TrainConfig:
     learned_pad_row: bool = False    # variant: learn the padding embedding (the original keeps it zero and frozen)
     dropout_rng: str = "torch"       # "torch" (nn.Dropout's masks) | "philox" (faster counter-based masks, see `model`)
     precision: str = "fp32"          # "fp32" | "bf16": autocast for training and evaluation (bf16 matrix units: CPUs, GPUs)
+    epoch_eval: bool = False         # also evaluate validation and test after every epoch (learning curves; training unchanged)
     download: bool = False           # fetch the dataset online when no offline copy is found (the source is recorded per row)
     device: str = "auto"             # auto (CUDA when available) | cpu | cuda; recorded per row
     progress: bool = True            # tqdm bar
@@ -91,14 +92,16 @@ class TrainResult:
     alpha_history: list         # per-epoch alpha of the adaptive entmax, else []
     seconds: float              # own compute + drawing the dropout masks
     losses: torch.Tensor        # training loss of every step
+    epoch_metrics: list = None  # with a `monitor`: its metrics after every epoch, e.g. [{"epoch": 1, "val_accuracy": ...}, ...]
 
 def _fresh_results(models, steps, device) -> list:
     "One `TrainResult` per model before its first step: ok, alpha at epoch 0, no time, `steps` NaN losses."
     return [TrainResult("ok", [s for s in [_alpha_snapshot(m.alphas(), 0)] if s], 0.0,
                         torch.full((steps,), float("nan"), device=device)) for m in models]
 
-def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="") -> list:
-    "Train `models` (same seed, one per normalizer) in place, step by step together; one `TrainResult` per model."
+def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="", monitor=None) -> list:
+    """Train `models` (same seed, one per normalizer) in place, step by step together; one `TrainResult` per model.
+    `monitor(model) -> dict`, when given, is called on every model still training after each epoch (untimed)."""
     opts = [torch.optim.AdamW(m.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for m in models]
     gen, tape = torch.Generator().manual_seed(seed), MaskTape()
     n, bs = len(train.y), cfg.batch_size
@@ -133,16 +136,18 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="") -> list:
             for j in list(active):
                 if not torch.isfinite(results[j].losses[step - (-(-n // bs)):step].sum()):
                     results[j].status = "failed_nonfinite_loss"; active.remove(j)
-                elif (s := _alpha_snapshot(models[j].alphas(), epoch)): results[j].alpha_history.append(s)
+                else:
+                    if (s := _alpha_snapshot(models[j].alphas(), epoch)): results[j].alpha_history.append(s)
+                    if monitor is not None: results[j].epoch_metrics = (results[j].epoch_metrics or []) + [dict(epoch=epoch, **monitor(models[j]))]
             if not active: break
     finally:
         for m in models: m.set_mask_tape(None)
         bar.close()
     return results
 
-def train_model(model, train, cfg: TrainConfig, seed: int, desc="") -> TrainResult:
+def train_model(model, train, cfg: TrainConfig, seed: int, desc="", monitor=None) -> TrainResult:
     "Train one `model` in place on `train` (the plain path)."
-    return train_lockstep([model], train, cfg, seed, desc)[0]
+    return train_lockstep([model], train, cfg, seed, desc, monitor)[0]
 
 # %% ../nbs/03_train.ipynb
 def dropout_generators(seed: int, device) -> tuple:
@@ -209,7 +214,8 @@ def _row(dataset, method, seed, config, data, model, result: TrainResult, lockst
                val_n=0 if data.val is None else len(data.val.y), val_accuracy=np.nan, val_macro_f1=np.nan,
                dataset_source=data.dataset_source, status=result.status, error="", lockstep_size=lockstep_size,
                device=str(next(model.parameters()).device.type),
-               alpha_history=json.dumps(result.alpha_history) if result.alpha_history else "")
+               alpha_history=json.dumps(result.alpha_history) if result.alpha_history else "", lr=config.lr,
+               epoch_metrics=json.dumps(result.epoch_metrics) if result.epoch_metrics else "")
     if result.status != "ok":
         row["error"] = "training loss became NaN/inf"
         return row
@@ -228,6 +234,17 @@ def load_run_data(dataset, seed, config):
                         patch_size=config.patch_size, mask_padding=config.mask_padding, marker_vocab=config.marker_vocab,
                         download=config.download)
 
+def epoch_monitor(data, precision="fp32"):
+    "The `monitor` of `TrainConfig.epoch_eval`: accuracy and loss on the validation (if any) and test splits."
+    def monitor(model):
+        out = {}
+        for name, split in (("val", data.val), ("test", data.test)):
+            if split is None: continue
+            m = evaluate(model, split, precision=precision)
+            out.update({f"{name}_accuracy": m["accuracy"], f"{name}_loss": m["loss"]})
+        return out
+    return monitor
+
 def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None, lockstep=True) -> list:
     "Train and evaluate every method of `methods` on one (dataset, seed); one metrics row per method."
     for m in methods: get_normalizer(m, num_heads=1)                  # fail early on an unknown method
@@ -236,11 +253,13 @@ def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None
         return [r for m in methods for r in run_methods(dataset, [m], seed, config, data)]
     device = resolve_device(config.device)
     models = [_new_model(data, m, seed, config.learned_pad_row, device, config.dropout_rng) for m in methods]
-    results = train_lockstep(models, data.train.to(device), config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0] if len(methods) == 1 else f"{len(methods)} methods"))
+    results = train_lockstep(models, data.train.to(device), config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0] if len(methods) == 1 else f"{len(methods)} methods"),
+                             monitor=epoch_monitor(data, config.precision) if config.epoch_eval else None)
     return [_row(dataset, m, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
 
 def run_stacked(dataset: str, methods, seeds, config: TrainConfig, datas=None) -> list:
     "Train every method on every seed as one stack (`train_stacked`) and evaluate each model; rows seed by seed."
+    if config.epoch_eval: raise ValueError("epoch_eval (learning curves) runs on the lock-step or plain path; drop the stack")
     for m in methods: get_normalizer(m, num_heads=1)
     datas = [load_run_data(dataset, s, config) for s in seeds] if datas is None else datas
     device = resolve_device(config.device)
@@ -265,7 +284,7 @@ def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, ro
     if not seeds or any(s < 0 for s in seeds): raise ValueError(f"seeds must be one or more integers >= 0, got {seeds}")
     for m in methods: get_normalizer(m, num_heads=1)
     if threads: torch.set_num_threads(threads)
-    config = profile_config(profile, dataset, **options)
+    config = profile_config(profile, dataset, **{k: v for k, v in options.items() if not (k in ("lr", "epochs") and not v)})   # 0 = the protocol's
     rows = []
     def keep(done):
         done = [dict(r, profile=profile) for r in done]

@@ -22,6 +22,9 @@ marker_vocab = 20000  # variant: small vocabulary makes the marker task learnabl
 learned_pad_row = False  # variant: learn the padding embedding (the original keeps it zero and frozen)
 dropout_rng = "torch"  # torch (nn.Dropout's masks) | philox (faster counter-based masks)
 precision = "fp32"  # fp32 | bf16 (autocast)
+lr = 0.0  # AdamW learning rate; 0 keeps the protocol's 1e-3
+epochs = 0  # training epochs; 0 keeps the dataset's paper epochs
+epoch_eval = False  # evaluate validation and test after every epoch (learning curves; training unchanged)
 threads = 0  # torch CPU threads; 0 keeps the torch default
 lockstep = True  # train the methods together, sharing batch order and dropout masks (same results as one by one)
 stack = False  # train all seeds and methods as one stacked model (the GPU path; on the CPU the same results bit for bit)
@@ -35,7 +38,7 @@ from sparse_attention_repro.train import run_study_a
 
 # %%
 rows = run_study_a(dataset, seeds, methods, profile, threads=threads, lockstep=lockstep, stack=stack, val_fraction=val_fraction, mask_padding=mask_padding,
-                   patch_size=patch_size or None, marker_vocab=marker_vocab, learned_pad_row=learned_pad_row, dropout_rng=dropout_rng, precision=precision, download=download, device=device, rows_dir=rows_dir)
+                   patch_size=patch_size or None, marker_vocab=marker_vocab, learned_pad_row=learned_pad_row, dropout_rng=dropout_rng, precision=precision, lr=lr, epochs=epochs, epoch_eval=epoch_eval, download=download, device=device, rows_dir=rows_dir)
 
 # %%
 pd.DataFrame(rows)[["seed", "method", "accuracy", "macro_f1", "test_loss", "nonzero_ratio", "learned_alpha_mean", "train_seconds", "status"]]
