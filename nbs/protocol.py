@@ -127,7 +127,9 @@
 # **Does an advantage survive a fair recipe?** Each arm gets its own learning rate and length, chosen on validation from
 # the same grid (Fashion-MNIST and CIFAR-10: lr ∈ {3·10⁻⁴, 10⁻³, 3·10⁻³} × {the paper's epochs, 4× that}; 20 Newsgroups:
 # lr ∈ {10⁻³, 3·10⁻³} × {6, 12} epochs). The advantage *persists* when the tuned gain is positive after Holm over the
-# tuned comparisons; it is *gone* when the tuned gain is equivalent to zero within ±1 pt; otherwise *undecided*.
+# tuned comparisons (*persists, under 1 pt* when it is also equivalent to zero within ±1 pt); it is *gone* when the
+# tuned gain is equivalent to zero within ±1 pt and not significant; *reversed* when it is significantly negative;
+# otherwise *undecided*.
 #
 # **The learned α** (A6). With α started at 1.2 and 1.8 instead of 1.5: α *settles* where the final α of both starts is
 # equivalent (±0.05) to the final α of the runs started at 1.5; it *stays where it started* when the final α is equivalent

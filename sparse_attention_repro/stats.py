@@ -5,13 +5,15 @@
 # %% auto 0
 __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'BASELINE', 'SPARSE_METHODS', 'TOPK_METHODS', 'CRISP_BASELINE', 'CRISP_CONFIGS',
            'EQUIVALENCE_MARGINS', 'TEST_COLS', 'PUBLISHED_CRISP_GAIN', 'PAPER_MODEL', 'CLAIMS', 'ABLATIONS',
-           'ABLATION_COLS', 'RECIPE_SEARCH', 'RECIPE_VAL_FRACTION', 'RECIPE_GRIDS', 'PAPER_SOFTMAX_ACCURACY',
-           'DATASET_ORDER', 'load_runs', 'load_crisp', 'paired_stats', 'holm', 'tost_paired', 'equivalence_verdict',
-           'family_of', 'paired_tests', 'crisp_tests', 'seed_deltas', 'single_seed_summary', 'single_pair_exceedance',
-           'mde_paired', 'mde_unpaired', 'discordance_from_deltas', 'power_table', 'accuracy_ci', 'select_topk',
-           'alpha_long', 'time_ratios', 'layer_sparsity', 'crisp_learning_curve', 'prediction_interval', 'verdict',
-           'fmt_p', 'claims_table', 'ablation_tests', 'ablation_answer', 'readable_ablation', 'readable_single_seed',
-           'readable_power', 'readable_tests', 'paper_deltas', 'readable_claims', 'analyse']
+           'ABLATION_COLS', 'RECIPE_SEARCH', 'RECIPE_VAL_FRACTION', 'RECIPE_GRIDS', 'CURVE_COLS', 'PAPER_LR',
+           'PAPER_SOFTMAX_ACCURACY', 'DATASET_ORDER', 'load_runs', 'load_crisp', 'paired_stats', 'holm', 'tost_paired',
+           'equivalence_verdict', 'family_of', 'paired_tests', 'crisp_tests', 'seed_deltas', 'single_seed_summary',
+           'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas', 'power_table',
+           'accuracy_ci', 'select_topk', 'alpha_long', 'time_ratios', 'layer_sparsity', 'crisp_learning_curve',
+           'prediction_interval', 'verdict', 'fmt_p', 'claims_table', 'ablation_tests', 'ablation_family',
+           'ablation_answer', 'readable_ablation', 'readable_single_seed', 'readable_power', 'recipe_curves',
+           'select_recipes', 'recipe_tests', 'recipe_budget', 'readable_tests', 'paper_deltas', 'readable_claims',
+           'analyse']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -126,20 +128,22 @@ def equivalence_verdict(p_tost, p_diff, margin, alpha=0.05, unit="pt"):
 
 # %% ../nbs/05_stats.ipynb
 TEST_COLS = ["family", "profile", "dataset", "method", "baseline", "metric", "n", "mean_delta", "ci_low", "ci_high",
-             "t", "p", "cohen_dz", "p_holm", "mean_delta_f1"]
+             "t", "p", "cohen_dz", "p_holm", "mean_delta_f1", "margin", "p_tost"]
 
 def family_of(dataset):
     "The paper's Holm family of a Study A dataset."
     return "main" if dataset in MAIN_DATASETS else "kmnist" if dataset in FOLLOWUP_DATASETS else str(dataset)
 
-def _compare(df, arm_col, arm, base, metric, f1_metric=None, pair_col="seed"):
-    "One paired comparison of `arm` vs `base` within `df` (one group), rows matched by inner join on `pair_col`."
+def _compare(df, arm_col, arm, base, metric, f1_metric=None, pair_col="seed", margin=np.nan):
+    "One paired comparison of `arm` vs `base` within `df` (one group), rows matched by inner join on `pair_col`; TOST at `margin`."
     cols = [pair_col, metric] + ([f1_metric] if f1_metric else [])
     j = pd.merge(df.loc[df[arm_col] == arm, cols], df.loc[df[arm_col] == base, cols], on=pair_col,
                  how="inner", suffixes=("_a", "_b"))
     r = paired_stats(j[f"{metric}_a"], j[f"{metric}_b"])
     d = (j[f"{f1_metric}_a"] - j[f"{f1_metric}_b"]).dropna() if f1_metric else pd.Series(dtype=float)
     r["mean_delta_f1"] = float(d.mean()) if len(d) else np.nan
+    r["margin"] = margin
+    r["p_tost"] = tost_paired(j[f"{metric}_a"], j[f"{metric}_b"], margin) if np.isfinite(margin) else np.nan
     return r
 
 def paired_tests(runs, metric="accuracy", baseline=BASELINE, methods=SPARSE_METHODS, hae_vs_entmax=True):
@@ -156,7 +160,8 @@ def paired_tests(runs, metric="accuracy", baseline=BASELINE, methods=SPARSE_METH
         if hae_vs_entmax and {"headwise_adaptive_entmax", "entmax15"} <= set(g.method):
             rows.append(dict(family=f"hae_vs_entmax15:{ds}", profile=prof, dataset=ds,
                              method="headwise_adaptive_entmax", baseline="entmax15", metric=metric,
-                             **_compare(g, "method", "headwise_adaptive_entmax", "entmax15", metric, f1)))
+                             **_compare(g, "method", "headwise_adaptive_entmax", "entmax15", metric, f1,
+                                        margin=EQUIVALENCE_MARGINS["hae_vs_entmax15"])))
     out = holm(pd.DataFrame(rows), family_cols=("profile", "family")) if rows else pd.DataFrame(columns=TEST_COLS)
     return out[TEST_COLS]
 
@@ -170,7 +175,7 @@ def crisp_tests(crisp, baseline=CRISP_BASELINE, configs=CRISP_CONFIGS):
         for c in configs:
             if c in set(g.config):
                 rows.append(dict(family=f"crisp_{split}", profile=prof, dataset="sst2", method=c, baseline=baseline,
-                                 metric="accuracy", **_compare(g, "config", c, baseline, "accuracy")))
+                                 metric="accuracy", **_compare(g, "config", c, baseline, "accuracy", margin=EQUIVALENCE_MARGINS["crisp"])))
     out = holm(pd.DataFrame(rows), family_cols=("profile", "family")) if rows else pd.DataFrame(columns=TEST_COLS)
     return out[TEST_COLS]
 
@@ -389,14 +394,14 @@ def prediction_interval(x, level=0.95):
     h = sps.t.ppf(0.5 + level / 2, n - 1) * x.std(ddof=1) * math.sqrt(1 + 1 / n)
     return float(x.mean() - h), float(x.mean() + h)
 
-def verdict(kind, paper, est, lo, hi, p_holm, n, alpha=0.05):
+def verdict(kind, paper, est, lo, hi, p_holm, n, alpha=0.05, p_tost=np.nan):
     "The verdict rule of the claims table (see the prose above)."
     if n is None or not n >= 2 or not np.isfinite(est): return "not run"
     inside = bool(np.isfinite(lo) and np.isfinite(hi) and lo <= paper <= hi)
     sig = bool(np.isfinite(p_holm) and p_holm < alpha)
     if kind == "no_difference":
-        if sig: return "not reproduced"
-        return "reproduced" if inside else "inconclusive"
+        eq = equivalence_verdict(p_tost, p_holm, 1.0, alpha)
+        return "reproduced" if eq.startswith("equivalent") else "not reproduced" if eq == "different" else "inconclusive"
     if kind in ("level", "alpha"):
         if not (np.isfinite(lo) and np.isfinite(hi)): return "inconclusive"
         if kind == "alpha": return ("reproduced" if 1.49 <= lo and hi <= 1.53 else
@@ -418,20 +423,22 @@ def fmt_p(p):
 def _claim_row(c, tests, crisp, runs, profile):
     "Our estimate and verdict for one claim."
     r = dict(c, profile=profile, estimate=np.nan, ci_low=np.nan, ci_high=np.nan, pi_low=np.nan, pi_high=np.nan,
-             p_holm=np.nan, n=0)
+             p_holm=np.nan, n=0, margin=np.nan, p_tost=np.nan, equivalence="")
     k = c["kind"]
     if k in ("delta", "no_difference"):
         m = tests[(tests.family == c["family"]) & (tests.method == c["method"]) & (tests.baseline == c["baseline"])
                   & (tests.dataset == c["dataset"])] if len(tests) else tests
         if len(m):
             t = m.iloc[0]
-            r.update(estimate=t.mean_delta, ci_low=t.ci_low, ci_high=t.ci_high, p_holm=t.p_holm, n=int(t.n))
+            r.update(estimate=t.mean_delta, ci_low=t.ci_low, ci_high=t.ci_high, p_holm=t.p_holm, n=int(t.n), margin=t.margin,
+                     p_tost=t.p_tost)
+            if np.isfinite(t.margin): r["equivalence"] = equivalence_verdict(t.p_tost, t.p_holm, t.margin)
         if c["single_run"] and crisp is not None and r["n"] >= 2:
             split = c["family"].removeprefix("crisp_")
             p = crisp[crisp.split == split].pivot_table(index="seed", columns="config", values="accuracy")
             r["pi_low"], r["pi_high"] = prediction_interval(p[c["method"]] - p[c["baseline"]])
         lo, hi = (r["pi_low"], r["pi_high"]) if c["single_run"] else (r["ci_low"], r["ci_high"])
-        r["verdict"] = verdict(k, c["paper_value"], r["estimate"], lo, hi, r["p_holm"], r["n"])
+        r["verdict"] = verdict(k, c["paper_value"], r["estimate"], lo, hi, r["p_holm"], r["n"], p_tost=r["p_tost"])
     elif k == "count":
         m = tests[(tests.family == c["family"]) & (tests.dataset == c["dataset"]) & (tests.baseline == c["baseline"])]
         n_ok = int(((m.mean_delta > 0) & (m.p_holm < 0.05)).sum()); n_bad = int(((m.mean_delta < 0) & (m.p_holm < 0.05)).sum())
@@ -471,6 +478,9 @@ def _sentence(r):
              f"(95% CI {_fmt_pt(r['ci_low'])} to {_fmt_pt(r['ci_high'])}, Holm p = {fmt_p(r['p_holm'])})")
         if np.isfinite(r["pi_low"]):
             s += f"; a single seed pair would land between {_fmt_pt(r['pi_low'])} and {_fmt_pt(r['pi_high'])} (95% PI)"
+        if r.get("equivalence"):
+            s += f"; equivalence to {r['baseline']}: {r['equivalence']} (TOST p = {fmt_p(r['p_tost'])})"
+            if r["equivalence"].startswith("equivalent") and r["p_holm"] < 0.05: s += ", a small difference that is significant yet inside the margin"
         return s + f" — {v}."
     if k == "count":
         return f"{r['claim']}: {int(r['estimate'])} of 6 sparse methods are significantly better after Holm ({n} seeds) — {v}."
@@ -496,7 +506,8 @@ def claims_table(runs=None, crisp=None, tests=None, ctests=None, claims=CLAIMS):
         rows += [_claim_row(c, t, cr, ru, prof) for c in claims
                  if prof in of_study[c["study"]] or (not of_study[c["study"]] and prof == profiles[0])]
     cols = ["claim_id", "study", "claim", "profile", "paper_value", "estimate", "ci_low", "ci_high", "pi_low", "pi_high",
-            "p_holm", "n", "verdict", "sentence", "kind", "family", "dataset", "method", "baseline", "single_run"]
+            "p_holm", "n", "verdict", "sentence", "kind", "family", "dataset", "method", "baseline", "single_run", "margin",
+            "p_tost", "equivalence"]
     return pd.DataFrame(rows)[cols]
 
 # %% ../nbs/05_stats.ipynb
@@ -519,7 +530,7 @@ ABLATIONS = {
 }
 ABLATION_COLS = ["dataset", "method", "n", "gain_main", "gain_variant", "gain_variant_ci_low", "gain_variant_ci_high",
                  "gain_variant_p_holm", "gain_change", "gain_change_ci_low", "gain_change_ci_high", "gain_change_p",
-                 "variant_minus_main", "variant_minus_main_p", "accuracy_variant"]
+                 "gain_change_p_tost", "variant_minus_main", "variant_minus_main_p", "accuracy_variant"]
 
 def _by_seed(df, dataset, method):
     return df[(df.dataset == dataset) & (df.method == method)].set_index("seed").accuracy
@@ -542,10 +553,22 @@ def ablation_tests(main, variant, rename=None, baseline=BASELINE):
                              gain_variant_ci_low=gv["ci_low"], gain_variant_ci_high=gv["ci_high"], p=gv["p"],
                              gain_change=ch["mean_delta"], gain_change_ci_low=ch["ci_low"], gain_change_ci_high=ch["ci_high"],
                              gain_change_p=ch["p"], variant_minus_main=vm["mean_delta"], variant_minus_main_p=vm["p"],
+                             gain_change_p_tost=tost_paired(j.mv - j.sv, j.mm - j.sm, EQUIVALENCE_MARGINS["ablation"]),
                              accuracy_variant=float(j.mv.mean()), family=ds))
     if not rows: return pd.DataFrame(columns=ABLATION_COLS)
     out = holm(pd.DataFrame(rows), family_cols=("family",))
     return out.rename(columns={"p_holm": "gain_variant_p_holm"})[ABLATION_COLS]
+
+# %% ../nbs/05_stats.ipynb
+def ablation_family(tables: dict):
+    "Concatenate `ablation_tests` tables (name -> table), Holm-adjust the gain changes across them all, add the change verdict."
+    parts = [t.assign(ablation=name) for name, t in tables.items() if len(t)]
+    if not parts: return pd.DataFrame(columns=["ablation", *ABLATION_COLS, "gain_change_p_holm", "change_verdict"])
+    out = holm(pd.concat(parts, ignore_index=True).assign(_family="ablations"), family_cols=("_family",), p_col="gain_change_p")
+    out = out.rename(columns={"p_holm": "gain_change_p_holm"}).drop(columns="_family")
+    out["change_verdict"] = [equivalence_verdict(a, b, EQUIVALENCE_MARGINS["ablation"])
+                             for a, b in zip(out.gain_change_p_tost, out.gain_change_p_holm)]
+    return out[["ablation", *ABLATION_COLS, "gain_change_p_holm", "change_verdict"]]
 
 # %% ../nbs/05_stats.ipynb
 def ablation_answer(name, t, main_tests=None):
@@ -556,7 +579,13 @@ def ablation_answer(name, t, main_tests=None):
     worse = int(((t.gain_variant < 0) & (t.gain_variant_p_holm < 0.05)).sum())
     big = t.loc[t.gain_change.abs().idxmax()]
     change = (f"the largest change of a gain is {100 * big.gain_change:+.1f} pt ({big.method} on {big.dataset}, "
-              f"95% CI {100 * big.gain_change_ci_low:+.1f} to {100 * big.gain_change_ci_high:+.1f}, p = {fmt_p(big.gain_change_p)})")
+              f"95% CI {100 * big.gain_change_ci_low:+.1f} to {100 * big.gain_change_ci_high:+.1f}, p = {fmt_p(big.gain_change_p)}")
+    if "change_verdict" in t:
+        change += f", Holm p over all ablations = {fmt_p(big.gain_change_p_holm)})"
+        counts = t.change_verdict.str.split(" ").str[0].value_counts()
+        change += (f"; of the {n} changes, {counts.get('equivalent', 0)} are equivalent to no change within ±1 pt, "
+                   f"{counts.get('different', 0)} differ after Holm and {counts.get('undecided', 0)} are undecided")
+    else: change += ")"
     if name == "learnable_marker":
         softmax_acc = float((t.accuracy_variant - t.gain_variant).mean())      # the variant's softmax, paired per seed
         return (f"With a learnable marker task, the sparse methods reach {100 * t.accuracy_variant.min():.1f}–"
@@ -574,7 +603,9 @@ def readable_ablation(t):
                          "Holm p (variant)": t.gain_variant_p_holm.map(fmt_p),
                          "change (pt)": t.gain_change.map(pt_),
                          "95% CI (pt)": [f"{pt_(a)} to {pt_(b)}" for a, b in zip(t.gain_change_ci_low, t.gain_change_ci_high)],
-                         "p (change)": t.gain_change_p.map(fmt_p)})
+                         "p (change)": t.gain_change_p.map(fmt_p),
+                         **({"Holm p (change, all ablations)": t.gain_change_p_holm.map(fmt_p), "change": t.change_verdict}
+                            if "change_verdict" in t else {})})
 
 # %% ../nbs/05_stats.ipynb
 def readable_single_seed(ss):
@@ -609,6 +640,97 @@ def _recipe_grids(search=RECIPE_SEARCH):
 RECIPE_GRIDS = _recipe_grids()
 
 # %% ../nbs/05_stats.ipynb
+CURVE_COLS = ["dataset", "method", "seed", "lr", "epoch", "val_accuracy", "val_loss", "test_accuracy", "test_loss"]
+
+def recipe_curves(results_dir):
+    "Long table of the learning curves of every grid under `results_dir/recipes/` (empty when there is none)."
+    out = []
+    for f in sorted(Path(results_dir, "recipes").glob("*/runs.csv")):
+        r = load_runs(f)
+        if r is None or "epoch_metrics" not in r: continue
+        for row in r.itertuples():
+            if isinstance(row.epoch_metrics, str) and row.epoch_metrics:
+                out += [dict(dataset=row.dataset, method=row.method, seed=int(row.seed), lr=float(row.lr), **e)
+                        for e in json.loads(row.epoch_metrics)]
+    return pd.DataFrame(out, columns=CURVE_COLS).drop_duplicates(["dataset", "method", "seed", "lr", "epoch"], keep="last")
+
+# %% ../nbs/05_stats.ipynb
+def select_recipes(curves, search=None):
+    "Each (dataset, method)'s recipe: the (lr, epochs) of `search` with the best mean validation accuracy over common seeds."
+    search = RECIPE_SEARCH if search is None else search
+    rows = []
+    for (ds, m), g in curves.groupby(["dataset", "method"], sort=False):
+        if ds not in search: continue
+        grid = [(lr, e) for lr in search[ds]["lrs"] for e in search[ds]["epochs"]]
+        piv = g.pivot_table(index="seed", columns=["lr", "epoch"], values="val_accuracy")
+        have = [c for c in grid if c in piv.columns]
+        if not have: continue
+        piv = piv[have].dropna()
+        if not len(piv): continue
+        score = piv.mean()
+        (lr, ep), best = score.idxmax(), float(score.max())
+        rows.append(dict(dataset=ds, method=m, lr=lr, epochs=int(ep), val_accuracy=best, seeds=len(piv),
+                         candidates=len(have), complete=len(have) == len(grid)))
+    return pd.DataFrame(rows, columns=["dataset", "method", "lr", "epochs", "val_accuracy", "seeds", "candidates", "complete"])
+
+# %% ../nbs/05_stats.ipynb
+PAPER_LR = 1e-3
+
+def _test_by_seed(curves, ds, m, lr, ep):
+    g = curves[(curves.dataset == ds) & (curves.method == m) & np.isclose(curves.lr, lr) & (curves.epoch == ep)]
+    return g.set_index("seed").test_accuracy
+
+def recipe_tests(curves, search=None, baseline=BASELINE):
+    "Tuned gain over softmax per (dataset, method), the paper-recipe gain from the same runs, Holm, TOST and the verdict."
+    search = RECIPE_SEARCH if search is None else search
+    sel = select_recipes(curves, search).set_index(["dataset", "method"])
+    rows = []
+    for ds in [d for d in search if (d, baseline) in sel.index]:
+        b = sel.loc[(ds, baseline)]
+        for m in [m for m in search[ds]["methods"] if m != baseline and (ds, m) in sel.index]:
+            r = sel.loc[(ds, m)]
+            j = pd.concat(dict(a=_test_by_seed(curves, ds, m, r.lr, r.epochs), b=_test_by_seed(curves, ds, baseline, b.lr, b.epochs),
+                               pa=_test_by_seed(curves, ds, m, PAPER_LR, PAPER_SIZES[ds][0]),
+                               pb=_test_by_seed(curves, ds, baseline, PAPER_LR, PAPER_SIZES[ds][0])), axis=1)
+            t, paper = j[["a", "b"]].dropna(), j[["pa", "pb"]].dropna()
+            st = paired_stats(t.a, t.b)
+            rows.append(dict(dataset=ds, method=m, recipe=f"lr {r.lr:g}, {r.epochs} ep", baseline_recipe=f"lr {b.lr:g}, {b.epochs} ep",
+                             complete=bool(r.complete and b.complete), n=st["n"], accuracy=float(t.a.mean()) if len(t) else np.nan,
+                             baseline_accuracy=float(t.b.mean()) if len(t) else np.nan, gain=st["mean_delta"],
+                             ci_low=st["ci_low"], ci_high=st["ci_high"], p=st["p"],
+                             p_tost=tost_paired(t.a, t.b, EQUIVALENCE_MARGINS["recipe"]),
+                             gain_paper_recipe=float((paper.pa - paper.pb).mean()) if len(paper) else np.nan, family="recipes"))
+    cols = ["dataset", "method", "recipe", "baseline_recipe", "complete", "n", "accuracy", "baseline_accuracy", "gain",
+            "ci_low", "ci_high", "p", "p_holm", "p_tost", "gain_paper_recipe", "verdict"]
+    if not rows: return pd.DataFrame(columns=cols)
+    out = holm(pd.DataFrame(rows))
+    eq = [equivalence_verdict(a, b, EQUIVALENCE_MARGINS["recipe"]) for a, b in zip(out.p_tost, out.p_holm)]
+    out["verdict"] = [("persists, under 1 pt" if e.startswith("equivalent") else "persists") if g > 0 and ph < 0.05 else
+                      "reversed" if g < 0 and ph < 0.05 else "gone" if e.startswith("equivalent") else "undecided"
+                      for g, ph, e in zip(out.gain, out.p_holm, eq)]
+    return out[cols]
+
+# %% ../nbs/05_stats.ipynb
+def recipe_budget(curves, baseline=BASELINE):
+    "Per dataset, epoch and method: the test gain over softmax when each takes its best learning rate for that length (on validation)."
+    rows = []
+    for (ds, ep), g in curves.groupby(["dataset", "epoch"], sort=True):
+        best = {}
+        for m, gm in g.groupby("method"):
+            piv = gm.pivot_table(index="seed", columns="lr", values="val_accuracy").dropna()
+            if len(piv): best[m] = piv.mean().idxmax()
+        if baseline not in best: continue
+        b = g[(g.method == baseline) & np.isclose(g.lr, best[baseline])].set_index("seed").test_accuracy
+        for m, lr in best.items():
+            if m == baseline: continue
+            a = g[(g.method == m) & np.isclose(g.lr, lr)].set_index("seed").test_accuracy
+            j = pd.concat(dict(a=a, b=b), axis=1).dropna()
+            st = paired_stats(j.a, j.b)
+            rows.append(dict(dataset=ds, epoch=int(ep), method=m, lr=lr, baseline_lr=best[baseline], n=st["n"],
+                             gain=st["mean_delta"], ci_low=st["ci_low"], ci_high=st["ci_high"]))
+    return pd.DataFrame(rows, columns=["dataset", "epoch", "method", "lr", "baseline_lr", "n", "gain", "ci_low", "ci_high"])
+
+# %% ../nbs/05_stats.ipynb
 PAPER_SOFTMAX_ACCURACY = {"cifar10": 0.38, "fashion_mnist": 0.78, "twenty_news": 0.30, "kmnist": 0.75}
 DATASET_ORDER = ("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker", "kmnist")
 
@@ -632,17 +754,19 @@ def paper_deltas(claims=CLAIMS):
 # %% ../nbs/05_stats.ipynb
 def _fmt_value(kind, v):
     if not np.isfinite(v): return "–"
-    return {"delta": f"{100 * v:+.1f} pt", "no_difference": f"{100 * v:+.1f} pt", "count": f"{int(v)} of 6",
+    return {"delta": f"{100 * v:+.1f} pt", "no_difference": f"{100 * v:+.2f} pt", "count": f"{int(v)} of 6",
             "alpha": f"{v:.3f}", "level": f"{100 * v:.1f}%"}[kind]
 
 def readable_claims(claims):
-    "The claims table for reading: claim, the paper's value, ours with its 95% CI, Holm p, seeds, verdict."
+    "The claims table for reading: claim, the paper's value, ours with its 95% CI, Holm p, equivalence, seeds, verdict."
     rows = []
     for r in claims.itertuples():
         ci = f"{_fmt_value(r.kind, r.ci_low)} to {_fmt_value(r.kind, r.ci_high)}" if np.isfinite(r.ci_low) else "–"
+        eq = getattr(r, "equivalence", "") or ""
+        eq = f"{eq} (TOST p {fmt_p(r.p_tost)})" if isinstance(eq, str) and eq else "–"
         rows.append({"claim": r.claim, "paper": _fmt_value(r.kind, r.paper_value), "ours": _fmt_value(r.kind, r.estimate),
-                     "95% CI": ci, "Holm p": fmt_p(r.p_holm), "seeds": int(r.n), "verdict": r.verdict})
-    return pd.DataFrame(rows, columns=["claim", "paper", "ours", "95% CI", "Holm p", "seeds", "verdict"])
+                     "95% CI": ci, "Holm p": fmt_p(r.p_holm), "equivalence (TOST)": eq, "seeds": int(r.n), "verdict": r.verdict})
+    return pd.DataFrame(rows, columns=["claim", "paper", "ours", "95% CI", "Holm p", "equivalence (TOST)", "seeds", "verdict"])
 
 # %% ../nbs/05_stats.ipynb
 def analyse(runs=None, crisp=None, discordances=(0.03, 0.06, 0.10)):
