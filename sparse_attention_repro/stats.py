@@ -11,9 +11,9 @@ __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'BASELINE', 'SPARSE_METHODS', '
            'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas', 'power_table',
            'accuracy_ci', 'select_topk', 'alpha_long', 'time_ratios', 'layer_sparsity', 'crisp_learning_curve',
            'prediction_interval', 'verdict', 'fmt_p', 'claims_table', 'ablation_tests', 'ablation_family',
-           'ablation_answer', 'readable_ablation', 'readable_single_seed', 'readable_power', 'recipe_curves',
-           'select_recipes', 'recipe_tests', 'recipe_budget', 'readable_tests', 'paper_deltas', 'readable_claims',
-           'analyse']
+           'ablation_answer', 'readable_ablation', 'readable_single_seed', 'readable_power', 'deviations',
+           'recipe_curves', 'select_recipes', 'recipe_tests', 'recipe_budget', 'readable_tests', 'run_description',
+           'paper_deltas', 'readable_claims', 'analyse']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -376,6 +376,8 @@ CLAIMS = [
          paper_value=0.0015, single_run=False),
     dict(claim_id="A6", study="A", claim="Learned α stays ≈ 1.50–1.52", kind="alpha", family="", dataset="all",
          method="headwise_adaptive_entmax", baseline="", paper_value=1.51, single_run=False),
+    dict(claim_id="A7", study="A", claim="entmax-1.5 and HAE train ≈ 4× slower than softmax (the paper's GPU)", kind="time_ratio",
+         family="", dataset="main", method="entmax15+headwise_adaptive_entmax", baseline="softmax", paper_value=4.0, single_run=False),
     dict(claim_id="B1", study="B", claim="adaptive 80% beats dense by +0.97 pt on SST-2 validation", kind="delta",
          family="crisp_validation", dataset="sst2", method="adaptive_080", baseline="dense", paper_value=0.0097, single_run=True),
     dict(claim_id="B2", study="B", claim="fixed 80% beats dense by +0.61 pt on SST-2 validation", kind="delta",
@@ -402,6 +404,9 @@ def verdict(kind, paper, est, lo, hi, p_holm, n, alpha=0.05, p_tost=np.nan):
     if kind == "no_difference":
         eq = equivalence_verdict(p_tost, p_holm, 1.0, alpha)
         return "reproduced" if eq.startswith("equivalent") else "not reproduced" if eq == "different" else "inconclusive"
+    if kind == "time_ratio":                                  # "≈ 4×": reproduced when the CI lies within 3–5×
+        if not (np.isfinite(lo) and np.isfinite(hi)): return "inconclusive"
+        return "reproduced" if 0.75 * paper <= lo and hi <= 1.25 * paper else "not reproduced" if hi < 0.75 * paper or lo > 1.25 * paper else "inconclusive"
     if kind in ("level", "alpha"):
         if not (np.isfinite(lo) and np.isfinite(hi)): return "inconclusive"
         if kind == "alpha": return ("reproduced" if 1.49 <= lo and hi <= 1.53 else
@@ -451,6 +456,14 @@ def _claim_row(c, tests, crisp, runs, profile):
             ci = sps.t.interval(0.95, len(a) - 1, loc=a.mean(), scale=a.std(ddof=1) / math.sqrt(len(a)))
             r.update(estimate=a.mean(), ci_low=ci[0], ci_high=ci[1], pi_low=a.min(), pi_high=a.max(), n=len(a))
         r["verdict"] = verdict(k, c["paper_value"], r["estimate"], r["ci_low"], r["ci_high"], np.nan, r["n"])
+    elif k == "time_ratio":
+        tr = time_ratios(runs) if runs is not None else pd.DataFrame(columns=["dataset", "method", "ratio"])
+        x = np.log(tr[tr.method.isin(c["method"].split("+")) & tr.dataset.isin(MAIN_DATASETS)].ratio.astype(float))
+        if len(x) > 1:                                                     # a geometric mean, its CI from the log ratios
+            ci = sps.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=x.std(ddof=1) / math.sqrt(len(x)))
+            r.update(estimate=float(np.exp(x.mean())), ci_low=float(np.exp(ci[0])), ci_high=float(np.exp(ci[1])),
+                     pi_low=float(np.exp(x.min())), pi_high=float(np.exp(x.max())), n=len(x))
+        r["verdict"] = verdict(k, c["paper_value"], r["estimate"], r["ci_low"], r["ci_high"], np.nan, r["n"])
     elif k == "level":
         x = crisp[(crisp.split == "validation") & (crisp.config == c["method"])].accuracy if crisp is not None else pd.Series(dtype=float)
         if len(x) > 1:
@@ -484,6 +497,10 @@ def _sentence(r):
         return s + f" — {v}."
     if k == "count":
         return f"{r['claim']}: {int(r['estimate'])} of 6 sparse methods are significantly better after Holm ({n} seeds) — {v}."
+    if k == "time_ratio":
+        return (f"{r['claim']}: on our hardware the two train {r['estimate']:.2f}× as long as softmax (geometric mean of {n} "
+                f"seed-matched runs on the main datasets, 95% CI {r['ci_low']:.2f}–{r['ci_high']:.2f}×, runs range "
+                f"{r['pi_low']:.2f}–{r['pi_high']:.2f}×) — {v}. A time ratio depends on the hardware and the implementation.")
     if k == "alpha":
         return (f"{r['claim']}: the final mean α over {n} HAE runs is {r['estimate']:.3f} (95% CI {r['ci_low']:.3f}–"
                 f"{r['ci_high']:.3f}, runs range {r['pi_low']:.3f}–{r['pi_high']:.3f}) — {v}.")
@@ -624,6 +641,39 @@ def readable_power(pw):
                          "in sentences": [f"{v:.0f}" if np.isfinite(v) else "–" for v in pw.mde_sentences]})
 
 # %% ../nbs/05_stats.ipynb
+def deviations(runs=None, crisp=None):
+    "What differs from each paper, why, and which verdicts it could move — read from the rows where they record it."
+    rows = []
+    add = lambda study, paper, ours, why, moves: rows.append(dict(study=study, paper=paper, ours=ours, why=why, could_move=moves))
+    if runs is not None and len(runs):
+        src = set(runs.loc[runs.dataset == "cifar10", "dataset_source"].astype(str)) if "dataset_source" in runs else set()
+        if any(x.startswith("local:jpeg") for x in src):
+            add("A", "CIFAR-10 from the official (lossless) files", "a JPEG copy (quality 75) in the official row order",
+                "the offline copy available here is lossy", "A1 (CIFAR-10 top-k gain) and A5; the JPEG control on Fashion-MNIST measures the effect of lossy input on a top-k gain")
+        add("A", "entmax-1.5 and HAE gradients by autograd through 18 bisection steps", "the exact gradient (the forward agrees to ~1e-4)",
+            "the approximate gradient is 18–53 % off on random scores", "A4, A5, A6; the original-gradient ablation re-runs it with the paper's gradient")
+        add("A", "top-k ratios chosen on test results", "the paper's ratios; a validation choice where a run has a validation split",
+            "choosing on test inflates a gain", "A1–A3 (which ratio is 'best')")
+        add("A", "one recipe: lr 1e-3, 6–8 epochs, no schedule", "the same, plus a tuned-recipe grid chosen on validation",
+            "the paper's recipe leaves softmax under-trained", "A1, A2, A4: whether a gain is better attention or faster early learning")
+        add("A", "timings on the paper's GPU", f"timings on {', '.join(sorted(set(runs.device.astype(str)))) if 'device' in runs else 'our hardware'}",
+            "no GPU of the paper's kind here", "A7 only")
+    if crisp is not None and len(crisp):
+        first = crisp.iloc[0]
+        add("B", "distilbert-base-uncased", ", ".join(sorted(set(crisp.model_name.astype(str)))), "the pretrained model available offline",
+            "B1–B4: absolute accuracy (B4) is not comparable; the size of any masking effect may depend on the model")
+        add("B", "all 67,349 SST-2 training sentences", f"{int(first.train_n):,} sentences (a learning curve of the dense model chose it)",
+            "CPU budget", "B1–B3: an effect of masking may differ with more data")
+        add("B", "learning rate, epochs, batch, maximum length: not stated",
+            f"lr {first.lr:g}, {int(first.epochs)} epochs, batch {int(first.batch_size)}, max length {int(first.max_length)}",
+            "the paper does not say", "B1–B3")
+        add("B", "adaptive rule: not specified; percentile per head", f"our documented adaptive rule; percentile per {first.scope}",
+            "the paper gives no algorithm; a per-matrix percentile can leave a row with no key", "B1, B3")
+        add("B", "one run per configuration, validation split only", f"{crisp.seed.nunique()} seeds, validation and the labelled test split",
+            "one run cannot separate an effect from seed noise", "B1–B3 (the paper's evidence, not ours)")
+    return pd.DataFrame(rows, columns=["study", "paper", "ours", "why", "could_move"])
+
+# %% ../nbs/05_stats.ipynb
 RECIPE_SEARCH = {   # dataset: the methods of its claims, the learning rates and the lengths (epochs) searched
     "fashion_mnist": dict(methods=("softmax", "entmax15", "topk_softmax_0125"), lrs=(3e-4, 1e-3, 3e-3), epochs=(6, 24)),
     "cifar10": dict(methods=("softmax", "entmax15", "topk_softmax_025"), lrs=(3e-4, 1e-3, 3e-3), epochs=(6, 24)),
@@ -744,7 +794,27 @@ def readable_tests(tests):
     return pd.DataFrame({"dataset": t.dataset, "comparison": t.method + " vs " + t.baseline, "n": t.n.astype(int),
                          "Δ (pt)": [f"{100 * v:+.1f}" for v in t.mean_delta],
                          "95% CI (pt)": [f"{100 * a:+.1f} to {100 * b:+.1f}" for a, b in zip(t.ci_low, t.ci_high)],
-                         "p": [fmt_p(v) for v in t.p], "Holm p": [fmt_p(v) for v in t.p_holm], "family": t.family}).reset_index(drop=True)
+                         "p": [fmt_p(v) for v in t.p], "Holm p": [fmt_p(v) for v in t.p_holm],
+                         **({"equivalence (TOST)": [equivalence_verdict(a, b, m) if np.isfinite(m) else "–"
+                                                    for a, b, m in zip(t.p_tost, t.p_holm, t.margin)]}
+                            if "margin" in t and np.isfinite(t.margin.astype(float)).any() else {}),
+                         "family": t.family}).reset_index(drop=True)
+
+def run_description(runs=None, crisp=None):
+    "What each study's results are, in words (not profile names): sizes, seeds, model, training sentences."
+    out = {}
+    if runs is not None and len(runs):
+        seeds = sorted(set(runs.seed.astype(int)))
+        at_paper = all(int(g.train_n.iloc[0]) == PAPER_SIZES[d][1] and int(g.epochs.iloc[0]) == PAPER_SIZES[d][0]
+                       for d, g in runs.groupby("dataset") if d in PAPER_SIZES)
+        size = "the paper's subsets, epochs and model" if at_paper else "reduced subsets and epochs (a smoke or quick run, not the paper's size)"
+        out["A"] = (f"Study A: {len(runs)} runs, {runs.dataset.nunique()} datasets × {runs.method.nunique()} methods × "
+                    f"{len(seeds)} seeds ({seeds[0]}–{seeds[-1]}), {size}.")
+    if crisp is not None and len(crisp):
+        parts = [f"{m}, {int(n):,} training sentences, {int(e)} epochs, lr {lr:g}, {k} seeds"
+                 for (m, n, e, lr), k in crisp.groupby(["model_name", "train_n", "epochs", "lr"]).seed.nunique().items()]
+        out["B"] = "Study B (Crisp): " + "; ".join(parts) + "; evaluated on the full SST-2 validation and test splits."
+    return out
 
 def paper_deltas(claims=CLAIMS):
     "The study A effects the paper states as numbers: dataset, method, baseline, Δ (fraction)."
@@ -755,7 +825,7 @@ def paper_deltas(claims=CLAIMS):
 def _fmt_value(kind, v):
     if not np.isfinite(v): return "–"
     return {"delta": f"{100 * v:+.1f} pt", "no_difference": f"{100 * v:+.2f} pt", "count": f"{int(v)} of 6",
-            "alpha": f"{v:.3f}", "level": f"{100 * v:.1f}%"}[kind]
+            "alpha": f"{v:.3f}", "level": f"{100 * v:.1f}%", "time_ratio": f"{v:.2f}×"}[kind]
 
 def readable_claims(claims):
     "The claims table for reading: claim, the paper's value, ours with its 95% CI, Holm p, equivalence, seeds, verdict."
