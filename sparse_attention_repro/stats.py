@@ -646,7 +646,7 @@ def deviations(runs=None, crisp=None):
     rows = []
     add = lambda study, paper, ours, why, moves: rows.append(dict(study=study, paper=paper, ours=ours, why=why, could_move=moves))
     if runs is not None and len(runs):
-        src = set(runs.loc[runs.dataset == "cifar10", "dataset_source"].astype(str)) if "dataset_source" in runs else set()
+        src = set(runs.loc[runs.dataset == "cifar10", "dataset_source"].dropna().astype(str)) if "dataset_source" in runs else set()
         if any(x.startswith("local:jpeg") for x in src):
             add("A", "CIFAR-10 from the official (lossless) files", "a JPEG copy (quality 75) in the official row order",
                 "the offline copy available here is lossy", "A1 (CIFAR-10 top-k gain) and A5; the JPEG control on Fashion-MNIST measures the effect of lossy input on a top-k gain")
@@ -656,7 +656,8 @@ def deviations(runs=None, crisp=None):
             "choosing on test inflates a gain", "A1–A3 (which ratio is 'best')")
         add("A", "one recipe: lr 1e-3, 6–8 epochs, no schedule", "the same, plus a tuned-recipe grid chosen on validation",
             "the paper's recipe leaves softmax under-trained", "A1, A2, A4: whether a gain is better attention or faster early learning")
-        add("A", "timings on the paper's GPU", f"timings on {', '.join(sorted(set(runs.device.astype(str)))) if 'device' in runs else 'our hardware'}",
+        devices = sorted(set(runs.device.dropna().astype(str))) if "device" in runs else []
+        add("A", "timings on the paper's GPU", f"timings on {', '.join(devices) or 'our hardware'} (our code)",
             "no GPU of the paper's kind here", "A7 only")
     if crisp is not None and len(crisp):
         first = crisp.iloc[0]
