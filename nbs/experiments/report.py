@@ -299,7 +299,7 @@ if runs is not None:
     table(sec.reset_index().rename(columns={"method": "median training seconds per run"}), floatfmt=".0f")
     md("Median training-time ratio to softmax: " + ", ".join(
         f"{m} {r:.2f}×" for m, r in tr.groupby("method").ratio.median().items() if m != "softmax") + ". Devices: "
-       + (", ".join(sorted(set(runs.device.dropna().astype(str)))) or "not recorded") + ".")
+       + (", ".join(sorted(set(runs.device.dropna().astype(str)))) if "device" in runs else "not recorded") + ".")
 
 # %% [markdown]
 # ## Study B: Crisp Attention on SST-2
