@@ -584,6 +584,13 @@ def parse_topk_ratio(name):
     if not 0 < ratio <= 1: raise ValueError(f"top-k ratio of {name!r} is {ratio}, must be in (0, 1]")
     return ratio
 
+def parse_alpha_start(name):
+    "The start alpha in a `headwise_adaptive_entmax_start<digits>` name: 'start12' -> 1.2, 'start18' -> 1.8."
+    d = name.removeprefix("headwise_adaptive_entmax_start")
+    if not (d.isdigit() and len(d) >= 2 and d[0] == "1"):
+        raise ValueError(f"unknown normalizer {name!r}: write the start alpha without its dot, e.g. headwise_adaptive_entmax_start12 for 1.2")
+    return float(d[0] + "." + d[1:])
+
 def topk_name(ratio):
     "Canonical name of top-k softmax at `ratio`: 0.125 -> 'topk_softmax_0125'."
     name = "topk_softmax_" + f"{float(ratio):.6f}".rstrip("0").replace(".", "")
@@ -601,6 +608,8 @@ test_eq([topk_name(r) for r in (0.125, 0.25, 0.5, 0.2, 1.0)],
 test_fail(lambda: parse_topk_ratio("topk_softmax_0.25"), contains="without its dot")
 test_fail(lambda: parse_topk_ratio("topk_softmax_0"), contains="(0, 1]")
 test_fail(lambda: parse_topk_ratio("topk_softmax_2"), contains="(0, 1]")
+test_eq([parse_alpha_start(f"headwise_adaptive_entmax_start{d}") for d in ("12", "18", "175")], [1.2, 1.8, 1.75])
+test_fail(lambda: parse_alpha_start("headwise_adaptive_entmax_start1.2"), contains="without its dot")
 
 
 # %%
@@ -614,12 +623,16 @@ class Normalizer(nn.Module):
     def extra_repr(self): return self.name
 
 class HeadwiseAdaptiveEntmax(nn.Module):
-    "alpha-entmax with one learned alpha per head: alpha = 1.05 + 0.90 * sigmoid(a), a initialised at 0."
-    def __init__(self, num_heads, n_iter=30, bisect=False, num_models=None):
+    """alpha-entmax with one learned alpha per head: alpha = 1.05 + 0.90 * sigmoid(a), a initialised at 0 (alpha 1.5);
+    `alpha_start` starts every head elsewhere in (1.05, 1.95) (the start-value control of the learned alpha)."""
+    def __init__(self, num_heads, n_iter=30, bisect=False, num_models=None, alpha_start=1.5):
         super().__init__()
-        self.alpha_logit = nn.Parameter(torch.zeros(num_heads if num_models is None else (num_models, num_heads)))
+        if not 1.05 < alpha_start < 1.95: raise ValueError(f"alpha_start must lie in (1.05, 1.95), got {alpha_start}")
+        u = (alpha_start - 1.05) / 0.90
+        self.alpha_logit = nn.Parameter(torch.full((num_heads,) if num_models is None else (num_models, num_heads),
+                                                   0.0 if alpha_start == 1.5 else math.log(u / (1 - u))))
         self.n_iter, self.bisect = n_iter, bisect
-        self.name = "headwise_adaptive_entmax" + ("_bisect" if bisect else "")
+        self.name = "headwise_adaptive_entmax" + ("_bisect" if bisect else "") + ("" if alpha_start == 1.5 else f"_start{alpha_start:g}".replace(".", ""))
     @property
     def alpha(self):
         "Current alpha of each head, shape `[H]` (`[M, H]` for a stack of M models)."
@@ -641,9 +654,10 @@ def get_normalizer(name: str, num_heads: int = 1, num_models: int | None = None,
     if name == "headwise_adaptive_entmax_bisect":
         if options: raise ValueError(f"{name} takes no options, got {sorted(options)}")
         return HeadwiseAdaptiveEntmax(num_heads, bisect=True, num_models=num_models)
-    if name == "headwise_adaptive_entmax":
+    if name == "headwise_adaptive_entmax" or name.startswith("headwise_adaptive_entmax_start"):
         if set(options) - {"n_iter"}: raise ValueError(f"{name} takes only n_iter, got {sorted(options)}")
-        return HeadwiseAdaptiveEntmax(num_heads, num_models=num_models, **options)
+        start = 1.5 if name == "headwise_adaptive_entmax" else parse_alpha_start(name)
+        return HeadwiseAdaptiveEntmax(num_heads, num_models=num_models, alpha_start=start, **options)
     ratio = parse_topk_ratio(name) if name.startswith("topk_softmax_") else None
     if ratio is None:
         raise ValueError(f"unknown normalizer {name!r}; choose one of {', '.join(NORMALIZERS + ORIGINAL_GRADIENT_VARIANTS)} or topk_softmax_<ratio digits>")
@@ -658,6 +672,13 @@ test_eq(sum(p.numel() for p in hae.parameters()), 4)
 test_eq(sum(p.numel() for n in NORMALIZERS if n != "headwise_adaptive_entmax" for p in get_normalizer(n).parameters()), 0)
 test_close(get_normalizer("topk_softmax_02")(x), topk_softmax(x, 0.2))
 test_fail(lambda: get_normalizer("softmaxx"), contains="unknown normalizer")
+for start in (1.2, 1.8):                            # the start-value control: every head starts at alpha_start
+    h0 = get_normalizer(f"headwise_adaptive_entmax_start{start:g}".replace(".", ""), num_heads=4)
+    test_close(h0.alpha, torch.full((4,), start), eps=1e-6)
+    test_close(h0(x.detach()), entmax_alpha(x.detach(), start))
+    test_eq(h0.name, f"headwise_adaptive_entmax_start{start:g}".replace(".", ""))
+test_fail(lambda: get_normalizer("headwise_adaptive_entmax_start195"), contains="(1.05, 1.95)")
+assert torch.equal(HeadwiseAdaptiveEntmax(4, alpha_start=1.5).alpha_logit, hae.alpha_logit)   # the default start is exactly a = 0
 hb = get_normalizer("headwise_adaptive_entmax_bisect", num_heads=4)
 test_eq((hb.name, sum(p.numel() for p in hb.parameters())), ("headwise_adaptive_entmax_bisect", 4))
 test_close(hb(x.detach()), entmax_bisect(x.detach(), hb.alpha.detach().double().view(-1, 1, 1)))

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 import pingouin as pg
 from scipy import stats as sps
-from sparse_attention_repro.normalizers import NORMALIZERS, parse_topk_ratio
+from sparse_attention_repro.normalizers import NORMALIZERS, parse_topk_ratio, parse_alpha_start
 from sparse_attention_repro.data import MAIN_FAMILY, PAPER_SIZES
 
 # %%
@@ -677,18 +677,18 @@ assert select_topk(runs.drop(columns="val_accuracy")).val_selected.isna().all()
 
 # %%
 #| export
-def alpha_long(runs):
-    "Long table (dataset, seed, epoch, layer, head, alpha) from the `alpha_history` JSON of HAE runs."
-    cols = ["profile", "dataset", "seed", "epoch", "layer", "head", "alpha"]
+def alpha_long(runs, methods=("headwise_adaptive_entmax",)):
+    "Long table (profile, dataset, method, seed, epoch, layer, head, alpha) from the `alpha_history` JSON of `methods`' runs."
+    cols = ["profile", "dataset", "method", "seed", "epoch", "layer", "head", "alpha"]
     if runs is None or "alpha_history" not in runs: return pd.DataFrame(columns=cols)
     rows = []
-    for r in runs[runs.method == "headwise_adaptive_entmax"].itertuples():
+    for r in runs[runs.method.isin(methods)].itertuples():
         h = r.alpha_history
         if not isinstance(h, str) or not h.strip(): continue
         for ep in json.loads(h):
             for li, layer in enumerate(ep["alpha"]):
                 for hi, a in enumerate(layer):
-                    rows.append((r.profile, r.dataset, r.seed, ep["epoch"], li, hi, float(a)))
+                    rows.append((r.profile, r.dataset, r.method, r.seed, ep["epoch"], li, hi, float(a)))
     return pd.DataFrame(rows, columns=cols)
 
 def time_ratios(runs, baseline=BASELINE, col="train_seconds"):
@@ -747,6 +747,56 @@ with tempfile.TemporaryDirectory() as _d:
     test_close(lc[lc.split == "validation"].accuracy.to_numpy(), [dense_val + 0.006, dense_val + 0.012], eps=1e-9)
     test_eq(set(lc.seeds), {raw_c[raw_c.config == "dense"].seed.nunique()})
     test_eq(len(crisp_learning_curve(Path(_d) / "none")), 0)
+
+# %% [markdown]
+# **Where does the learned α go?** "α stays ≈ 1.50–1.52" (A6) has two readings: α *settles* there from anywhere, or α
+# barely moves from its start of 1.5 in six epochs. The start-value control trains the adaptive entmax with every head
+# started at 1.2 and at 1.8 (`headwise_adaptive_entmax_start12`, `_start18`) on the main runs' seeds. For each start,
+# dataset and layer, the final α (mean over heads) is compared by paired TOST (±0.05) with the runs started at 1.5
+# (*settles*) and by TOST against the start itself (*stays where it started*); neither: *undecided*.
+
+# %%
+#| export
+def alpha_start_tests(main, variant, base="headwise_adaptive_entmax"):
+    "Per dataset, start value and layer ('all' = both): final α against the runs started at 1.5 and against the start (TOST ±0.05)."
+    cols = ["dataset", "start", "layer", "n", "alpha_final", "alpha_from_15", "p_tost_settle", "p_tost_stay", "verdict"]
+    if main is None or variant is None or not len(variant): return pd.DataFrame(columns=cols)
+    starts = sorted(m for m in set(variant.method) if m.startswith(base + "_start"))
+    la = pd.concat([alpha_long(main, (base,)), alpha_long(variant, starts)], ignore_index=True)
+    if not len(la): return pd.DataFrame(columns=cols)
+    fin = la[la.epoch == la.groupby(["dataset", "method", "seed"]).epoch.transform("max")]
+    per_layer = fin.groupby(["dataset", "method", "seed", "layer"]).alpha.mean().reset_index()
+    both = fin.groupby(["dataset", "method", "seed"]).alpha.mean().reset_index().assign(layer="all")
+    tab, margin, rows = pd.concat([both, per_layer.assign(layer=per_layer.layer.astype(int))]), EQUIVALENCE_MARGINS["alpha_start"], []
+    for (ds, layer), g in tab.groupby(["dataset", "layer"], sort=False):
+        ref = g[g.method == base].set_index("seed").alpha
+        for m in starts:
+            j = pd.concat(dict(a=g[g.method == m].set_index("seed").alpha, b=ref), axis=1).dropna()
+            if not len(j): continue
+            start = parse_alpha_start(m)
+            settle, stay = tost_paired(j.a, j.b, margin), tost_paired(j.a, np.full(len(j), start), margin)
+            rows.append(dict(dataset=ds, start=start, layer=layer, n=len(j), alpha_final=float(j.a.mean()), alpha_from_15=float(j.b.mean()),
+                             p_tost_settle=settle, p_tost_stay=stay,
+                             verdict="settles" if settle < 0.05 else "stays where it started" if stay < 0.05 else "undecided"))
+    return pd.DataFrame(rows, columns=cols)
+
+# %% [markdown]
+# Known answers: runs that end at their start ±0.01 "stay"; runs that end at the 1.5-start runs' α ±0.01 "settle".
+
+# %%
+def _hist(final):                       # an alpha_history with epoch 0 at the start and epoch 6 at `final` (2 layers x 4 heads)
+    return json.dumps([{"epoch": 0, "alpha": [[1.5] * 4] * 2}, {"epoch": 6, "alpha": [[final] * 4] * 2}])
+_w = [0.004, -0.004, 0.002, -0.002, 0.0]
+_main = pd.DataFrame([dict(profile="", dataset="fashion_mnist", method="headwise_adaptive_entmax", seed=k,
+                           alpha_history=_hist(1.51 + _w[k])) for k in range(5)])
+_var = pd.DataFrame([dict(profile="", dataset="fashion_mnist", method=m, seed=k, alpha_history=_hist(f + _w[(k + 1) % 5]))
+                     for k in range(5) for m, f in [("headwise_adaptive_entmax_start12", 1.2), ("headwise_adaptive_entmax_start18", 1.515)]])
+_at = alpha_start_tests(_main, _var)
+test_eq(len(_at), 2 * 3)                                          # two starts x (all, layer 0, layer 1)
+test_eq(_at.set_index(["start", "layer"]).loc[(1.2, "all"), "verdict"], "stays where it started")
+test_eq(_at.set_index(["start", "layer"]).loc[(1.8, "all"), "verdict"], "settles")
+test_close(_at.set_index(["start", "layer"]).loc[(1.8, 0), "alpha_final"], 1.515, eps=1e-9)
+test_eq(len(alpha_start_tests(_main, None)), 0)
 
 # %% [markdown]
 # ## The claims table
@@ -1276,6 +1326,11 @@ def _recipe_grids(search=RECIPE_SEARCH):
             for ds, r in search.items() for lr in r["lrs"]}
 
 RECIPE_GRIDS = _recipe_grids()
+
+FOLLOW_UPS = {   # experiments a reviewer asked for, each a grid into `<results>/follow_ups/<name>` on the main runs' seeds
+    "alpha_start": dict(options="--datasets fashion_mnist twenty_news --methods headwise_adaptive_entmax_start12 headwise_adaptive_entmax_start18",
+                        question="Does the learned α settle near 1.51 from any start, or stay where it starts?"),
+}
 
 # %%
 test_eq(list(RECIPE_GRIDS)[:3], ["fashion_mnist_lr0.0003", "fashion_mnist_lr0.001", "fashion_mnist_lr0.003"])

@@ -134,13 +134,16 @@ def _ablations_args(sub):
     return x
 
 def _recipes_args(sub):
-    "`recipes`: each claim's methods at every learning rate and length of `stats.RECIPE_SEARCH`, chosen later on validation."
-    x = sub.add_parser("recipes", help="the tuned-recipe grids: every arm at its own learning rate and length (chosen on validation)")
-    x.add_argument("--profile", default="paper"); x.add_argument("--out", required=True, help="the main results folder")
-    x.add_argument("--only", nargs="+", help="grid names, e.g. fashion_mnist_lr0.003 (default: all, in order)"); x.add_argument("--seeds", nargs="+")
-    x.add_argument("--stack-seeds", type=int, default=1, help=argparse.SUPPRESS)    # curves need the lock-step path
-    _executor_args(x)
-    return x
+    "`recipes` and `follow-ups`: named grids of `stats.RECIPE_GRIDS` / `stats.FOLLOW_UPS` into `<out>/recipes|follow_ups/<name>`."
+    for name, text, only in [("recipes", "the tuned-recipe grids: every arm at its own learning rate and length (chosen on validation)",
+                              "grid names, e.g. fashion_mnist_lr0.003 (default: all, in order)"),
+                             ("follow-ups", "the follow-up experiments of stats.FOLLOW_UPS (e.g. alpha_start), paired with a main grid's seeds",
+                              "follow-up names (default: all, in order)")]:
+        x = sub.add_parser(name, help=text)
+        x.add_argument("--profile", default="paper"); x.add_argument("--out", required=True, help="the main results folder")
+        x.add_argument("--only", nargs="+", help=only); x.add_argument("--seeds", nargs="+")
+        x.add_argument("--stack-seeds", type=int, default=1, help="seeds trained as one stacked model per task (recipes need 1)")
+        _executor_args(x)
 
 def _bench_args(sub):
     "`bench`: speed, side by side in one process."
@@ -418,11 +421,12 @@ def cmd_ablations(args):
     return fails
 
 def cmd_recipes(args):
-    "Run the tuned-recipe grids (`stats.RECIPE_GRIDS`) into `<out>/recipes/<name>`, one after the other; returns the failures."
-    from sparse_attention_repro.stats import RECIPE_GRIDS
+    "Run the tuned-recipe grids (`stats.RECIPE_GRIDS`) or the follow-ups (`stats.FOLLOW_UPS`), one after the other; returns the failures."
+    from sparse_attention_repro.stats import RECIPE_GRIDS, FOLLOW_UPS
+    table, folder, kind = (RECIPE_GRIDS, "recipes", "recipe grid") if args.command == "recipes" else (FOLLOW_UPS, "follow_ups", "follow-up")
     fails = {}
-    for name, g in ablation_grids(args, RECIPE_GRIDS, "recipes", "recipe grid"):
-        print(f"recipe grid {name}: {g.out}")
+    for name, g in ablation_grids(args, table, folder, kind):
+        print(f"{kind} {name}: {g.out}")
         fails.update({f"{name}:{k}": v for k, v in cmd_grid(g).items()})
     return fails
 
@@ -438,6 +442,10 @@ test_eq([(_rc[0][1].lr, _rc[0][1].epochs, _rc[0][1].epoch_eval, _rc[0][1].val_fr
         [(0.003, 12, True, 0.25, str(_out / "recipes" / "twenty_news_lr0.003"))])
 test_fail(lambda: ablation_grids(build_parser().parse_args(["recipes", "--out", "x", "--only", "fashion_mnist_lr1"]), RECIPE_GRIDS,
                                  "recipes", "recipe grid"), exc=UsageError, contains="unknown recipe grid")
+from sparse_attention_repro.stats import FOLLOW_UPS
+_fu = ablation_grids(build_parser().parse_args(["follow-ups", "--profile", "smoke", "--out", str(_out), "--seeds", "0"]), FOLLOW_UPS, "follow_ups")
+test_eq([(n, g.methods, g.out) for n, g in _fu],
+        [("alpha_start", ["headwise_adaptive_entmax_start12", "headwise_adaptive_entmax_start18"], str(_out / "follow_ups" / "alpha_start"))])
 assert not _out.exists()
 
 # %% [markdown]
@@ -516,7 +524,7 @@ def cmd_bench(args):
 # %%
 #| export
 COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "site": cmd_site, "reproduce": cmd_reproduce,
-            "ablations": cmd_ablations, "recipes": cmd_recipes,
+            "ablations": cmd_ablations, "recipes": cmd_recipes, "follow-ups": cmd_recipes,
             "bench": cmd_bench}
 
 def main(argv=None):

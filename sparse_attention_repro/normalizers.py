@@ -5,8 +5,9 @@
 # %% auto 0
 __all__ = ['ORIGINAL_BISECT_STEPS', 'NORMALIZERS', 'ORIGINAL_GRADIENT_VARIANTS', 'softmax', 'SparsemaxFunction', 'sparsemax',
            'Entmax15Function', 'entmax15', 'EntmaxAlphaFunction', 'entmax_alpha', 'EntmaxBisectFunction',
-           'entmax_bisect', 'keep_count', 'TopkSoftmaxFunction', 'topk_softmax', 'parse_topk_ratio', 'topk_name',
-           'Normalizer', 'HeadwiseAdaptiveEntmax', 'get_normalizer', 'attention_density']
+           'entmax_bisect', 'keep_count', 'TopkSoftmaxFunction', 'topk_softmax', 'parse_topk_ratio',
+           'parse_alpha_start', 'topk_name', 'Normalizer', 'HeadwiseAdaptiveEntmax', 'get_normalizer',
+           'attention_density']
 
 # %% ../nbs/00_normalizers.ipynb
 import math
@@ -291,6 +292,13 @@ def parse_topk_ratio(name):
     if not 0 < ratio <= 1: raise ValueError(f"top-k ratio of {name!r} is {ratio}, must be in (0, 1]")
     return ratio
 
+def parse_alpha_start(name):
+    "The start alpha in a `headwise_adaptive_entmax_start<digits>` name: 'start12' -> 1.2, 'start18' -> 1.8."
+    d = name.removeprefix("headwise_adaptive_entmax_start")
+    if not (d.isdigit() and len(d) >= 2 and d[0] == "1"):
+        raise ValueError(f"unknown normalizer {name!r}: write the start alpha without its dot, e.g. headwise_adaptive_entmax_start12 for 1.2")
+    return float(d[0] + "." + d[1:])
+
 def topk_name(ratio):
     "Canonical name of top-k softmax at `ratio`: 0.125 -> 'topk_softmax_0125'."
     name = "topk_softmax_" + f"{float(ratio):.6f}".rstrip("0").replace(".", "")
@@ -307,12 +315,16 @@ class Normalizer(nn.Module):
     def extra_repr(self): return self.name
 
 class HeadwiseAdaptiveEntmax(nn.Module):
-    "alpha-entmax with one learned alpha per head: alpha = 1.05 + 0.90 * sigmoid(a), a initialised at 0."
-    def __init__(self, num_heads, n_iter=30, bisect=False, num_models=None):
+    """alpha-entmax with one learned alpha per head: alpha = 1.05 + 0.90 * sigmoid(a), a initialised at 0 (alpha 1.5);
+    `alpha_start` starts every head elsewhere in (1.05, 1.95) (the start-value control of the learned alpha)."""
+    def __init__(self, num_heads, n_iter=30, bisect=False, num_models=None, alpha_start=1.5):
         super().__init__()
-        self.alpha_logit = nn.Parameter(torch.zeros(num_heads if num_models is None else (num_models, num_heads)))
+        if not 1.05 < alpha_start < 1.95: raise ValueError(f"alpha_start must lie in (1.05, 1.95), got {alpha_start}")
+        u = (alpha_start - 1.05) / 0.90
+        self.alpha_logit = nn.Parameter(torch.full((num_heads,) if num_models is None else (num_models, num_heads),
+                                                   0.0 if alpha_start == 1.5 else math.log(u / (1 - u))))
         self.n_iter, self.bisect = n_iter, bisect
-        self.name = "headwise_adaptive_entmax" + ("_bisect" if bisect else "")
+        self.name = "headwise_adaptive_entmax" + ("_bisect" if bisect else "") + ("" if alpha_start == 1.5 else f"_start{alpha_start:g}".replace(".", ""))
     @property
     def alpha(self):
         "Current alpha of each head, shape `[H]` (`[M, H]` for a stack of M models)."
@@ -334,9 +346,10 @@ def get_normalizer(name: str, num_heads: int = 1, num_models: int | None = None,
     if name == "headwise_adaptive_entmax_bisect":
         if options: raise ValueError(f"{name} takes no options, got {sorted(options)}")
         return HeadwiseAdaptiveEntmax(num_heads, bisect=True, num_models=num_models)
-    if name == "headwise_adaptive_entmax":
+    if name == "headwise_adaptive_entmax" or name.startswith("headwise_adaptive_entmax_start"):
         if set(options) - {"n_iter"}: raise ValueError(f"{name} takes only n_iter, got {sorted(options)}")
-        return HeadwiseAdaptiveEntmax(num_heads, num_models=num_models, **options)
+        start = 1.5 if name == "headwise_adaptive_entmax" else parse_alpha_start(name)
+        return HeadwiseAdaptiveEntmax(num_heads, num_models=num_models, alpha_start=start, **options)
     ratio = parse_topk_ratio(name) if name.startswith("topk_softmax_") else None
     if ratio is None:
         raise ValueError(f"unknown normalizer {name!r}; choose one of {', '.join(NORMALIZERS + ORIGINAL_GRADIENT_VARIANTS)} or topk_softmax_<ratio digits>")

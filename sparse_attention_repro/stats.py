@@ -5,15 +5,15 @@
 # %% auto 0
 __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'BASELINE', 'SPARSE_METHODS', 'TOPK_METHODS', 'CRISP_BASELINE', 'CRISP_CONFIGS',
            'EQUIVALENCE_MARGINS', 'TEST_COLS', 'PUBLISHED_CRISP_GAIN', 'PAPER_MODEL', 'CLAIMS', 'ABLATIONS',
-           'ABLATION_COLS', 'RECIPE_SEARCH', 'RECIPE_VAL_FRACTION', 'RECIPE_GRIDS', 'CURVE_COLS', 'PAPER_LR',
-           'PAPER_SOFTMAX_ACCURACY', 'DATASET_ORDER', 'load_runs', 'load_crisp', 'paired_stats', 'holm', 'tost_paired',
-           'equivalence_verdict', 'family_of', 'paired_tests', 'crisp_tests', 'seed_deltas', 'single_seed_summary',
-           'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas', 'power_table',
-           'accuracy_ci', 'select_topk', 'alpha_long', 'time_ratios', 'layer_sparsity', 'crisp_learning_curve',
-           'prediction_interval', 'verdict', 'fmt_p', 'claims_table', 'ablation_tests', 'ablation_family',
-           'ablation_answer', 'readable_ablation', 'readable_single_seed', 'readable_power', 'deviations',
-           'recipe_curves', 'select_recipes', 'recipe_tests', 'recipe_budget', 'readable_tests', 'run_description',
-           'paper_deltas', 'readable_claims', 'analyse']
+           'ABLATION_COLS', 'RECIPE_SEARCH', 'RECIPE_VAL_FRACTION', 'RECIPE_GRIDS', 'FOLLOW_UPS', 'CURVE_COLS',
+           'PAPER_LR', 'PAPER_SOFTMAX_ACCURACY', 'DATASET_ORDER', 'load_runs', 'load_crisp', 'paired_stats', 'holm',
+           'tost_paired', 'equivalence_verdict', 'family_of', 'paired_tests', 'crisp_tests', 'seed_deltas',
+           'single_seed_summary', 'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas',
+           'power_table', 'accuracy_ci', 'select_topk', 'alpha_long', 'time_ratios', 'layer_sparsity',
+           'crisp_learning_curve', 'alpha_start_tests', 'prediction_interval', 'verdict', 'fmt_p', 'claims_table',
+           'ablation_tests', 'ablation_family', 'ablation_answer', 'readable_ablation', 'readable_single_seed',
+           'readable_power', 'deviations', 'recipe_curves', 'select_recipes', 'recipe_tests', 'recipe_budget',
+           'readable_tests', 'run_description', 'paper_deltas', 'readable_claims', 'analyse']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import pingouin as pg
 from scipy import stats as sps
-from .normalizers import NORMALIZERS, parse_topk_ratio
+from .normalizers import NORMALIZERS, parse_topk_ratio, parse_alpha_start
 from .data import MAIN_FAMILY, PAPER_SIZES
 
 # %% ../nbs/05_stats.ipynb
@@ -318,18 +318,18 @@ def select_topk(runs, methods=TOPK_METHODS, baseline=BASELINE):
     return pd.DataFrame(rows, columns=cols)
 
 # %% ../nbs/05_stats.ipynb
-def alpha_long(runs):
-    "Long table (dataset, seed, epoch, layer, head, alpha) from the `alpha_history` JSON of HAE runs."
-    cols = ["profile", "dataset", "seed", "epoch", "layer", "head", "alpha"]
+def alpha_long(runs, methods=("headwise_adaptive_entmax",)):
+    "Long table (profile, dataset, method, seed, epoch, layer, head, alpha) from the `alpha_history` JSON of `methods`' runs."
+    cols = ["profile", "dataset", "method", "seed", "epoch", "layer", "head", "alpha"]
     if runs is None or "alpha_history" not in runs: return pd.DataFrame(columns=cols)
     rows = []
-    for r in runs[runs.method == "headwise_adaptive_entmax"].itertuples():
+    for r in runs[runs.method.isin(methods)].itertuples():
         h = r.alpha_history
         if not isinstance(h, str) or not h.strip(): continue
         for ep in json.loads(h):
             for li, layer in enumerate(ep["alpha"]):
                 for hi, a in enumerate(layer):
-                    rows.append((r.profile, r.dataset, r.seed, ep["epoch"], li, hi, float(a)))
+                    rows.append((r.profile, r.dataset, r.method, r.seed, ep["epoch"], li, hi, float(a)))
     return pd.DataFrame(rows, columns=cols)
 
 def time_ratios(runs, baseline=BASELINE, col="train_seconds"):
@@ -358,6 +358,30 @@ def crisp_learning_curve(folder, config=CRISP_BASELINE):
     g = d.groupby(["model_name", "train_n", "epochs", "split"])
     return g.agg(seeds=("seed", "nunique"), accuracy=("accuracy", "mean"), train_seconds=("train_seconds", "median")
                  ).reset_index()[cols].sort_values(["model_name", "split", "train_n"], ignore_index=True)
+
+# %% ../nbs/05_stats.ipynb
+def alpha_start_tests(main, variant, base="headwise_adaptive_entmax"):
+    "Per dataset, start value and layer ('all' = both): final α against the runs started at 1.5 and against the start (TOST ±0.05)."
+    cols = ["dataset", "start", "layer", "n", "alpha_final", "alpha_from_15", "p_tost_settle", "p_tost_stay", "verdict"]
+    if main is None or variant is None or not len(variant): return pd.DataFrame(columns=cols)
+    starts = sorted(m for m in set(variant.method) if m.startswith(base + "_start"))
+    la = pd.concat([alpha_long(main, (base,)), alpha_long(variant, starts)], ignore_index=True)
+    if not len(la): return pd.DataFrame(columns=cols)
+    fin = la[la.epoch == la.groupby(["dataset", "method", "seed"]).epoch.transform("max")]
+    per_layer = fin.groupby(["dataset", "method", "seed", "layer"]).alpha.mean().reset_index()
+    both = fin.groupby(["dataset", "method", "seed"]).alpha.mean().reset_index().assign(layer="all")
+    tab, margin, rows = pd.concat([both, per_layer.assign(layer=per_layer.layer.astype(int))]), EQUIVALENCE_MARGINS["alpha_start"], []
+    for (ds, layer), g in tab.groupby(["dataset", "layer"], sort=False):
+        ref = g[g.method == base].set_index("seed").alpha
+        for m in starts:
+            j = pd.concat(dict(a=g[g.method == m].set_index("seed").alpha, b=ref), axis=1).dropna()
+            if not len(j): continue
+            start = parse_alpha_start(m)
+            settle, stay = tost_paired(j.a, j.b, margin), tost_paired(j.a, np.full(len(j), start), margin)
+            rows.append(dict(dataset=ds, start=start, layer=layer, n=len(j), alpha_final=float(j.a.mean()), alpha_from_15=float(j.b.mean()),
+                             p_tost_settle=settle, p_tost_stay=stay,
+                             verdict="settles" if settle < 0.05 else "stays where it started" if stay < 0.05 else "undecided"))
+    return pd.DataFrame(rows, columns=cols)
 
 # %% ../nbs/05_stats.ipynb
 PAPER_MODEL = "distilbert-base-uncased"     # the Crisp paper's model: absolute accuracies compare only on it
@@ -689,6 +713,11 @@ def _recipe_grids(search=RECIPE_SEARCH):
             for ds, r in search.items() for lr in r["lrs"]}
 
 RECIPE_GRIDS = _recipe_grids()
+
+FOLLOW_UPS = {   # experiments a reviewer asked for, each a grid into `<results>/follow_ups/<name>` on the main runs' seeds
+    "alpha_start": dict(options="--datasets fashion_mnist twenty_news --methods headwise_adaptive_entmax_start12 headwise_adaptive_entmax_start18",
+                        question="Does the learned α settle near 1.51 from any start, or stay where it starts?"),
+}
 
 # %% ../nbs/05_stats.ipynb
 CURVE_COLS = ["dataset", "method", "seed", "lr", "epoch", "val_accuracy", "val_loss", "test_accuracy", "test_loss"]
