@@ -281,6 +281,27 @@ if len(al):
 else: md("_No α histories (no HAE runs or no `alpha_history`)._")
 
 # %% [markdown]
+# ### Does α settle, or stay where it started?
+#
+# The start-value control (`follow_ups/alpha_start/`): the adaptive entmax with every head started at α = 1.2 and 1.8
+# instead of 1.5, on the main runs' seeds. Final α (mean over heads) per layer against the runs started at 1.5 and
+# against the start, by TOST within ±0.05 (declared before the runs).
+
+# %%
+fu_alpha = S.load_runs(RES / "follow_ups" / "alpha_start" / "runs.csv")
+at = S.alpha_start_tests(runs, fu_alpha)
+if len(at):
+    at.to_csv(TAB / "alpha_start.csv", index=False)
+    table(pd.DataFrame({"dataset": at.dataset, "start α": at.start.map("{:.1f}".format), "layer": at.layer.astype(str), "seeds": at.n,
+                        "final α": at.alpha_final.map("{:.3f}".format), "final α, started at 1.5": at.alpha_from_15.map("{:.3f}".format),
+                        "TOST p (settles)": at.p_tost_settle.map(S.fmt_p), "TOST p (stays)": at.p_tost_stay.map(S.fmt_p),
+                        "verdict": at.verdict}))
+    allv = at[at.layer == "all"]
+    md("A6 read with the control: " + "; ".join(f"{r.dataset}, started at {r.start:.1f}: final α {r.alpha_final:.3f} "
+                                                f"(runs started at 1.5: {r.alpha_from_15:.3f}) — {r.verdict}" for r in allv.itertuples()) + ".")
+else: md("The start-value control has not been run in this folder (`sparse-repro follow-ups --out <results> --only alpha_start`).")
+
+# %% [markdown]
 # ## Compute: training cost per method
 #
 # Each run's training seconds divided by softmax's on the same dataset and seed (each method charged its own compute
