@@ -663,6 +663,50 @@ ids12, y12 = make_marker(2000, np.random.default_rng(1), vocab=12)
 test_eq(set(np.unique(ids12)), set(range(1, 12))); test_eq(set(y12), set(range(10)))
 
 # %% [markdown]
+# **A marker task that tests selection.** In the 12-token variant the label token also appears about nine more times in
+# the sequence, so "guess the most frequent token" beats chance without ever finding the marker. The *balanced* design
+# removes that shortcut: every position but the marker holds one of the ten label tokens (ids 2…11, label = id − 2), and
+# each label token occurs 9 or 10 times (five of each, chosen at random) before the marker overwrites one position and
+# the token after it is read. Token counts then say almost nothing about the label; the only way to the label is to find
+# the marker and read its neighbour. Draw order: for each sequence, the five tokens with 10 copies
+# (`rng.permutation(10)[:5]`), the order of the 96 tokens (`rng.permutation(96)`), then the marker position
+# (`rng.integers(0, 95)`).
+
+# %%
+#| export
+MARKER_DESIGNS = ("random", "balanced")
+MARKER_LABEL_TOKENS = 10                   # balanced design: ids 2..11 are the label tokens
+
+def make_balanced_marker(n: int, rng: np.random.Generator, seq_len: int = TEXT_LEN) -> tuple[np.ndarray, np.ndarray]:
+    "int64 ids `[n, seq_len]` of label tokens 2..11 in balanced counts, marker id 1 at `p < seq_len-1`, labels `ids[p+1] - 2`."
+    k, ids, p = MARKER_LABEL_TOKENS, np.empty((n, seq_len), np.int64), np.empty(n, np.int64)
+    base = seq_len // k
+    for i in range(n):
+        counts = np.full(k, base); counts[rng.permutation(k)[:seq_len - base * k]] += 1
+        ids[i] = np.repeat(np.arange(2, 2 + k), counts)[rng.permutation(seq_len)]
+        p[i] = rng.integers(0, seq_len - 1)
+    rows = np.arange(n)
+    ids[rows, p] = MARKER_ID
+    return ids, ids[rows, p + 1] - 2
+
+def most_frequent_token_accuracy(ids: np.ndarray, y: np.ndarray, design: str = "random") -> float:
+    "Accuracy of the shortcut that ignores the marker: the sequence's most frequent non-marker token, read as a label."
+    counts = np.stack([np.bincount(r[r != MARKER_ID], minlength=ids.max() + 1) for r in ids])
+    mode = counts.argmax(1)                                              # ties: the smallest id
+    return float(((mode - 2 if design == "balanced" else mode % 10) == y).mean())
+
+# %%
+idb, yb = make_balanced_marker(3000, np.random.default_rng(2))
+for row, label in zip(idb[:300], yb[:300]):            # brute force: one marker, the label is the token after it
+    pos = np.flatnonzero(row == 1)
+    assert len(pos) == 1 and pos[0] < 95 and label == row[pos[0] + 1] - 2
+    c = np.bincount(row[row != 1], minlength=12)[2:]
+    assert c.sum() == 95 and c.max() <= 10 and c.min() >= 8 and (c == 8).sum() <= 1   # 9 or 10 each, minus the one the marker overwrote
+test_eq(set(yb), set(range(10)))
+sc, sc12 = most_frequent_token_accuracy(idb, yb, "balanced"), most_frequent_token_accuracy(ids12, y12)
+assert abs(sc - 0.10) < 0.02 < sc12 - 0.10, (sc, sc12)   # the shortcut sits at chance here, not on the 12-token variant
+
+# %% [markdown]
 # ## Finding the data
 #
 # Each dataset has a list of sources tried in order. For each, a complete cache entry wins; otherwise, if its files are
@@ -799,7 +843,7 @@ def _token_split(ids: np.ndarray, y: np.ndarray, idx, mask_padding: bool) -> Spl
 
 def load_dataset(name: str, seed: int, train_limit: int | None, test_limit: int | None, *, val_fraction: float = 0.0,
                  patch_size: int | None = None, mask_padding: bool = False, marker_vocab: int = TEXT_VOCAB,
-                 data_root=None, cache_dir=None, download: bool = False) -> DatasetBundle:
+                 marker_design: str = "random", data_root=None, cache_dir=None, download: bool = False) -> DatasetBundle:
     "Seeded train/test(/val) subsets of `name` as tensors, following the Study-A protocol."
     if name not in DATASETS: raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
     if name == "synthetic_marker":
@@ -807,9 +851,13 @@ def load_dataset(name: str, seed: int, train_limit: int | None, test_limit: int 
         n_val = round(val_fraction * int(train_limit)) if val_fraction > 0 else 0
         if not 0 <= val_fraction < 1 or (val_fraction > 0 and n_val < 1):
             raise ValueError(f"val_fraction must be in [0, 1) and give a non-empty validation split, got {val_fraction}")
-        mk = lambda n, s: _token_split(*make_marker(n, np.random.default_rng(s), marker_vocab), np.arange(n), False)
+        if marker_design not in MARKER_DESIGNS: raise ValueError(f"marker_design must be one of {', '.join(MARKER_DESIGNS)}, got {marker_design!r}")
+        make = ((lambda n, r: make_marker(n, r, marker_vocab)) if marker_design == "random" else make_balanced_marker)
+        mk = lambda n, s: _token_split(*make(n, np.random.default_rng(s)), np.arange(n), False)
+        vocab = marker_vocab if marker_design == "random" else 2 + MARKER_LABEL_TOKENS
         return DatasetBundle(name, "tokens", mk(int(train_limit), seed), mk(int(test_limit), seed + 10000),
-                             mk(n_val, seed + 20000) if n_val else None, 10, None, marker_vocab, TEXT_LEN, "generated")
+                             mk(n_val, seed + 20000) if n_val else None, 10, None, vocab, TEXT_LEN,
+                             "generated" if marker_design == "random" else "generated:balanced")
     arrays, source = full_arrays(name, data_root, cache_dir, download)
     tr_idx, va_idx = train_val_indices(len(arrays["train_y"]), train_limit, seed, val_fraction)
     te_idx = subset_indices(len(arrays["test_y"]), test_limit, seed + 10000)
@@ -839,6 +887,10 @@ b2 = load_dataset("synthetic_marker", seed=5, train_limit=300, test_limit=100, v
 test_eq(b2.train.x, b.train.x); test_eq(b2.test.x, b.test.x)                       # validation leaves train and test alone
 test_eq(b2.val.x.numpy(), make_marker(60, np.random.default_rng(5 + 20000))[0])
 test_ne(load_dataset("synthetic_marker", seed=6, train_limit=300, test_limit=100).train.x, b.train.x)
+bb = load_dataset("synthetic_marker", seed=3, train_limit=40, test_limit=20, marker_design="balanced")
+test_eq(bb.test.x.numpy(), make_balanced_marker(20, np.random.default_rng(3 + 10000))[0])
+test_eq((bb.vocab_size, bb.dataset_source), (12, "generated:balanced"))
+test_fail(lambda: load_dataset("synthetic_marker", 0, 10, 10, marker_design="sorted"), contains="marker_design must be")
 b12 = load_dataset("synthetic_marker", seed=0, train_limit=200, test_limit=50, marker_vocab=12)
 test_eq(b12.vocab_size, 12); assert int(b12.train.x.max()) == 11
 test_fail(lambda: load_dataset("mnist", 0, 10, 10), exc=ValueError, contains="valid names: cifar10, fashion_mnist")

@@ -49,6 +49,7 @@ class TrainConfig:
     mask_padding: bool = False       # variant: mask padding tokens of twenty_news (the paper does not)
     patch_size: int | None = None    # variant: 4 for 4x4 patches (None = the paper's 7x7 / 8x8)
     marker_vocab: int = 20000        # variant: a small vocabulary makes the marker task learnable
+    marker_design: str = "random"    # "random" (the paper's ids) | "balanced": label tokens only, in balanced counts (tests selection)
     learned_pad_row: bool = False    # variant: learn the padding embedding (the original keeps it zero and frozen)
     dropout_rng: str = "torch"       # "torch" (nn.Dropout's masks) | "philox" (faster counter-based masks, see `model`)
     precision: str = "fp32"          # "fp32" | "bf16": autocast for training and evaluation (bf16 matrix units: CPUs, GPUs)
@@ -307,6 +308,7 @@ def load_run_data(dataset, seed, config):
     "The seed's subsets of `dataset` as `config` asks for them (sizes, validation split, variants, download)."
     return load_dataset(dataset, seed, config.train_limit, config.test_limit, val_fraction=config.val_fraction,
                         patch_size=config.patch_size, mask_padding=config.mask_padding, marker_vocab=config.marker_vocab,
+                        marker_design=config.marker_design,
                         download=config.download)
 
 def epoch_monitor(data, precision="fp32"):

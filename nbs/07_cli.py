@@ -79,6 +79,7 @@ def _grid_args(sub):
     g.add_argument("--learned-pad-row", action="store_true", help="variant: learn the padding embedding (the original keeps it zero)")
     g.add_argument("--patch-size", type=int, default=0, help="variant: 4 for 4x4 patches (0 = the paper's)")
     g.add_argument("--marker-vocab", type=int, default=20000, help="variant: small vocabulary for a learnable marker task")
+    g.add_argument("--marker-design", default="random", help="random (the paper's ids) | balanced (label tokens only, balanced counts: tests selection)")
     g.add_argument("--dropout-rng", default="torch", help="torch (nn.Dropout's masks, the default) | philox (faster counter-based masks)")
     g.add_argument("--precision", default="fp32", help="fp32 (default) | bf16 (autocast: for CPUs with bf16 units and GPUs)")
     g.add_argument("--lr", type=float, default=0.0, help="AdamW learning rate (0 = the protocol's 1e-3)")
@@ -189,7 +190,8 @@ test_fail(lambda: build_parser().parse_args(["grid", "--out", "x", "--device", "
 # %%
 #| export
 STUDY_A_KEYS = ("dataset", "method", "seed")
-STUDY_A_OPTION_DEFAULTS = dict(learned_pad_row=False, dropout_rng="torch", precision="fp32", lr=0.0, epochs=0, epoch_eval=False)   # options newer than some results folders: absent means this value
+STUDY_A_OPTION_DEFAULTS = dict(learned_pad_row=False, dropout_rng="torch", precision="fp32", lr=0.0, epochs=0, epoch_eval=False,
+                               marker_design="random")   # options newer than some results folders: absent means this value
 
 def _check_executor(args):
     if args.executor not in ("local", "dask"): raise UsageError(f"unknown executor {args.executor!r}; choose local or dask")
@@ -225,10 +227,13 @@ def grid_tasks(args):
     if args.epoch_eval and args.stack_seeds > 1: raise UsageError("--epoch-eval runs on the lock-step or plain path; drop --stack-seeds")
     options = dict(profile=args.profile, val_fraction=args.val_fraction, mask_padding=args.mask_padding,
                    patch_size=args.patch_size, marker_vocab=args.marker_vocab, learned_pad_row=args.learned_pad_row,
-                   dropout_rng=args.dropout_rng, precision=args.precision, lr=args.lr, epochs=args.epochs, epoch_eval=args.epoch_eval)
+                   dropout_rng=args.dropout_rng, precision=args.precision, lr=args.lr, epochs=args.epochs, epoch_eval=args.epoch_eval,
+                   marker_design=args.marker_design)
     for d in datasets:                           # data present and readable? (also warms the decode cache once)
-        try: load_dataset(d, 0, 1, 1, patch_size=args.patch_size or None, marker_vocab=args.marker_vocab, download=args.download)
+        try: load_dataset(d, 0, 1, 1, patch_size=args.patch_size or None, marker_vocab=args.marker_vocab, marker_design=args.marker_design,
+                          download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e).splitlines()[0]) from None
+        except ValueError as e: raise UsageError(str(e)) from None
     if args.stack_seeds < 1: raise UsageError(f"--stack-seeds must be >= 1, got {args.stack_seeds}")
     if args.stack_seeds > 1 and args.plain: raise UsageError("--plain and --stack-seeds exclude each other: a stack trains every method together")
     out, nb = Path(args.out).resolve(), experiments_dir() / "study_a.ipynb"
@@ -376,7 +381,7 @@ def cmd_reproduce(args):
                download=args.download, device=args.device)
     grid = argparse.Namespace(**run, datasets=None, methods=None, val_fraction=args.val_fraction, mask_padding=False,
                               patch_size=0, marker_vocab=20000, learned_pad_row=False, dropout_rng="torch", precision="fp32", plain=False,
-                              lr=0.0, epochs=0, epoch_eval=False,
+                              lr=0.0, epochs=0, epoch_eval=False, marker_design="random",
                               stack_seeds=args.stack_seeds)
     crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row", precision="fp32", train_n=0)
     grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything

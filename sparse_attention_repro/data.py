@@ -4,12 +4,13 @@
 
 # %% auto 0
 __all__ = ['DATASETS', 'TEXT_VOCAB', 'TEXT_LEN', 'PAD_ID', 'MARKER_ID', 'CACHE_VERSION', 'CIFAR10_CLASSES', 'PAPER_SIZES',
-           'MAIN_FAMILY', 'PRECISIONS', 'NEWS_REMOVE', 'Split', 'DatasetBundle', 'resolve_device', 'autocast',
-           'DataUnavailableError', 'resolve_data_root', 'resolve_cache_dir', 'skip_unless_data', 'save_cached',
-           'load_cached', 'subset_indices', 'train_val_indices', 'patchify', 'read_idx', 'idx_files_present',
-           'load_idx_folder', 'official_cifar_keys', 'decode_cifar_jpeg_tar', 'is_flattened', 'news_texts_from_folder',
-           'tokenize', 'hash_token', 'encode_text', 'encode_news', 'make_marker', 'source_identity', 'news_home',
-           'full_arrays', 'load_dataset']
+           'MAIN_FAMILY', 'PRECISIONS', 'NEWS_REMOVE', 'MARKER_DESIGNS', 'MARKER_LABEL_TOKENS', 'Split',
+           'DatasetBundle', 'resolve_device', 'autocast', 'DataUnavailableError', 'resolve_data_root',
+           'resolve_cache_dir', 'skip_unless_data', 'save_cached', 'load_cached', 'subset_indices', 'train_val_indices',
+           'patchify', 'read_idx', 'idx_files_present', 'load_idx_folder', 'official_cifar_keys',
+           'decode_cifar_jpeg_tar', 'is_flattened', 'news_texts_from_folder', 'tokenize', 'hash_token', 'encode_text',
+           'encode_news', 'make_marker', 'make_balanced_marker', 'most_frequent_token_accuracy', 'source_identity',
+           'news_home', 'full_arrays', 'load_dataset']
 
 # %% ../nbs/01_data.ipynb
 import gzip, hashlib, io, json, os, re, shutil, struct, tarfile, tempfile, zlib
@@ -314,6 +315,28 @@ def make_marker(n: int, rng: np.random.Generator, vocab: int = TEXT_VOCAB, seq_l
     return ids, ids[rows, p + 1] % 10
 
 # %% ../nbs/01_data.ipynb
+MARKER_DESIGNS = ("random", "balanced")
+MARKER_LABEL_TOKENS = 10                   # balanced design: ids 2..11 are the label tokens
+
+def make_balanced_marker(n: int, rng: np.random.Generator, seq_len: int = TEXT_LEN) -> tuple[np.ndarray, np.ndarray]:
+    "int64 ids `[n, seq_len]` of label tokens 2..11 in balanced counts, marker id 1 at `p < seq_len-1`, labels `ids[p+1] - 2`."
+    k, ids, p = MARKER_LABEL_TOKENS, np.empty((n, seq_len), np.int64), np.empty(n, np.int64)
+    base = seq_len // k
+    for i in range(n):
+        counts = np.full(k, base); counts[rng.permutation(k)[:seq_len - base * k]] += 1
+        ids[i] = np.repeat(np.arange(2, 2 + k), counts)[rng.permutation(seq_len)]
+        p[i] = rng.integers(0, seq_len - 1)
+    rows = np.arange(n)
+    ids[rows, p] = MARKER_ID
+    return ids, ids[rows, p + 1] - 2
+
+def most_frequent_token_accuracy(ids: np.ndarray, y: np.ndarray, design: str = "random") -> float:
+    "Accuracy of the shortcut that ignores the marker: the sequence's most frequent non-marker token, read as a label."
+    counts = np.stack([np.bincount(r[r != MARKER_ID], minlength=ids.max() + 1) for r in ids])
+    mode = counts.argmax(1)                                              # ties: the smallest id
+    return float(((mode - 2 if design == "balanced" else mode % 10) == y).mean())
+
+# %% ../nbs/01_data.ipynb
 _HINTS = {
     "fashion_mnist": "install the Debian package dataset-fashion-mnist, set SPARSE_REPRO_DATA (or data_root) to a folder with FashionMNIST/raw/*-ubyte.gz, or pass download=True when online",
     "kmnist": "set SPARSE_REPRO_DATA (or data_root) to a folder with KMNIST/raw/*-ubyte.gz, or pass download=True when online",
@@ -416,7 +439,7 @@ def _token_split(ids: np.ndarray, y: np.ndarray, idx, mask_padding: bool) -> Spl
 
 def load_dataset(name: str, seed: int, train_limit: int | None, test_limit: int | None, *, val_fraction: float = 0.0,
                  patch_size: int | None = None, mask_padding: bool = False, marker_vocab: int = TEXT_VOCAB,
-                 data_root=None, cache_dir=None, download: bool = False) -> DatasetBundle:
+                 marker_design: str = "random", data_root=None, cache_dir=None, download: bool = False) -> DatasetBundle:
     "Seeded train/test(/val) subsets of `name` as tensors, following the Study-A protocol."
     if name not in DATASETS: raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
     if name == "synthetic_marker":
@@ -424,9 +447,13 @@ def load_dataset(name: str, seed: int, train_limit: int | None, test_limit: int 
         n_val = round(val_fraction * int(train_limit)) if val_fraction > 0 else 0
         if not 0 <= val_fraction < 1 or (val_fraction > 0 and n_val < 1):
             raise ValueError(f"val_fraction must be in [0, 1) and give a non-empty validation split, got {val_fraction}")
-        mk = lambda n, s: _token_split(*make_marker(n, np.random.default_rng(s), marker_vocab), np.arange(n), False)
+        if marker_design not in MARKER_DESIGNS: raise ValueError(f"marker_design must be one of {', '.join(MARKER_DESIGNS)}, got {marker_design!r}")
+        make = ((lambda n, r: make_marker(n, r, marker_vocab)) if marker_design == "random" else make_balanced_marker)
+        mk = lambda n, s: _token_split(*make(n, np.random.default_rng(s)), np.arange(n), False)
+        vocab = marker_vocab if marker_design == "random" else 2 + MARKER_LABEL_TOKENS
         return DatasetBundle(name, "tokens", mk(int(train_limit), seed), mk(int(test_limit), seed + 10000),
-                             mk(n_val, seed + 20000) if n_val else None, 10, None, marker_vocab, TEXT_LEN, "generated")
+                             mk(n_val, seed + 20000) if n_val else None, 10, None, vocab, TEXT_LEN,
+                             "generated" if marker_design == "random" else "generated:balanced")
     arrays, source = full_arrays(name, data_root, cache_dir, download)
     tr_idx, va_idx = train_val_indices(len(arrays["train_y"]), train_limit, seed, val_fraction)
     te_idx = subset_indices(len(arrays["test_y"]), test_limit, seed + 10000)
