@@ -1318,6 +1318,7 @@ RECIPE_SEARCH = {   # dataset: the methods of its claims, the learning rates and
     "twenty_news": dict(methods=("softmax", "entmax15", "topk_softmax_025"), lrs=(1e-3, 3e-3), epochs=(6, 12)),
 }
 RECIPE_VAL_FRACTION = 0.25
+PAPER_LR = 1e-3                     # the protocol's learning rate
 
 def _recipe_grids(search=RECIPE_SEARCH):
     "One grid per (dataset, learning rate): name -> the `grid` options that run it."
@@ -1359,6 +1360,31 @@ def recipe_curves(results_dir):
     return pd.DataFrame(out, columns=CURVE_COLS).drop_duplicates(["dataset", "method", "seed", "lr", "epoch"], keep="last")
 
 # %% [markdown]
+# **The committed runs, reproduced.** At the paper's learning rate, a recipe grid read at the paper's epochs *is* the
+# main grid's run of that (dataset, method, seed) — same subsets, initial weights, batch order and dropout masks; the
+# validation split is drawn after the training subset and the curves are evaluations only. `identical_to_main` counts
+# the test accuracies that equal the committed ones exactly.
+
+# %%
+#| export
+def identical_to_main(curves, runs):
+    "Per dataset: how many (method, seed) of the recipe grids at lr 1e-3 and the paper's epochs match `runs`' test accuracy exactly."
+    cols = ["dataset", "compared", "identical"]
+    if runs is None or not len(curves): return pd.DataFrame(columns=cols)
+    c = curves[np.isclose(curves.lr, PAPER_LR) & (curves.epoch == curves.dataset.map(lambda d: PAPER_SIZES[d][0]))]
+    j = c.merge(runs[["dataset", "method", "seed", "accuracy"]], on=["dataset", "method", "seed"], how="inner")
+    out = j.groupby("dataset").apply(lambda g: pd.Series(dict(compared=len(g), identical=int((g.test_accuracy == g.accuracy).sum()))),
+                                     include_groups=False).reset_index()
+    return out[cols] if len(out) else pd.DataFrame(columns=cols)
+
+# %%
+_c = pd.DataFrame([dict(dataset="fashion_mnist", method="softmax", seed=s, lr=1e-3, epoch=e, val_accuracy=0.5, val_loss=1.0,
+                        test_accuracy=0.7 + 0.01 * s + 0.001 * e, test_loss=1.0) for s in range(3) for e in (5, 6, 7)])
+_r = pd.DataFrame(dict(dataset="fashion_mnist", method="softmax", seed=range(3), accuracy=[0.706, 0.716, 0.7]))
+test_eq(identical_to_main(_c, _r).iloc[0].tolist(), ["fashion_mnist", 3, 2])   # epoch 6 only; seed 2 differs
+test_eq(len(identical_to_main(_c.iloc[:0], _r)), 0)
+
+# %% [markdown]
 # **The choice, on validation only.** For each dataset and method, every candidate (learning rate, length) of
 # `RECIPE_SEARCH` is scored by its mean validation accuracy over the seeds that have all candidates; the best one is
 # the method's recipe. Test accuracy is not looked at. `complete` says whether every candidate was run.
@@ -1393,8 +1419,6 @@ def select_recipes(curves, search=None):
 
 # %%
 #| export
-PAPER_LR = 1e-3
-
 def _test_by_seed(curves, ds, m, lr, ep):
     g = curves[(curves.dataset == ds) & (curves.method == m) & np.isclose(curves.lr, lr) & (curves.epoch == ep)]
     return g.set_index("seed").test_accuracy

@@ -549,6 +549,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                           'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.fmt_p': ('stats.html#fmt_p', 'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.holm': ('stats.html#holm', 'sparse_attention_repro/stats.py'),
+                                              'sparse_attention_repro.stats.identical_to_main': ( 'stats.html#identical_to_main',
+                                                                                                  'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.layer_sparsity': ( 'stats.html#layer_sparsity',
                                                                                                'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.load_crisp': ( 'stats.html#load_crisp',

@@ -5,15 +5,15 @@
 # %% auto 0
 __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'BASELINE', 'SPARSE_METHODS', 'TOPK_METHODS', 'CRISP_BASELINE', 'CRISP_CONFIGS',
            'EQUIVALENCE_MARGINS', 'TEST_COLS', 'PUBLISHED_CRISP_GAIN', 'PAPER_MODEL', 'CLAIMS', 'ABLATIONS',
-           'ABLATION_COLS', 'RECIPE_SEARCH', 'RECIPE_VAL_FRACTION', 'RECIPE_GRIDS', 'FOLLOW_UPS', 'CURVE_COLS',
-           'PAPER_LR', 'PAPER_SOFTMAX_ACCURACY', 'DATASET_ORDER', 'load_runs', 'load_crisp', 'paired_stats', 'holm',
+           'ABLATION_COLS', 'RECIPE_SEARCH', 'RECIPE_VAL_FRACTION', 'PAPER_LR', 'RECIPE_GRIDS', 'FOLLOW_UPS',
+           'CURVE_COLS', 'PAPER_SOFTMAX_ACCURACY', 'DATASET_ORDER', 'load_runs', 'load_crisp', 'paired_stats', 'holm',
            'tost_paired', 'equivalence_verdict', 'family_of', 'paired_tests', 'crisp_tests', 'seed_deltas',
            'single_seed_summary', 'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas',
            'power_table', 'accuracy_ci', 'select_topk', 'alpha_long', 'time_ratios', 'layer_sparsity',
            'crisp_learning_curve', 'alpha_start_tests', 'prediction_interval', 'verdict', 'fmt_p', 'claims_table',
            'ablation_tests', 'ablation_family', 'ablation_answer', 'readable_ablation', 'readable_single_seed',
-           'readable_power', 'deviations', 'recipe_curves', 'select_recipes', 'recipe_tests', 'recipe_budget',
-           'readable_tests', 'run_description', 'paper_deltas', 'readable_claims', 'analyse']
+           'readable_power', 'deviations', 'recipe_curves', 'identical_to_main', 'select_recipes', 'recipe_tests',
+           'recipe_budget', 'readable_tests', 'run_description', 'paper_deltas', 'readable_claims', 'analyse']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -705,6 +705,7 @@ RECIPE_SEARCH = {   # dataset: the methods of its claims, the learning rates and
     "twenty_news": dict(methods=("softmax", "entmax15", "topk_softmax_025"), lrs=(1e-3, 3e-3), epochs=(6, 12)),
 }
 RECIPE_VAL_FRACTION = 0.25
+PAPER_LR = 1e-3                     # the protocol's learning rate
 
 def _recipe_grids(search=RECIPE_SEARCH):
     "One grid per (dataset, learning rate): name -> the `grid` options that run it."
@@ -735,6 +736,17 @@ def recipe_curves(results_dir):
     return pd.DataFrame(out, columns=CURVE_COLS).drop_duplicates(["dataset", "method", "seed", "lr", "epoch"], keep="last")
 
 # %% ../nbs/05_stats.ipynb
+def identical_to_main(curves, runs):
+    "Per dataset: how many (method, seed) of the recipe grids at lr 1e-3 and the paper's epochs match `runs`' test accuracy exactly."
+    cols = ["dataset", "compared", "identical"]
+    if runs is None or not len(curves): return pd.DataFrame(columns=cols)
+    c = curves[np.isclose(curves.lr, PAPER_LR) & (curves.epoch == curves.dataset.map(lambda d: PAPER_SIZES[d][0]))]
+    j = c.merge(runs[["dataset", "method", "seed", "accuracy"]], on=["dataset", "method", "seed"], how="inner")
+    out = j.groupby("dataset").apply(lambda g: pd.Series(dict(compared=len(g), identical=int((g.test_accuracy == g.accuracy).sum()))),
+                                     include_groups=False).reset_index()
+    return out[cols] if len(out) else pd.DataFrame(columns=cols)
+
+# %% ../nbs/05_stats.ipynb
 def select_recipes(curves, search=None):
     "Each (dataset, method)'s recipe: the (lr, epochs) of `search` with the best mean validation accuracy over common seeds."
     search = RECIPE_SEARCH if search is None else search
@@ -754,8 +766,6 @@ def select_recipes(curves, search=None):
     return pd.DataFrame(rows, columns=["dataset", "method", "lr", "epochs", "val_accuracy", "seeds", "candidates", "complete"])
 
 # %% ../nbs/05_stats.ipynb
-PAPER_LR = 1e-3
-
 def _test_by_seed(curves, ds, m, lr, ep):
     g = curves[(curves.dataset == ds) & (curves.method == m) & np.isclose(curves.lr, lr) & (curves.epoch == ep)]
     return g.set_index("seed").test_accuracy

@@ -181,6 +181,11 @@ if len(curves):
                  f"best recipe on validation {pt_(r.gain)} pt (95% CI {pt_(r.ci_low)} to {pt_(r.ci_high)}, Holm p = "
                  f"{S.fmt_p(r.p_holm)}, {r.n} seeds) — verdict: the advantage {r.verdict}"
                  + ("." if r.complete else " (not every candidate recipe has run yet: provisional).") for r in rt.itertuples()))
+    same = S.identical_to_main(curves, runs)
+    if len(same):
+        md("**The committed runs reproduce.** At the paper's learning rate and epochs, the recipe grids re-ran "
+           + "; ".join(f"{r.dataset}: {r.identical} of {r.compared} test accuracies identical to the committed runs"
+                       for r in same.itertuples()) + " (same subsets, weights, batch order and masks; the curves are evaluations only).")
     bud = S.recipe_budget(curves); bud.to_csv(TAB / "recipe_budget.csv", index=False)
     dsets = [d for d in S.DATASET_ORDER if d in set(bud.dataset)]
     if dsets:
