@@ -13,7 +13,7 @@
 # model; everything else here is a small piece of that contract with a test right underneath it.
 #
 # Offline first: the build machines reach no dataset host, so the loaders read the copies under `SPARSE_REPRO_DATA`
-# (see `shared/data/README.md`) or the Debian `dataset-fashion-mnist` package. With `download=True` they use the official
+# (laid out as in the protocol notebook, "Where the data must be") or the Debian `dataset-fashion-mnist` package. With `download=True` they use the official
 # online distributions instead (torchvision, scikit-learn). Decoded arrays are cached as `.npy` so only the first load is slow.
 
 # %%
@@ -899,7 +899,7 @@ test_fail(lambda: load_dataset("mnist", 0, 10, 10), exc=ValueError, contains="va
 # ### KMNIST and Fashion-MNIST (real files, small limits)
 #
 # These cells use a throw-away cache folder so they time a genuinely first load. KMNIST needs `SPARSE_REPRO_DATA`
-# (CI sets it to `shared/data`); without it the KMNIST checks print a notice and are skipped.
+# (CI sets it to the offline data folder); without it the KMNIST checks print a notice and are skipped.
 
 # %%
 tmp_cache = Path(tempfile.mkdtemp(prefix="sar-test-cache-"))

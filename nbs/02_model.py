@@ -7,7 +7,7 @@
 
 # %% [markdown]
 # Study A deliberately uses a *tiny* model (embed 64, 4 heads, 2 blocks, about 105k parameters on Fashion-MNIST) so that the
-# attention normalizer is the only thing that changes between runs. PROTOCOL.md fixes every piece:
+# attention normalizer is the only thing that changes between runs. The protocol (`protocol.ipynb`) fixes every piece:
 #
 # * inputs: image patches through `Linear(patch_dim → 64)`, or token ids through an embedding table whose padding row
 #   (id 0) is zero and never updated, as in the original study (`nn.Embedding(20000, 64, padding_idx=0)`): a pad position

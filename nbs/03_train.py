@@ -6,13 +6,13 @@
 #| default_exp train
 
 # %% [markdown]
-# PROTOCOL.md fixes the recipe: AdamW (lr $10^{-3}$, weight decay $10^{-4}$), batch 96, gradient-norm clipping at 5,
+# The protocol (`protocol.ipynb`) fixes the recipe: AdamW (lr $10^{-3}$, weight decay $10^{-4}$), batch 96, gradient-norm clipping at 5,
 # cross-entropy, no schedule, no early stopping, one evaluation on the test subset at the end. Per seed, every method
 # sees the *same* train and test subsets and starts from the *same* initial weights (paired design): the seed fixes
 # the subsets (`load_dataset`), the initialisation and the data order.
 #
 # Run sizes per dataset are the paper's; a **profile** scales them: `smoke` (a few hundred examples, 1 epoch, 2 seeds —
-# for CI), `quick` (the paper's sizes and epochs, 3 seeds), `paper` (exactly PROTOCOL.md, seeds 0–9).
+# for CI), `quick` (the paper's sizes and epochs, 3 seeds), `paper` (exactly the protocol, seeds 0–9).
 
 # %%
 #| export
@@ -270,7 +270,7 @@ def train_stacked(models, trains, cfg: TrainConfig, seeds, generators, desc="") 
 #
 # `run_methods` trains and evaluates every method of one (dataset, seed): all models are built from
 # `torch.manual_seed(seed)` — the same initial weights, the paired design — and trained in lock-step (`lockstep=True`, the
-# default) or one after the other. Each returns the metrics row of PROTOCOL.md; `lockstep_size` records how many runs
+# default) or one after the other. Each returns the metrics row of the protocol; `lockstep_size` records how many runs
 # trained together (1 for a run alone; methods × seeds for a stack, `run_stacked`, whose `train_seconds` are each model's
 # equal share of the stack's wall time). `run_one` is the single run.
 
@@ -350,7 +350,7 @@ def run_stacked(dataset: str, methods, seeds, config: TrainConfig, datas=None) -
     return [_row(dataset, m, s, config, d, built[m, s], results[m, s], len(keys)) for s, d in zip(seeds, datas) for m in methods]
 
 def run_one(dataset: str, method: str, seed: int, config: TrainConfig, data=None) -> dict:
-    "Train and evaluate one (dataset, method, seed); returns the metrics row of PROTOCOL.md."
+    "Train and evaluate one (dataset, method, seed); returns the metrics row of the protocol."
     return run_methods(dataset, [method], seed, config, data)[0]
 
 
@@ -408,7 +408,9 @@ rk = run_one("fashion_mnist", "topk_softmax_025", 0, cfg, data)
 test_close(rk["nonzero_ratio"], 5 / 17, eps=1e-6)
 test_eq(r1["device"], "cuda" if torch.cuda.is_available() else "cpu")             # "auto", the default, recorded per row
 rc = run_one("fashion_mnist", "softmax", 0, replace(cfg, device="cpu"), data)
-test_eq((rc["device"], rc["accuracy"]), ("cpu", r1["accuracy"]) if not torch.cuda.is_available() else ("cpu", rc["accuracy"]))
+test_eq(rc["device"], "cpu")
+if not torch.cuda.is_available(): test_eq(rc["accuracy"], r1["accuracy"])              # "auto" is the CPU here: the same run
+else: assert rc["accuracy"] > 0.4, rc                                                # on a GPU machine: a real CPU run that learns
 test_fail(lambda: run_one("fashion_mnist", "softmax", 0, replace(cfg, device="tpu"), data), contains="unknown device")
 
 # %% [markdown]

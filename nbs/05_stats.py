@@ -77,6 +77,23 @@ def load_crisp(path):
     else: df = pd.read_csv(path)
     return _ok_rows(df, ["config", "seed", "split", "profile"])
 
+RESULT_COLUMNS = {"runs.csv": ("dataset", "method", "seed", "accuracy"), "crisp_runs.csv": ("config", "seed", "split", "accuracy")}
+
+def check_results_file(path):
+    "Raise a one-line ValueError naming `path` and what is wrong when a results CSV cannot be analysed."
+    path = Path(path)
+    try: df = pd.read_csv(path)
+    except pd.errors.EmptyDataError: raise ValueError(f"{path} is empty; rerun the grid that writes it") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not a readable CSV ({str(e).splitlines()[0]})") from None
+    missing = [c for c in RESULT_COLUMNS.get(path.name, ("accuracy",)) if c not in df]
+    if missing: raise ValueError(f"{path} lacks the column(s) {', '.join(missing)}; it is not a results file of this project")
+    if not len(df): raise ValueError(f"{path} has a header but no rows; rerun the grid that writes it")
+    acc = pd.to_numeric(df.accuracy, errors="coerce")
+    if (bad := acc.isna() & df.accuracy.notna()).any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{path}: accuracy in data row {i + 1} is not a number ({df.accuracy.iloc[i]!r})")
+
 
 # %%
 runs, crisp = load_runs(FIX / "runs.csv"), load_crisp(FIX / "crisp_runs.csv")
@@ -86,6 +103,12 @@ test_eq(load_runs(FIX / "nope.csv"), None)
 dup = pd.concat([raw, raw.iloc[[0]].assign(accuracy=0.99)])          # a rerun of the first run ...
 test_eq(load_runs(dup).query("dataset == 'cifar10' and method == 'softmax' and seed == 0").accuracy.item(), 0.99)
 test_eq(len(crisp), 4 * 3 * 2)
+check_results_file(FIX / "runs.csv"); check_results_file(FIX / "crisp_runs.csv")        # the real files pass
+_bad = Path(tempfile.mkdtemp())
+for text, msg in [("", "is empty"), ("dataset,method,seed\nx,y,0\n", "lacks the column(s) accuracy"),
+                  ("dataset,method,seed,accuracy\n", "no rows"), ("dataset,method,seed,accuracy\nx,y,0,0.5\nx,y,1,high\n", "data row 2")]:
+    (_bad / "runs.csv").write_text(text)
+    test_fail(lambda: check_results_file(_bad / "runs.csv"), contains=msg)
 
 
 # %% [markdown]

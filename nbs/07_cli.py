@@ -364,6 +364,11 @@ def cmd_crisp(args):
 def cmd_report(args):
     from sparse_attention_repro.report import make_report
     if not Path(args.results).is_dir(): raise UsageError(f"results folder {args.results} does not exist; run `sparse-repro grid --out {args.results}` first")
+    from sparse_attention_repro.stats import check_results_file, RESULT_COLUMNS
+    for name in RESULT_COLUMNS:                                       # a malformed file: one line, before the notebook runs
+        if (Path(args.results) / name).exists():
+            try: check_results_file(Path(args.results) / name)
+            except ValueError as e: raise UsageError(str(e)) from None
     print(f"report: {make_report(args.results)}")
     return {}
 
@@ -575,6 +580,11 @@ for argv, msg in [(("grid", "--out", tmp, "--methods", "softmaxx"), "unknown nor
     test_eq(code, 2)
     assert msg in err and err.count("\n") == 1, (argv, err)
 test_eq(os.listdir(tmp), [])                            # nothing was written
+malformed = Path(tempfile.mkdtemp())
+(malformed / "runs.csv").write_text("dataset,method,seed,accuracy\ncifar10,softmax,0,n/a!\n")
+code, err = run_cli("report", "--results", str(malformed))
+test_eq(code, 2); assert "runs.csv: accuracy in data row 1 is not a number" in err and err.count("\n") == 1, err
+test_eq(sorted(os.listdir(malformed)), ["runs.csv"])                          # no half-written report
 
 # %% [markdown]
 # Missing SST-2 is found before any Crisp notebook starts (one line, naming where it looked and how to get it), and a

@@ -533,6 +533,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                   'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.analyse': ( 'stats.html#analyse',
                                                                                         'sparse_attention_repro/stats.py'),
+                                              'sparse_attention_repro.stats.check_results_file': ( 'stats.html#check_results_file',
+                                                                                                   'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.claims_table': ( 'stats.html#claims_table',
                                                                                              'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.crisp_learning_curve': ( 'stats.html#crisp_learning_curve',

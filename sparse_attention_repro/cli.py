@@ -264,6 +264,11 @@ def cmd_crisp(args):
 def cmd_report(args):
     from sparse_attention_repro.report import make_report
     if not Path(args.results).is_dir(): raise UsageError(f"results folder {args.results} does not exist; run `sparse-repro grid --out {args.results}` first")
+    from sparse_attention_repro.stats import check_results_file, RESULT_COLUMNS
+    for name in RESULT_COLUMNS:                                       # a malformed file: one line, before the notebook runs
+        if (Path(args.results) / name).exists():
+            try: check_results_file(Path(args.results) / name)
+            except ValueError as e: raise UsageError(str(e)) from None
     print(f"report: {make_report(args.results)}")
     return {}
 

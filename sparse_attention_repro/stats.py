@@ -4,16 +4,17 @@
 
 # %% auto 0
 __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'BASELINE', 'SPARSE_METHODS', 'TOPK_METHODS', 'CRISP_BASELINE', 'CRISP_CONFIGS',
-           'EQUIVALENCE_MARGINS', 'TEST_COLS', 'PUBLISHED_CRISP_GAIN', 'PAPER_MODEL', 'CLAIMS', 'ABLATIONS',
-           'ABLATION_COLS', 'RECIPE_SEARCH', 'RECIPE_VAL_FRACTION', 'PAPER_LR', 'RECIPE_GRIDS', 'FOLLOW_UPS',
-           'CURVE_COLS', 'PAPER_SOFTMAX_ACCURACY', 'DATASET_ORDER', 'load_runs', 'load_crisp', 'paired_stats', 'holm',
-           'tost_paired', 'equivalence_verdict', 'family_of', 'paired_tests', 'crisp_tests', 'seed_deltas',
-           'single_seed_summary', 'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas',
-           'power_table', 'accuracy_ci', 'select_topk', 'alpha_long', 'time_ratios', 'layer_sparsity',
-           'crisp_learning_curve', 'alpha_start_tests', 'prediction_interval', 'verdict', 'fmt_p', 'claims_table',
-           'ablation_tests', 'ablation_family', 'ablation_answer', 'readable_ablation', 'readable_single_seed',
-           'readable_power', 'deviations', 'recipe_curves', 'identical_to_main', 'select_recipes', 'recipe_tests',
-           'recipe_budget', 'readable_tests', 'run_description', 'paper_deltas', 'readable_claims', 'analyse']
+           'RESULT_COLUMNS', 'EQUIVALENCE_MARGINS', 'TEST_COLS', 'PUBLISHED_CRISP_GAIN', 'PAPER_MODEL', 'CLAIMS',
+           'ABLATIONS', 'ABLATION_COLS', 'RECIPE_SEARCH', 'RECIPE_VAL_FRACTION', 'PAPER_LR', 'RECIPE_GRIDS',
+           'FOLLOW_UPS', 'CURVE_COLS', 'PAPER_SOFTMAX_ACCURACY', 'DATASET_ORDER', 'load_runs', 'load_crisp',
+           'check_results_file', 'paired_stats', 'holm', 'tost_paired', 'equivalence_verdict', 'family_of',
+           'paired_tests', 'crisp_tests', 'seed_deltas', 'single_seed_summary', 'single_pair_exceedance', 'mde_paired',
+           'mde_unpaired', 'discordance_from_deltas', 'power_table', 'accuracy_ci', 'select_topk', 'alpha_long',
+           'time_ratios', 'layer_sparsity', 'crisp_learning_curve', 'alpha_start_tests', 'prediction_interval',
+           'verdict', 'fmt_p', 'claims_table', 'ablation_tests', 'ablation_family', 'ablation_answer',
+           'readable_ablation', 'readable_single_seed', 'readable_power', 'deviations', 'recipe_curves',
+           'identical_to_main', 'select_recipes', 'recipe_tests', 'recipe_budget', 'readable_tests', 'run_description',
+           'paper_deltas', 'readable_claims', 'analyse']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -57,6 +58,23 @@ def load_crisp(path):
     elif path is None or not Path(path).exists(): return None
     else: df = pd.read_csv(path)
     return _ok_rows(df, ["config", "seed", "split", "profile"])
+
+RESULT_COLUMNS = {"runs.csv": ("dataset", "method", "seed", "accuracy"), "crisp_runs.csv": ("config", "seed", "split", "accuracy")}
+
+def check_results_file(path):
+    "Raise a one-line ValueError naming `path` and what is wrong when a results CSV cannot be analysed."
+    path = Path(path)
+    try: df = pd.read_csv(path)
+    except pd.errors.EmptyDataError: raise ValueError(f"{path} is empty; rerun the grid that writes it") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not a readable CSV ({str(e).splitlines()[0]})") from None
+    missing = [c for c in RESULT_COLUMNS.get(path.name, ("accuracy",)) if c not in df]
+    if missing: raise ValueError(f"{path} lacks the column(s) {', '.join(missing)}; it is not a results file of this project")
+    if not len(df): raise ValueError(f"{path} has a header but no rows; rerun the grid that writes it")
+    acc = pd.to_numeric(df.accuracy, errors="coerce")
+    if (bad := acc.isna() & df.accuracy.notna()).any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{path}: accuracy in data row {i + 1} is not a number ({df.accuracy.iloc[i]!r})")
 
 # %% ../nbs/05_stats.ipynb
 def _pg_get(res, *names):

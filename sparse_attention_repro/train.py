@@ -275,7 +275,7 @@ def run_stacked(dataset: str, methods, seeds, config: TrainConfig, datas=None) -
     return [_row(dataset, m, s, config, d, built[m, s], results[m, s], len(keys)) for s, d in zip(seeds, datas) for m in methods]
 
 def run_one(dataset: str, method: str, seed: int, config: TrainConfig, data=None) -> dict:
-    "Train and evaluate one (dataset, method, seed); returns the metrics row of PROTOCOL.md."
+    "Train and evaluate one (dataset, method, seed); returns the metrics row of the protocol."
     return run_methods(dataset, [method], seed, config, data)[0]
 
 # %% ../nbs/03_train.ipynb
