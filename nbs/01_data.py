@@ -829,9 +829,20 @@ def full_arrays(name: str, data_root=None, cache_dir=None, download=False) -> tu
 
 # %%
 #| export
-def _image_split(x: np.ndarray, y: np.ndarray, idx: np.ndarray, p: int) -> Split:
-    "Select rows `idx` of uint8 images (`[N,H,W]` or `[N,H,W,C]`), patchify, scale to [0,1]."
-    sub = x[idx]
+def jpeg_roundtrip(images: np.ndarray, quality: int) -> np.ndarray:
+    "uint8 images (`[N,H,W]` grey or `[N,H,W,3]`) encoded as JPEG at `quality` with Pillow and decoded again."
+    import io
+    from PIL import Image
+    if not 1 <= quality <= 100: raise ValueError(f"jpeg_quality must be in 1..100, got {quality}")
+    out = np.empty_like(images)
+    for i, im in enumerate(images):
+        buf = io.BytesIO(); Image.fromarray(im).save(buf, format="JPEG", quality=quality); buf.seek(0)
+        out[i] = np.asarray(Image.open(buf))
+    return out
+
+def _image_split(x: np.ndarray, y: np.ndarray, idx: np.ndarray, p: int, jpeg_quality: int = 0) -> Split:
+    "Select rows `idx` of uint8 images (`[N,H,W]` or `[N,H,W,C]`), optionally JPEG them, patchify, scale to [0,1]."
+    sub = x[idx] if not jpeg_quality else jpeg_roundtrip(x[idx], jpeg_quality)
     if sub.ndim == 4: sub = sub.transpose(0, 3, 1, 2)                              # [n,H,W,C] -> [n,C,H,W]
     xt = patchify(torch.from_numpy(np.ascontiguousarray(sub)), p).float().div_(255)  # [n, T, C·p·p]
     return Split(xt, torch.from_numpy(y[idx].astype(np.int64)), None)
@@ -843,7 +854,8 @@ def _token_split(ids: np.ndarray, y: np.ndarray, idx, mask_padding: bool) -> Spl
 
 def load_dataset(name: str, seed: int, train_limit: int | None, test_limit: int | None, *, val_fraction: float = 0.0,
                  patch_size: int | None = None, mask_padding: bool = False, marker_vocab: int = TEXT_VOCAB,
-                 marker_design: str = "random", data_root=None, cache_dir=None, download: bool = False) -> DatasetBundle:
+                 marker_design: str = "random", jpeg_quality: int = 0, data_root=None, cache_dir=None,
+                 download: bool = False) -> DatasetBundle:
     "Seeded train/test(/val) subsets of `name` as tensors, following the Study-A protocol."
     if name not in DATASETS: raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
     if name == "synthetic_marker":
@@ -866,10 +878,10 @@ def load_dataset(name: str, seed: int, train_limit: int | None, test_limit: int 
         return DatasetBundle(name, "tokens", mk("train", tr_idx), mk("test", te_idx), None if va_idx is None else mk("train", va_idx),
                              20, None, TEXT_VOCAB, TEXT_LEN, source)
     p = patch_size or (8 if name == "cifar10" else 7)
-    mk = lambda split, i: _image_split(arrays[f"{split}_x"], arrays[f"{split}_y"], i, p)
+    mk = lambda split, i: _image_split(arrays[f"{split}_x"], arrays[f"{split}_y"], i, p, jpeg_quality)
     tr, te = mk("train", tr_idx), mk("test", te_idx)
     return DatasetBundle(name, "image", tr, te, None if va_idx is None else mk("train", va_idx),
-                         10, tr.x.shape[-1], None, tr.x.shape[1], source)
+                         10, tr.x.shape[-1], None, tr.x.shape[1], source + (f"+jpeg-q{jpeg_quality}" if jpeg_quality else ""))
 
 
 # %% [markdown]
@@ -935,6 +947,19 @@ else:
     test_eq({k: v.shape for k, v in arrs.items()}, {"train_x": (60000, 28, 28), "train_y": (60000,), "test_x": (10000, 28, 28), "test_y": (10000,)})
     test_eq(np.bincount(arrs["train_y"]), [6000] * 10)
     test_eq(fm.train.y.numpy(), arrs["train_y"][np.random.default_rng(2).permutation(60000)[:800]])
+    # the JPEG control: the same images through a quality-75 JPEG codec (as the offline CIFAR-10 copy), by hand with Pillow
+    fj = load_dataset("fashion_mnist", seed=2, train_limit=800, test_limit=200, cache_dir=tmp_cache, jpeg_quality=75)
+    test_eq(fj.dataset_source, fm.dataset_source + "+jpeg-q75"); test_eq(fj.train.y, fm.train.y)
+    import io
+    from PIL import Image
+    im = arrs["train_x"][np.random.default_rng(2).permutation(60000)[0]]
+    buf = io.BytesIO(); Image.fromarray(im).save(buf, format="JPEG", quality=75)
+    by_hand = torch.from_numpy(np.asarray(Image.open(io.BytesIO(buf.getvalue())))).reshape(4, 7, 4, 7).permute(0, 2, 1, 3).reshape(16, 49) / 255
+    test_eq(fj.train.x[0], by_hand)
+    err = (fj.train.x - fm.train.x).abs()
+    assert 0 < err.mean() < 0.05, float(err.mean())                         # lossy, but the same pictures
+    test_close(jpeg_roundtrip(arrs["train_x"][:20], 100).astype(float), arrs["train_x"][:20].astype(float), eps=8)
+    test_fail(lambda: jpeg_roundtrip(arrs["train_x"][:2], 0), contains="1..100")
 
 # %% [markdown]
 # ### Missing and corrupt data

@@ -76,6 +76,7 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(cfg.embed_dim, cfg.embed_dim)
         self.normalizer = get_normalizer(cfg.normalizer, num_heads=cfg.num_heads)
         self.record, self.last_density, self.scale_queries = False, None, True
+        self.pad_keys, self.last_pad_mass = None, None          # recording only: which keys are padding, the mass they get
 
     def forward(self, x, key_mask=None):
         B, T, C = x.shape
@@ -84,7 +85,12 @@ class SelfAttention(nn.Module):
         else: scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
         mask = None if key_mask is None else key_mask[:, None, None, :]                          # (B, 1, 1, T)
         p = self.normalizer(scores, mask)                                                        # (B, H, T, T)
-        if self.record: self.last_density = attention_density(p).detach()
+        if self.record:
+            self.last_density = attention_density(p).detach()
+            if self.pad_keys is not None:                                                         # (B, T) True on padding keys
+                on_pad = (p.detach() * self.pad_keys[:, None, None, :]).sum(-1)                    # (B, H, T) mass on padding
+                real_q = (~self.pad_keys).float()[:, None, :]                                      # CLS and real tokens ask
+                self.last_pad_mass = (on_pad[:, :, 0].mean(), ((on_pad * real_q).sum((1, 2)) / (real_q.sum(2) * self.num_heads).squeeze(1)).mean())
         return self.out((p @ v).transpose(1, 2).reshape(B, T, C))                               # (B, T, C)
 
 
@@ -233,6 +239,9 @@ class CompactClassifier(nn.Module):
         self.head = nn.Linear(cfg.embed_dim, cfg.num_classes)
 
     def forward(self, x, key_mask=None):
+        if self.blocks[0].attn.record and not x.is_floating_point():          # recording on token ids: note the padding keys
+            pad = torch.cat([torch.zeros_like(x[:, :1], dtype=torch.bool), x == 0], 1)
+            for b in self.blocks: b.attn.pad_keys = pad
         h = self.embed(x)                                                     # (B, T, C)
         h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], 1) + self.pos  # (B, T+1, C)
         if key_mask is not None:                                              # CLS is always a valid key
@@ -241,8 +250,12 @@ class CompactClassifier(nn.Module):
         return self.head(h[:, 0])                                             # (B, classes)
 
     def set_recording(self, on: bool):
-        "Turn recording of attention density on or off in every layer."
-        for b in self.blocks: b.attn.record, b.attn.last_density = on, None
+        "Turn recording of attention density (and, on token ids, of the attention mass on padding) on or off in every layer."
+        for b in self.blocks: b.attn.record, b.attn.last_density, b.attn.pad_keys, b.attn.last_pad_mass = on, None, None, None
+
+    def pad_masses(self):
+        "Per layer, the (CLS query, mean real-token query) attention mass on padding keys of the last recorded pass; None for images."
+        return [b.attn.last_pad_mass for b in self.blocks]
 
     def densities(self):
         "Attention density of the last forward pass, one per layer."
@@ -348,6 +361,26 @@ with torch.no_grad(): frozen(ids_pad); learned(ids_pad)
 d_frozen, d_learned = float(torch.stack(frozen.densities()).mean()), float(torch.stack(learned.densities()).mean())
 print(f"sparsemax density at initialisation, 56 of 96 tokens padding: frozen pad row {d_frozen:.3f}, learned {d_learned:.3f}")
 assert abs(d_frozen - d_learned) > 0.02
+
+# %% [markdown]
+# **Attention on padding.** While recording on token ids, each layer also keeps the attention mass that falls on padding
+# keys: from the CLS query (what the classifier reads) and averaged over the real (non-padding) queries. Checked by brute
+# force: the attention weights recomputed by hand from the layer's own projections and normalizer, summed over padding.
+
+# %%
+bf = CompactClassifier(ClassifierConfig(20, 96, vocab_size=200, normalizer="softmax")).eval()
+bf.set_recording(True)
+with torch.no_grad(): bf(ids_pad)
+layer0 = bf.blocks[0].attn
+with torch.no_grad():
+    h0 = torch.cat([bf.cls.expand(8, -1, -1), bf.embed(ids_pad)], 1) + bf.pos
+    q0, k0, _ = layer0.qkv(h0).view(8, 97, 3, 4, 16).permute(2, 0, 3, 1, 4)
+    w0 = torch.softmax(q0 @ k0.transpose(-2, -1) / 4, -1)                               # (B, H, T, T)
+pad_cols = torch.zeros(97, dtype=torch.bool); pad_cols[41:] = True                    # tokens 40..95 are keys 41..96
+cls_ref = w0[:, :, 0, pad_cols].sum(-1).mean()
+tok_ref = w0[:, :, :41, :][..., pad_cols].sum(-1).mean()                              # CLS and the 40 real tokens ask
+test_close(bf.pad_masses()[0][0], cls_ref, eps=1e-5); test_close(bf.pad_masses()[0][1], tok_ref, eps=1e-5)
+bf.set_recording(False); test_eq(bf.pad_masses(), [None, None])
 
 
 # %% [markdown]

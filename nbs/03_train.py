@@ -50,6 +50,7 @@ class TrainConfig:
     patch_size: int | None = None    # variant: 4 for 4x4 patches (None = the paper's 7x7 / 8x8)
     marker_vocab: int = 20000        # variant: a small vocabulary makes the marker task learnable
     marker_design: str = "random"    # "random" (the paper's ids) | "balanced": label tokens only, in balanced counts (tests selection)
+    jpeg_quality: int = 0            # variant: pass image datasets through a JPEG codec at this quality (0 = off)
     learned_pad_row: bool = False    # variant: learn the padding embedding (the original keeps it zero and frozen)
     dropout_rng: str = "torch"       # "torch" (nn.Dropout's masks) | "philox" (faster counter-based masks, see `model`)
     precision: str = "fp32"          # "fp32" | "bf16": autocast for training and evaluation (bf16 matrix units: CPUs, GPUs)
@@ -96,19 +97,24 @@ def evaluate(model, split, batch_size=500, precision="fp32"):
     split = split.to(device)
     t0 = time.perf_counter()
     preds, loss, density = [], torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+    pad_mass = None                                                         # token ids: per layer, (CLS, real queries) on padding
     for i in range(0, len(split.y), batch_size):
         xb, yb = split.x[i:i + batch_size], split.y[i:i + batch_size]
         mb = None if split.key_mask is None else split.key_mask[i:i + batch_size]
         with autocast(device, precision): logits = model(xb, mb).float()
         loss += F.cross_entropy(logits, yb, reduction="sum").double()
         density += torch.stack(model.densities()).double().mean() * len(yb)
+        if (pm := model.pad_masses())[0] is not None:
+            batch = torch.tensor([[float(c), float(t)] for c, t in pm], dtype=torch.float64) * len(yb)
+            pad_mass = batch if pad_mass is None else pad_mass + batch
         preds.append(logits.argmax(-1))
     pred = torch.cat(preds).cpu().numpy()                                 # (waits for the device: part of the time)
     seconds = time.perf_counter() - t0
     model.set_recording(False)
     n, y = len(split.y), split.y.cpu().numpy()
     return dict(accuracy=float((pred == y).mean()), macro_f1=float(f1_score(y, pred, average="macro", zero_division=0)),
-                loss=float(loss) / n, nonzero_ratio=float(density) / n, seconds=seconds)
+                loss=float(loss) / n, nonzero_ratio=float(density) / n, seconds=seconds,
+                pad_attention=None if pad_mass is None else [dict(cls=round(float(c) / n, 6), tokens=round(float(t) / n, 6)) for c, t in pad_mass])
 
 
 # %% [markdown]
@@ -297,7 +303,7 @@ def _row(dataset, method, seed, config, data, model, result: TrainResult, lockst
         return row
     m = evaluate(model, data.test, precision=config.precision)
     row.update(accuracy=m["accuracy"], macro_f1=m["macro_f1"], test_loss=m["loss"], nonzero_ratio=m["nonzero_ratio"],
-               inference_seconds=m["seconds"])
+               inference_seconds=m["seconds"], pad_attention=json.dumps(m["pad_attention"]) if m["pad_attention"] else "")
     if model.alphas() is not None: row["learned_alpha_mean"] = float(torch.stack(model.alphas()).mean())
     if data.val is not None:
         v = evaluate(model, data.val, precision=config.precision)
@@ -308,7 +314,7 @@ def load_run_data(dataset, seed, config):
     "The seed's subsets of `dataset` as `config` asks for them (sizes, validation split, variants, download)."
     return load_dataset(dataset, seed, config.train_limit, config.test_limit, val_fraction=config.val_fraction,
                         patch_size=config.patch_size, mask_padding=config.mask_padding, marker_vocab=config.marker_vocab,
-                        marker_design=config.marker_design,
+                        marker_design=config.marker_design, jpeg_quality=config.jpeg_quality,
                         download=config.download)
 
 def epoch_monitor(data, precision="fp32"):
@@ -425,6 +431,19 @@ assert hist[1]["alpha"] != hist[0]["alpha"] and 1.05 < rh["learned_alpha_mean"] 
 nan_data = replace(data, train=replace(data.train, x=torch.full_like(data.train.x, float("nan"))))
 bad = run_one("fashion_mnist", "softmax", 0, replace(cfg, epochs=1), nan_data)
 test_eq(bad["status"], "failed_nonfinite_loss")
+
+# %% [markdown]
+# On token ids, `evaluate` also reports the attention mass on padding per layer (`pad_attention`, see `02_model`),
+# averaged over the test sentences: the batching does not change it, and image patches have none.
+
+# %%
+dn = load_dataset("twenty_news", 0, 100, 120)
+mn = _new_model(dn, "sparsemax", 0)
+big, small = evaluate(mn, dn.test), evaluate(mn, dn.test, batch_size=37)
+test_eq(len(big["pad_attention"]), 2)
+for a, b in zip(big["pad_attention"], small["pad_attention"]): test_close([a["cls"], a["tokens"]], [b["cls"], b["tokens"]], eps=1e-5)
+assert 0 < big["pad_attention"][0]["cls"] < 1, big["pad_attention"]
+test_eq(evaluate(_new_model(data, "softmax", 0), data.test)["pad_attention"], None)
 
 # %% [markdown]
 # **Learning curves leave training untouched.** With `epoch_eval` every epoch ends with an evaluation on the validation

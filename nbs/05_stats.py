@@ -1079,21 +1079,23 @@ cl[["claim_id", "estimate", "ci_low", "ci_high", "p_holm", "verdict"]]
 # ## Ablations: does an effect survive when a confound is removed?
 #
 # Each ablation reruns part of the grid with one thing changed — padding masked, the original's approximate entmax
-# gradient, 4×4 patches, a learnable marker task, a learned padding embedding — on the *same seeds and subsets* as the
+# gradient, 4×4 patches, a learnable marker task, Fashion-MNIST through the JPEG codec of the offline CIFAR-10 copy, a
+# learned padding embedding — on the *same seeds and subsets* as the
 # main runs, into its own results folder. `ablation_tests` pairs the two by seed, per dataset and method, and answers three
 # questions with paired t-tests: the method's gain over softmax in the main runs, the same gain in the variant (Holm over
 # the variant's methods), and how much the variant changes that gain — $(m_v - s_v) - (m_m - s_m)$ per seed. It also
 # reports the variant's direct effect on the method, $m_v - m_m$. A variant folder without softmax (the gradient ablation
 # only reruns entmax) is compared against the main softmax, which the change does not touch. `rename` maps a variant's
 # method names onto the main ones (`entmax15_bisect` → `entmax15`). Each ablation trains only the methods its question
-# is about (with softmax, the baseline), which keeps the five affordable on a CPU; a subset trained in lock-step gives the
+# is about (with softmax, the baseline), which keeps them affordable on a CPU; a subset trained in lock-step gives the
 # same numbers as the full set (see `03_train`), so the pairing with the main runs holds.
 
 # %%
 #| export
 ABLATIONS = {
     "masked_padding": dict(datasets=("twenty_news",),
-                           options="--datasets twenty_news --mask-padding --methods softmax sparsemax entmax15 headwise_adaptive_entmax",
+                           options="--datasets twenty_news --mask-padding --methods softmax sparsemax entmax15 headwise_adaptive_entmax "
+                                   "topk_softmax_0125 topk_softmax_025 topk_softmax_05",
                            question="Does the 20 Newsgroups gain of the sparse methods survive when padding is masked?"),
     "original_gradient": dict(datasets=("twenty_news", "fashion_mnist"),
                               options="--datasets twenty_news fashion_mnist --methods entmax15_bisect headwise_adaptive_entmax_bisect",
@@ -1104,6 +1106,8 @@ ABLATIONS = {
                    question="Does top-k's image gain survive with 4×4 patches (T = 50), where top-k is no longer a 3-of-17 gate?"),
     "learnable_marker": dict(datasets=("synthetic_marker",), options="--datasets synthetic_marker --marker-vocab 12",
                              question="Does any normalizer find the marker when the task can be learned?"),
+    "jpeg_control": dict(datasets=("fashion_mnist",), options="--datasets fashion_mnist --jpeg-quality 75",
+                         question="Does lossy input (JPEG quality 75, as the offline CIFAR-10 copy) change the top-k gains on Fashion-MNIST?"),
     "learned_pad_row": dict(datasets=("twenty_news",),
                             options="--datasets twenty_news --learned-pad-row --methods softmax sparsemax entmax15 headwise_adaptive_entmax",
                             question="How much does a learned padding embedding change the 20 Newsgroups results?"),

@@ -53,6 +53,7 @@ def _grid_args(sub):
     g.add_argument("--learned-pad-row", action="store_true", help="variant: learn the padding embedding (the original keeps it zero)")
     g.add_argument("--patch-size", type=int, default=0, help="variant: 4 for 4x4 patches (0 = the paper's)")
     g.add_argument("--marker-vocab", type=int, default=20000, help="variant: small vocabulary for a learnable marker task")
+    g.add_argument("--jpeg-quality", type=int, default=0, help="variant: pass image datasets through a JPEG codec at this quality (0 = off)")
     g.add_argument("--marker-design", default="random", help="random (the paper's ids) | balanced (label tokens only, balanced counts: tests selection)")
     g.add_argument("--dropout-rng", default="torch", help="torch (nn.Dropout's masks, the default) | philox (faster counter-based masks)")
     g.add_argument("--precision", default="fp32", help="fp32 (default) | bf16 (autocast: for CPUs with bf16 units and GPUs)")
@@ -146,7 +147,7 @@ def build_parser():
 # %% ../nbs/07_cli.ipynb
 STUDY_A_KEYS = ("dataset", "method", "seed")
 STUDY_A_OPTION_DEFAULTS = dict(learned_pad_row=False, dropout_rng="torch", precision="fp32", lr=0.0, epochs=0, epoch_eval=False,
-                               marker_design="random")   # options newer than some results folders: absent means this value
+                               marker_design="random", jpeg_quality=0)   # options newer than some results folders: absent means this value
 
 def _check_executor(args):
     if args.executor not in ("local", "dask"): raise UsageError(f"unknown executor {args.executor!r}; choose local or dask")
@@ -177,12 +178,13 @@ def grid_tasks(args):
     if args.dropout_rng not in DROPOUT_RNGS: raise UsageError(f"unknown --dropout-rng {args.dropout_rng!r}; choose one of {', '.join(DROPOUT_RNGS)}")
     if args.precision not in PRECISIONS: raise UsageError(f"--precision must be fp32 or bf16, got {args.precision!r}")
     if not (args.lr >= 0 and args.lr < 1): raise UsageError(f"--lr must be in (0, 1) (or 0 for the protocol's), got {args.lr}")
+    if not 0 <= args.jpeg_quality <= 100: raise UsageError(f"--jpeg-quality must be in 1..100 (0 = off), got {args.jpeg_quality}")
     if args.epochs < 0: raise UsageError(f"--epochs must be >= 1 (or 0 for the paper's), got {args.epochs}")
     if args.epoch_eval and args.stack_seeds > 1: raise UsageError("--epoch-eval runs on the lock-step or plain path; drop --stack-seeds")
     options = dict(profile=args.profile, val_fraction=args.val_fraction, mask_padding=args.mask_padding,
                    patch_size=args.patch_size, marker_vocab=args.marker_vocab, learned_pad_row=args.learned_pad_row,
                    dropout_rng=args.dropout_rng, precision=args.precision, lr=args.lr, epochs=args.epochs, epoch_eval=args.epoch_eval,
-                   marker_design=args.marker_design)
+                   marker_design=args.marker_design, jpeg_quality=args.jpeg_quality)
     for d in datasets:                           # data present and readable? (also warms the decode cache once)
         try: load_dataset(d, 0, 1, 1, patch_size=args.patch_size or None, marker_vocab=args.marker_vocab, marker_design=args.marker_design,
                           download=args.download)
@@ -285,7 +287,7 @@ def cmd_reproduce(args):
                download=args.download, device=args.device)
     grid = argparse.Namespace(**run, datasets=None, methods=None, val_fraction=args.val_fraction, mask_padding=False,
                               patch_size=0, marker_vocab=20000, learned_pad_row=False, dropout_rng="torch", precision="fp32", plain=False,
-                              lr=0.0, epochs=0, epoch_eval=False, marker_design="random",
+                              lr=0.0, epochs=0, epoch_eval=False, marker_design="random", jpeg_quality=0,
                               stack_seeds=args.stack_seeds)
     crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row", precision="fp32", train_n=0)
     grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything

@@ -10,7 +10,7 @@ __all__ = ['DATASETS', 'TEXT_VOCAB', 'TEXT_LEN', 'PAD_ID', 'MARKER_ID', 'CACHE_V
            'patchify', 'read_idx', 'idx_files_present', 'load_idx_folder', 'official_cifar_keys',
            'decode_cifar_jpeg_tar', 'is_flattened', 'news_texts_from_folder', 'tokenize', 'hash_token', 'encode_text',
            'encode_news', 'make_marker', 'make_balanced_marker', 'most_frequent_token_accuracy', 'source_identity',
-           'news_home', 'full_arrays', 'load_dataset']
+           'news_home', 'full_arrays', 'jpeg_roundtrip', 'load_dataset']
 
 # %% ../nbs/01_data.ipynb
 import gzip, hashlib, io, json, os, re, shutil, struct, tarfile, tempfile, zlib
@@ -425,9 +425,20 @@ def full_arrays(name: str, data_root=None, cache_dir=None, download=False) -> tu
     raise DataUnavailableError(f"{name}: data not found; tried {'; '.join(tried)}; {_HINTS[name]}")
 
 # %% ../nbs/01_data.ipynb
-def _image_split(x: np.ndarray, y: np.ndarray, idx: np.ndarray, p: int) -> Split:
-    "Select rows `idx` of uint8 images (`[N,H,W]` or `[N,H,W,C]`), patchify, scale to [0,1]."
-    sub = x[idx]
+def jpeg_roundtrip(images: np.ndarray, quality: int) -> np.ndarray:
+    "uint8 images (`[N,H,W]` grey or `[N,H,W,3]`) encoded as JPEG at `quality` with Pillow and decoded again."
+    import io
+    from PIL import Image
+    if not 1 <= quality <= 100: raise ValueError(f"jpeg_quality must be in 1..100, got {quality}")
+    out = np.empty_like(images)
+    for i, im in enumerate(images):
+        buf = io.BytesIO(); Image.fromarray(im).save(buf, format="JPEG", quality=quality); buf.seek(0)
+        out[i] = np.asarray(Image.open(buf))
+    return out
+
+def _image_split(x: np.ndarray, y: np.ndarray, idx: np.ndarray, p: int, jpeg_quality: int = 0) -> Split:
+    "Select rows `idx` of uint8 images (`[N,H,W]` or `[N,H,W,C]`), optionally JPEG them, patchify, scale to [0,1]."
+    sub = x[idx] if not jpeg_quality else jpeg_roundtrip(x[idx], jpeg_quality)
     if sub.ndim == 4: sub = sub.transpose(0, 3, 1, 2)                              # [n,H,W,C] -> [n,C,H,W]
     xt = patchify(torch.from_numpy(np.ascontiguousarray(sub)), p).float().div_(255)  # [n, T, C·p·p]
     return Split(xt, torch.from_numpy(y[idx].astype(np.int64)), None)
@@ -439,7 +450,8 @@ def _token_split(ids: np.ndarray, y: np.ndarray, idx, mask_padding: bool) -> Spl
 
 def load_dataset(name: str, seed: int, train_limit: int | None, test_limit: int | None, *, val_fraction: float = 0.0,
                  patch_size: int | None = None, mask_padding: bool = False, marker_vocab: int = TEXT_VOCAB,
-                 marker_design: str = "random", data_root=None, cache_dir=None, download: bool = False) -> DatasetBundle:
+                 marker_design: str = "random", jpeg_quality: int = 0, data_root=None, cache_dir=None,
+                 download: bool = False) -> DatasetBundle:
     "Seeded train/test(/val) subsets of `name` as tensors, following the Study-A protocol."
     if name not in DATASETS: raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
     if name == "synthetic_marker":
@@ -462,7 +474,7 @@ def load_dataset(name: str, seed: int, train_limit: int | None, test_limit: int 
         return DatasetBundle(name, "tokens", mk("train", tr_idx), mk("test", te_idx), None if va_idx is None else mk("train", va_idx),
                              20, None, TEXT_VOCAB, TEXT_LEN, source)
     p = patch_size or (8 if name == "cifar10" else 7)
-    mk = lambda split, i: _image_split(arrays[f"{split}_x"], arrays[f"{split}_y"], i, p)
+    mk = lambda split, i: _image_split(arrays[f"{split}_x"], arrays[f"{split}_y"], i, p, jpeg_quality)
     tr, te = mk("train", tr_idx), mk("test", te_idx)
     return DatasetBundle(name, "image", tr, te, None if va_idx is None else mk("train", va_idx),
-                         10, tr.x.shape[-1], None, tr.x.shape[1], source)
+                         10, tr.x.shape[-1], None, tr.x.shape[1], source + (f"+jpeg-q{jpeg_quality}" if jpeg_quality else ""))

@@ -43,6 +43,7 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(cfg.embed_dim, cfg.embed_dim)
         self.normalizer = get_normalizer(cfg.normalizer, num_heads=cfg.num_heads)
         self.record, self.last_density, self.scale_queries = False, None, True
+        self.pad_keys, self.last_pad_mass = None, None          # recording only: which keys are padding, the mass they get
 
     def forward(self, x, key_mask=None):
         B, T, C = x.shape
@@ -51,7 +52,12 @@ class SelfAttention(nn.Module):
         else: scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
         mask = None if key_mask is None else key_mask[:, None, None, :]                          # (B, 1, 1, T)
         p = self.normalizer(scores, mask)                                                        # (B, H, T, T)
-        if self.record: self.last_density = attention_density(p).detach()
+        if self.record:
+            self.last_density = attention_density(p).detach()
+            if self.pad_keys is not None:                                                         # (B, T) True on padding keys
+                on_pad = (p.detach() * self.pad_keys[:, None, None, :]).sum(-1)                    # (B, H, T) mass on padding
+                real_q = (~self.pad_keys).float()[:, None, :]                                      # CLS and real tokens ask
+                self.last_pad_mass = (on_pad[:, :, 0].mean(), ((on_pad * real_q).sum((1, 2)) / (real_q.sum(2) * self.num_heads).squeeze(1)).mean())
         return self.out((p @ v).transpose(1, 2).reshape(B, T, C))                               # (B, T, C)
 
 # %% ../nbs/02_model.ipynb
@@ -138,6 +144,9 @@ class CompactClassifier(nn.Module):
         self.head = nn.Linear(cfg.embed_dim, cfg.num_classes)
 
     def forward(self, x, key_mask=None):
+        if self.blocks[0].attn.record and not x.is_floating_point():          # recording on token ids: note the padding keys
+            pad = torch.cat([torch.zeros_like(x[:, :1], dtype=torch.bool), x == 0], 1)
+            for b in self.blocks: b.attn.pad_keys = pad
         h = self.embed(x)                                                     # (B, T, C)
         h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], 1) + self.pos  # (B, T+1, C)
         if key_mask is not None:                                              # CLS is always a valid key
@@ -146,8 +155,12 @@ class CompactClassifier(nn.Module):
         return self.head(h[:, 0])                                             # (B, classes)
 
     def set_recording(self, on: bool):
-        "Turn recording of attention density on or off in every layer."
-        for b in self.blocks: b.attn.record, b.attn.last_density = on, None
+        "Turn recording of attention density (and, on token ids, of the attention mass on padding) on or off in every layer."
+        for b in self.blocks: b.attn.record, b.attn.last_density, b.attn.pad_keys, b.attn.last_pad_mass = on, None, None, None
+
+    def pad_masses(self):
+        "Per layer, the (CLS query, mean real-token query) attention mass on padding keys of the last recorded pass; None for images."
+        return [b.attn.last_pad_mass for b in self.blocks]
 
     def densities(self):
         "Attention density of the last forward pass, one per layer."

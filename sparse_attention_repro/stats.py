@@ -572,7 +572,8 @@ def claims_table(runs=None, crisp=None, tests=None, ctests=None, claims=CLAIMS):
 # %% ../nbs/05_stats.ipynb
 ABLATIONS = {
     "masked_padding": dict(datasets=("twenty_news",),
-                           options="--datasets twenty_news --mask-padding --methods softmax sparsemax entmax15 headwise_adaptive_entmax",
+                           options="--datasets twenty_news --mask-padding --methods softmax sparsemax entmax15 headwise_adaptive_entmax "
+                                   "topk_softmax_0125 topk_softmax_025 topk_softmax_05",
                            question="Does the 20 Newsgroups gain of the sparse methods survive when padding is masked?"),
     "original_gradient": dict(datasets=("twenty_news", "fashion_mnist"),
                               options="--datasets twenty_news fashion_mnist --methods entmax15_bisect headwise_adaptive_entmax_bisect",
@@ -583,6 +584,8 @@ ABLATIONS = {
                    question="Does top-k's image gain survive with 4×4 patches (T = 50), where top-k is no longer a 3-of-17 gate?"),
     "learnable_marker": dict(datasets=("synthetic_marker",), options="--datasets synthetic_marker --marker-vocab 12",
                              question="Does any normalizer find the marker when the task can be learned?"),
+    "jpeg_control": dict(datasets=("fashion_mnist",), options="--datasets fashion_mnist --jpeg-quality 75",
+                         question="Does lossy input (JPEG quality 75, as the offline CIFAR-10 copy) change the top-k gains on Fashion-MNIST?"),
     "learned_pad_row": dict(datasets=("twenty_news",),
                             options="--datasets twenty_news --learned-pad-row --methods softmax sparsemax entmax15 headwise_adaptive_entmax",
                             question="How much does a learned padding embedding change the 20 Newsgroups results?"),

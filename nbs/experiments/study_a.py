@@ -19,6 +19,7 @@ val_fraction = 0.0  # > 0 carves a validation split off the train subset
 mask_padding = False  # variant: mask padding tokens (twenty_news)
 patch_size = 0  # variant: 4 for 4x4 patches; 0 keeps the paper patches (7x7, 8x8)
 marker_vocab = 20000  # variant: small vocabulary makes the marker task learnable
+jpeg_quality = 0  # variant: pass image datasets through a JPEG codec at this quality (0 = off)
 marker_design = "random"  # random (the paper's ids) | balanced (label tokens only, balanced counts: tests selection)
 learned_pad_row = False  # variant: learn the padding embedding (the original keeps it zero and frozen)
 dropout_rng = "torch"  # torch (nn.Dropout's masks) | philox (faster counter-based masks)
@@ -39,7 +40,7 @@ from sparse_attention_repro.train import run_study_a
 
 # %%
 rows = run_study_a(dataset, seeds, methods, profile, threads=threads, lockstep=lockstep, stack=stack, val_fraction=val_fraction, mask_padding=mask_padding,
-                   patch_size=patch_size or None, marker_vocab=marker_vocab, marker_design=marker_design, learned_pad_row=learned_pad_row, dropout_rng=dropout_rng, precision=precision, lr=lr, epochs=epochs, epoch_eval=epoch_eval, download=download, device=device, rows_dir=rows_dir)
+                   patch_size=patch_size or None, marker_vocab=marker_vocab, marker_design=marker_design, jpeg_quality=jpeg_quality, learned_pad_row=learned_pad_row, dropout_rng=dropout_rng, precision=precision, lr=lr, epochs=epochs, epoch_eval=epoch_eval, download=download, device=device, rows_dir=rows_dir)
 
 # %%
 pd.DataFrame(rows)[["seed", "method", "accuracy", "macro_f1", "test_loss", "nonzero_ratio", "learned_alpha_mean", "train_seconds", "status"]]
