@@ -714,6 +714,17 @@ def alpha_long(runs, methods=("headwise_adaptive_entmax",)):
                     rows.append((r.profile, r.dataset, r.method, r.seed, ep["epoch"], li, hi, float(a)))
     return pd.DataFrame(rows, columns=cols)
 
+def pad_attention(runs):
+    "Per dataset, method and layer: mean attention mass on padding (CLS query; real-token queries) over the runs that recorded it."
+    cols = ["dataset", "method", "layer", "runs", "cls", "tokens"]
+    if runs is None or "pad_attention" not in runs: return pd.DataFrame(columns=cols)
+    rows = [dict(dataset=r.dataset, method=r.method, seed=r.seed, layer=li, cls=l["cls"], tokens=l["tokens"])
+            for r in runs.itertuples() if isinstance(r.pad_attention, str) and r.pad_attention.strip()
+            for li, l in enumerate(json.loads(r.pad_attention))]
+    if not rows: return pd.DataFrame(columns=cols)
+    g = pd.DataFrame(rows).groupby(["dataset", "method", "layer"], sort=False)
+    return g.agg(runs=("seed", "nunique"), cls=("cls", "mean"), tokens=("tokens", "mean")).reset_index()[cols]
+
 def time_ratios(runs, baseline=BASELINE, col="train_seconds"):
     "Per run: `col` divided by the baseline's on the same profile, dataset and seed."
     if runs is None or len(runs) == 0: return pd.DataFrame(columns=["profile", "dataset", "seed", "method", "ratio"])
@@ -770,6 +781,13 @@ with tempfile.TemporaryDirectory() as _d:
     test_close(lc[lc.split == "validation"].accuracy.to_numpy(), [dense_val + 0.006, dense_val + 0.012], eps=1e-9)
     test_eq(set(lc.seeds), {raw_c[raw_c.config == "dense"].seed.nunique()})
     test_eq(len(crisp_learning_curve(Path(_d) / "none")), 0)
+
+# %%
+_pa = pd.DataFrame(dict(dataset="twenty_news", method=["softmax", "softmax", "sparsemax"], seed=[0, 1, 0],
+                        pad_attention=[json.dumps([dict(cls=0.2, tokens=0.3), dict(cls=0.4, tokens=0.5)]),
+                                       json.dumps([dict(cls=0.4, tokens=0.1), dict(cls=0.0, tokens=0.5)]), ""]))
+test_eq(pad_attention(_pa).round(6).values.tolist(), [["twenty_news", "softmax", 0, 2, 0.3, 0.2], ["twenty_news", "softmax", 1, 2, 0.2, 0.5]])
+test_eq(len(pad_attention(runs)), 0)                       # the fixture's runs predate the column
 
 # %% [markdown]
 # **Where does the learned α go?** "α stays ≈ 1.50–1.52" (A6) has two readings: α *settles* there from anywhere, or α

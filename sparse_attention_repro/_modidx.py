@@ -567,6 +567,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                            'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.mde_unpaired': ( 'stats.html#mde_unpaired',
                                                                                              'sparse_attention_repro/stats.py'),
+                                              'sparse_attention_repro.stats.pad_attention': ( 'stats.html#pad_attention',
+                                                                                              'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.paired_stats': ( 'stats.html#paired_stats',
                                                                                              'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.paired_tests': ( 'stats.html#paired_tests',

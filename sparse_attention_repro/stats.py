@@ -10,11 +10,11 @@ __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'BASELINE', 'SPARSE_METHODS', '
            'check_results_file', 'paired_stats', 'holm', 'tost_paired', 'equivalence_verdict', 'family_of',
            'paired_tests', 'crisp_tests', 'seed_deltas', 'single_seed_summary', 'single_pair_exceedance', 'mde_paired',
            'mde_unpaired', 'discordance_from_deltas', 'power_table', 'accuracy_ci', 'select_topk', 'alpha_long',
-           'time_ratios', 'layer_sparsity', 'crisp_learning_curve', 'alpha_start_tests', 'prediction_interval',
-           'verdict', 'fmt_p', 'claims_table', 'ablation_tests', 'ablation_family', 'ablation_answer',
-           'readable_ablation', 'readable_single_seed', 'readable_power', 'deviations', 'recipe_curves',
-           'identical_to_main', 'select_recipes', 'recipe_tests', 'recipe_budget', 'readable_tests', 'run_description',
-           'paper_deltas', 'readable_claims', 'analyse']
+           'pad_attention', 'time_ratios', 'layer_sparsity', 'crisp_learning_curve', 'alpha_start_tests',
+           'prediction_interval', 'verdict', 'fmt_p', 'claims_table', 'ablation_tests', 'ablation_family',
+           'ablation_answer', 'readable_ablation', 'readable_single_seed', 'readable_power', 'deviations',
+           'recipe_curves', 'identical_to_main', 'select_recipes', 'recipe_tests', 'recipe_budget', 'readable_tests',
+           'run_description', 'paper_deltas', 'readable_claims', 'analyse']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -349,6 +349,17 @@ def alpha_long(runs, methods=("headwise_adaptive_entmax",)):
                 for hi, a in enumerate(layer):
                     rows.append((r.profile, r.dataset, r.method, r.seed, ep["epoch"], li, hi, float(a)))
     return pd.DataFrame(rows, columns=cols)
+
+def pad_attention(runs):
+    "Per dataset, method and layer: mean attention mass on padding (CLS query; real-token queries) over the runs that recorded it."
+    cols = ["dataset", "method", "layer", "runs", "cls", "tokens"]
+    if runs is None or "pad_attention" not in runs: return pd.DataFrame(columns=cols)
+    rows = [dict(dataset=r.dataset, method=r.method, seed=r.seed, layer=li, cls=l["cls"], tokens=l["tokens"])
+            for r in runs.itertuples() if isinstance(r.pad_attention, str) and r.pad_attention.strip()
+            for li, l in enumerate(json.loads(r.pad_attention))]
+    if not rows: return pd.DataFrame(columns=cols)
+    g = pd.DataFrame(rows).groupby(["dataset", "method", "layer"], sort=False)
+    return g.agg(runs=("seed", "nunique"), cls=("cls", "mean"), tokens=("tokens", "mean")).reset_index()[cols]
 
 def time_ratios(runs, baseline=BASELINE, col="train_seconds"):
     "Per run: `col` divided by the baseline's on the same profile, dataset and seed."

@@ -179,7 +179,8 @@ if len(curves):
                         "Holm p": rt.p_holm.map(S.fmt_p), "TOST p (±1 pt)": rt.p_tost.map(S.fmt_p), "verdict": rt.verdict}))
     md("\n".join(f"* **{r.dataset}, {r.method}:** at the paper's recipe {pt_(r.gain_paper_recipe)} pt; with every arm at its "
                  f"best recipe on validation {pt_(r.gain)} pt (95% CI {pt_(r.ci_low)} to {pt_(r.ci_high)}, Holm p = "
-                 f"{S.fmt_p(r.p_holm)}, {r.n} seeds) — verdict: the advantage {r.verdict}"
+                 f"{S.fmt_p(r.p_holm)}, {r.n} seeds) — " + {"gone": "the advantage is gone", "reversed": "the advantage is reversed",
+                                                             "undecided": "undecided"}.get(r.verdict, f"the advantage {r.verdict}")
                  + ("." if r.complete else " (not every candidate recipe has run yet: provisional).") for r in rt.itertuples()))
     same = S.identical_to_main(curves, runs)
     if len(same):
@@ -247,6 +248,26 @@ else:
                             for r in sig.itertuples()) if len(sig) else "")
        + f"; {int(fam.change_verdict.str.startswith('equivalent').sum())} are equivalent to no change within ±1 pt; "
          f"{int((fam.change_verdict == 'undecided').sum())} are undecided.")
+
+# %% [markdown]
+# ## Attention on padding (20 Newsgroups)
+#
+# The unmasked padding is a confound the paper names: a third of all positions are padding. How much of each method's
+# attention lands there, per layer — from the CLS query the classifier reads, and averaged over the real tokens' queries
+# — in the main runs and with padding masked (where it is zero by construction).
+
+# %%
+pads = {"main runs": S.pad_attention(runs)}
+if "masked_padding" in found: pads["padding masked"] = S.pad_attention(found["masked_padding"])
+pads = {k: v[v.dataset == "twenty_news"] for k, v in pads.items()}
+if any(len(v) for v in pads.values()):
+    both = pd.concat([v.assign(runs_of=k) for k, v in pads.items() if len(v)])
+    order = {m: i for i, m in enumerate(S.NORMALIZERS)}
+    both = both.assign(_m=both.method.map(order).fillna(99)).sort_values(["runs_of", "_m", "layer"])
+    table(pd.DataFrame({"runs": both.runs_of, "method": both.method, "layer": both.layer.astype(int), "seeds": both.runs,
+                        "from CLS (%)": (100 * both.cls).map("{:.1f}".format), "from real tokens (%)": (100 * both.tokens).map("{:.1f}".format)}))
+missing_pad = [k for k, v in pads.items() if not len(v)]
+if missing_pad: md("Not measured for: " + ", ".join(missing_pad) + " (those runs predate the `pad_attention` column; a re-run records it).")
 
 # %% [markdown]
 # ## Attention density against accuracy
