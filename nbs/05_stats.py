@@ -790,6 +790,36 @@ test_eq(pad_attention(_pa).round(6).values.tolist(), [["twenty_news", "softmax",
 test_eq(len(pad_attention(runs)), 0)                       # the fixture's runs predate the column
 
 # %% [markdown]
+# **Crisp's learning rate.** The paper does not give one; our CPU runs used 10⁻⁴, five times the usual 2·10⁻⁵ of
+# DistilBERT fine-tuning recipes. `crisp_by_lr` sets the dense accuracy and each masking configuration's gain over dense
+# side by side per learning rate (and split), paired by seed, with the Crisp equivalence margin (±0.5 pt).
+
+# %%
+#| export
+def crisp_by_lr(crisp, baseline=CRISP_BASELINE):
+    "Per learning rate, split and config: dense accuracy, the paired gain over dense with CI, Holm within (lr, split), TOST ±0.5 pt."
+    cols = ["lr", "split", "method", "n", "baseline_accuracy", "mean_delta", "ci_low", "ci_high", "p", "p_holm", "p_tost", "equivalence"]
+    if crisp is None or not len(crisp): return pd.DataFrame(columns=cols)
+    rows = []
+    for (lr, split), g in crisp.groupby(["lr", "split"], sort=True):
+        if baseline not in set(g.config): continue
+        for c in [c for c in CRISP_CONFIGS if c in set(g.config)]:
+            r = _compare(g, "config", c, baseline, "accuracy", margin=EQUIVALENCE_MARGINS["crisp"])
+            rows.append(dict(lr=lr, split=split, method=c, baseline_accuracy=float(g[g.config == baseline].accuracy.mean()), family=f"{lr}:{split}", **r))
+    if not rows: return pd.DataFrame(columns=cols)
+    out = holm(pd.DataFrame(rows))
+    out["equivalence"] = [equivalence_verdict(a, b, EQUIVALENCE_MARGINS["crisp"]) for a, b in zip(out.p_tost, out.p_holm)]
+    return out[cols]
+
+# %%
+_cb = crisp_by_lr(pd.concat([crisp, crisp.assign(lr=1e-4, accuracy=crisp.accuracy + np.where(crisp.config == "dense", 0.0, 0.01))]))
+test_eq(sorted(set(_cb.lr)), sorted({1e-4, *crisp.lr}))
+_a = _cb.set_index(["lr", "split", "method"])
+for split in ("validation", "test"):
+    test_close(_a.loc[(1e-4, split, "adaptive_080"), "mean_delta"] - _a.loc[(crisp.lr.iloc[0], split, "adaptive_080"), "mean_delta"], 0.01, eps=1e-9)
+test_eq(len(crisp_by_lr(None)), 0)
+
+# %% [markdown]
 # **Where does the learned α go?** "α stays ≈ 1.50–1.52" (A6) has two readings: α *settles* there from anywhere, or α
 # barely moves from its start of 1.5 in six epochs. The start-value control trains the adaptive entmax with every head
 # started at 1.2 and at 1.8 (`headwise_adaptive_entmax_start12`, `_start18`) on the main runs' seeds. For each start,

@@ -97,6 +97,7 @@ def _crisp_args(sub):
     c.add_argument("--scope", default="row", help="percentile per query row (row) or per head matrix (head)")
     c.add_argument("--precision", default="fp32", help="fp32 | bf16 (autocast; meant for GPUs)")
     c.add_argument("--train-n", type=int, default=0, help="training sentences (0 = the profile's); for learning curves")
+    c.add_argument("--lr", type=float, default=0.0, help="AdamW peak learning rate (0 = the profile's)")
     _executor_args(c)
     return c
 
@@ -322,7 +323,9 @@ def crisp_tasks(args):
     seeds = _seeds(args.seeds) if args.seeds else list(CRISP_PROFILES[args.profile]["seeds"])
     if args.precision not in PRECISIONS: raise UsageError(f"--precision must be fp32 or bf16, got {args.precision!r}")
     if args.train_n < 0: raise UsageError(f"--train-n must be >= 0, got {args.train_n}")
-    options = dict(profile=args.profile, model=args.model or "", scope=args.scope, precision=args.precision, train_n=args.train_n)
+    if not 0 <= args.lr < 1: raise UsageError(f"--lr must be in (0, 1) (or 0 for the profile's), got {args.lr}")
+    options = dict(profile=args.profile, model=args.model or "", scope=args.scope, precision=args.precision, train_n=args.train_n,
+                   lr=args.lr)
     for split in ("train", "validation", "test"):  # SST-2 present (or downloaded now), before any notebook starts
         try: sst2_path(split, download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e)) from None
@@ -342,6 +345,8 @@ if resolve_data_root() and (resolve_data_root() / "sst2" / "train.tsv").is_file(
     test_eq([t.name for t in tasks], ["dense/seed0", "dense/seed1", "fixed_080/seed0", "fixed_080/seed1"])
     test_eq((opts["precision"], opts["train_n"], tasks[0].parameters["config"]), ("fp32", 0, "dense"))
     test_eq(crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--train-n", "1200"]))[0][0].parameters["train_n"], 1200)
+    test_eq(crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--lr", "2e-5"]))[0][0].parameters["lr"], 2e-5)
+    test_fail(lambda: crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--lr", "-1"])), exc=UsageError, contains="--lr must be")
     test_fail(lambda: crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--configs", "sparse"])), exc=UsageError, contains="unknown Crisp config")
 
 # %%
@@ -350,7 +355,7 @@ def cmd_crisp(args):
     "Run the Crisp grid; returns the failures."
     tasks, options = crisp_tasks(args)
     with results_lock(args.out):
-        check_manifest(args.out, "crisp", options, defaults=dict(precision="fp32", train_n=0))
+        check_manifest(args.out, "crisp", options, defaults=dict(precision="fp32", train_n=0, lr=0.0))
         return run_tasks(tasks, Path(args.out) / "crisp_runs.csv", CRISP_KEYS, Path(args.out) / "rows" / "crisp",
                          jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="Crisp notebooks",
                          scrub_root=Path(args.out))
@@ -390,7 +395,7 @@ def cmd_reproduce(args):
                               patch_size=0, marker_vocab=20000, learned_pad_row=False, dropout_rng="torch", precision="fp32", plain=False,
                               lr=0.0, epochs=0, epoch_eval=False, marker_design="random", jpeg_quality=0,
                               stack_seeds=args.stack_seeds)
-    crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row", precision="fp32", train_n=0)
+    crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row", precision="fp32", train_n=0, lr=0.0)
     grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
     fails = {**cmd_grid(grid), **cmd_crisp(crisp)}
     cmd_report(argparse.Namespace(results=args.out))

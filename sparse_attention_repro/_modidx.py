@@ -541,6 +541,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                    'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.claims_table': ( 'stats.html#claims_table',
                                                                                              'sparse_attention_repro/stats.py'),
+                                              'sparse_attention_repro.stats.crisp_by_lr': ( 'stats.html#crisp_by_lr',
+                                                                                            'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.crisp_learning_curve': ( 'stats.html#crisp_learning_curve',
                                                                                                      'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.crisp_tests': ( 'stats.html#crisp_tests',

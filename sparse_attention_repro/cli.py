@@ -71,6 +71,7 @@ def _crisp_args(sub):
     c.add_argument("--scope", default="row", help="percentile per query row (row) or per head matrix (head)")
     c.add_argument("--precision", default="fp32", help="fp32 | bf16 (autocast; meant for GPUs)")
     c.add_argument("--train-n", type=int, default=0, help="training sentences (0 = the profile's); for learning curves")
+    c.add_argument("--lr", type=float, default=0.0, help="AdamW peak learning rate (0 = the profile's)")
     _executor_args(c)
     return c
 
@@ -239,7 +240,9 @@ def crisp_tasks(args):
     seeds = _seeds(args.seeds) if args.seeds else list(CRISP_PROFILES[args.profile]["seeds"])
     if args.precision not in PRECISIONS: raise UsageError(f"--precision must be fp32 or bf16, got {args.precision!r}")
     if args.train_n < 0: raise UsageError(f"--train-n must be >= 0, got {args.train_n}")
-    options = dict(profile=args.profile, model=args.model or "", scope=args.scope, precision=args.precision, train_n=args.train_n)
+    if not 0 <= args.lr < 1: raise UsageError(f"--lr must be in (0, 1) (or 0 for the profile's), got {args.lr}")
+    options = dict(profile=args.profile, model=args.model or "", scope=args.scope, precision=args.precision, train_n=args.train_n,
+                   lr=args.lr)
     for split in ("train", "validation", "test"):  # SST-2 present (or downloaded now), before any notebook starts
         try: sst2_path(split, download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e)) from None
@@ -257,7 +260,7 @@ def cmd_crisp(args):
     "Run the Crisp grid; returns the failures."
     tasks, options = crisp_tasks(args)
     with results_lock(args.out):
-        check_manifest(args.out, "crisp", options, defaults=dict(precision="fp32", train_n=0))
+        check_manifest(args.out, "crisp", options, defaults=dict(precision="fp32", train_n=0, lr=0.0))
         return run_tasks(tasks, Path(args.out) / "crisp_runs.csv", CRISP_KEYS, Path(args.out) / "rows" / "crisp",
                          jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="Crisp notebooks",
                          scrub_root=Path(args.out))
@@ -289,7 +292,7 @@ def cmd_reproduce(args):
                               patch_size=0, marker_vocab=20000, learned_pad_row=False, dropout_rng="torch", precision="fp32", plain=False,
                               lr=0.0, epochs=0, epoch_eval=False, marker_design="random", jpeg_quality=0,
                               stack_seeds=args.stack_seeds)
-    crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row", precision="fp32", train_n=0)
+    crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row", precision="fp32", train_n=0, lr=0.0)
     grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
     fails = {**cmd_grid(grid), **cmd_crisp(crisp)}
     cmd_report(argparse.Namespace(results=args.out))

@@ -10,7 +10,7 @@ __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'BASELINE', 'SPARSE_METHODS', '
            'check_results_file', 'paired_stats', 'holm', 'tost_paired', 'equivalence_verdict', 'family_of',
            'paired_tests', 'crisp_tests', 'seed_deltas', 'single_seed_summary', 'single_pair_exceedance', 'mde_paired',
            'mde_unpaired', 'discordance_from_deltas', 'power_table', 'accuracy_ci', 'select_topk', 'alpha_long',
-           'pad_attention', 'time_ratios', 'layer_sparsity', 'crisp_learning_curve', 'alpha_start_tests',
+           'pad_attention', 'time_ratios', 'layer_sparsity', 'crisp_learning_curve', 'crisp_by_lr', 'alpha_start_tests',
            'prediction_interval', 'verdict', 'fmt_p', 'claims_table', 'ablation_tests', 'ablation_family',
            'ablation_answer', 'readable_ablation', 'readable_single_seed', 'readable_power', 'deviations',
            'recipe_curves', 'identical_to_main', 'select_recipes', 'recipe_tests', 'recipe_budget', 'readable_tests',
@@ -387,6 +387,22 @@ def crisp_learning_curve(folder, config=CRISP_BASELINE):
     g = d.groupby(["model_name", "train_n", "epochs", "split"])
     return g.agg(seeds=("seed", "nunique"), accuracy=("accuracy", "mean"), train_seconds=("train_seconds", "median")
                  ).reset_index()[cols].sort_values(["model_name", "split", "train_n"], ignore_index=True)
+
+# %% ../nbs/05_stats.ipynb
+def crisp_by_lr(crisp, baseline=CRISP_BASELINE):
+    "Per learning rate, split and config: dense accuracy, the paired gain over dense with CI, Holm within (lr, split), TOST ±0.5 pt."
+    cols = ["lr", "split", "method", "n", "baseline_accuracy", "mean_delta", "ci_low", "ci_high", "p", "p_holm", "p_tost", "equivalence"]
+    if crisp is None or not len(crisp): return pd.DataFrame(columns=cols)
+    rows = []
+    for (lr, split), g in crisp.groupby(["lr", "split"], sort=True):
+        if baseline not in set(g.config): continue
+        for c in [c for c in CRISP_CONFIGS if c in set(g.config)]:
+            r = _compare(g, "config", c, baseline, "accuracy", margin=EQUIVALENCE_MARGINS["crisp"])
+            rows.append(dict(lr=lr, split=split, method=c, baseline_accuracy=float(g[g.config == baseline].accuracy.mean()), family=f"{lr}:{split}", **r))
+    if not rows: return pd.DataFrame(columns=cols)
+    out = holm(pd.DataFrame(rows))
+    out["equivalence"] = [equivalence_verdict(a, b, EQUIVALENCE_MARGINS["crisp"]) for a, b in zip(out.p_tost, out.p_holm)]
+    return out[cols]
 
 # %% ../nbs/05_stats.ipynb
 def alpha_start_tests(main, variant, base="headwise_adaptive_entmax"):

@@ -21,6 +21,7 @@ download: bool = False  # fetch SST-2 from the Hugging Face hub when no offline 
 device: str = "auto"  # auto (CUDA when available, else CPU) | cpu | cuda
 precision: str = "fp32"  # fp32 | bf16 (autocast)
 train_n: int = 0  # training sentences; 0 keeps the profile's
+lr: float = 0.0  # AdamW peak learning rate; 0 keeps the profile's
 
 # %%
 import pandas as pd
@@ -29,7 +30,7 @@ from sparse_attention_repro.runner import save_rows
 
 # %%
 rows = run_crisp(config, seed, profile, model=model or None, scope=scope, threads=threads, download=download,
-                 device=device, precision=precision, **({"train_n": train_n} if train_n else {}))
+                 device=device, precision=precision, **({"train_n": train_n} if train_n else {}), **({"lr": lr} if lr else {}))
 
 # %%
 pd.DataFrame(rows)[["config", "split", "n_eval", "accuracy", "sparsity_mean", "attention_entropy", "train_seconds", "status"]]

@@ -401,6 +401,26 @@ if crisp is not None:
 else: md("_No `crisp_runs.csv`: Study B figures skipped._")
 
 # %% [markdown]
+# ### The learning rate
+#
+# The paper states none; the runs above use 10⁻⁴. `crisp_lr_check/` re-runs dense and adaptive 80 % at the usual
+# 2·10⁻⁵ of DistilBERT recipes, same sentences and seeds (`sparse-repro crisp --configs dense adaptive_080 --lr 2e-5
+# --out <results>/crisp_lr_check ...`).
+
+# %%
+lr_check = S.load_crisp(RES / "crisp_lr_check" / "crisp_runs.csv")
+if lr_check is not None and crisp is not None:
+    same = crisp[crisp.config.isin(set(lr_check.config)) & crisp.train_n.isin(set(lr_check.train_n))]
+    cb = S.crisp_by_lr(pd.concat([same, lr_check], ignore_index=True))
+    cb.to_csv(TAB / "crisp_by_lr.csv", index=False)
+    pt_ = lambda v: f"{100 * v:+.1f}" if np.isfinite(v) else "–"
+    table(pd.DataFrame({"learning rate": cb.lr.map("{:g}".format), "split": cb.split, "config vs dense": cb.method + " vs dense",
+                        "seeds": cb.n, "dense accuracy (%)": (100 * cb.baseline_accuracy).map("{:.1f}".format),
+                        "Δ (pt)": cb.mean_delta.map(pt_), "95% CI (pt)": [f"{pt_(a)} to {pt_(b)}" for a, b in zip(cb.ci_low, cb.ci_high)],
+                        "Holm p": cb.p_holm.map(S.fmt_p), "equivalence (±0.5 pt)": cb.equivalence}))
+else: md("The learning-rate check has not been run in this folder.")
+
+# %% [markdown]
 # ### Per-layer sparsity of the adaptive configs
 
 # %%
