@@ -19,7 +19,7 @@ val_fraction = 0.0  # > 0 carves a validation split off the train subset
 mask_padding = False  # variant: mask padding tokens (twenty_news)
 patch_size = 0  # variant: 4 for 4x4 patches; 0 keeps the paper patches (7x7, 8x8)
 marker_vocab = 20000  # variant: small vocabulary makes the marker task learnable
-jpeg_quality = 0  # variant: pass image datasets through a JPEG codec at this quality (0 = off)
+jpeg_quality = 0  # variant: pass image datasets through a JPEG codec at this quality; 0 turns it off
 marker_design = "random"  # random (the paper's ids) | balanced (label tokens only, balanced counts: tests selection)
 learned_pad_row = False  # variant: learn the padding embedding (the original keeps it zero and frozen)
 dropout_rng = "torch"  # torch (nn.Dropout's masks) | philox (faster counter-based masks)
