@@ -327,6 +327,24 @@ test_eq(patchify(torch.zeros(1, 3, 32, 32), 8).shape, (1, 16, 192)); test_eq(pat
 test_eq(patchify(img1, 7)[0, 1, :7], img1[0, 0, 7:14])  # patch 1 = the top row's second patch; its first 7 values = pixel row 0
 test_fail(lambda: patchify(img1, 5), exc=ValueError)
 
+# %% [markdown]
+# `unpatchify` puts patches back into images (for pictures of what a model attended to); it inverts `patchify`.
+
+# %%
+#| export
+def unpatchify(x: torch.Tensor, channels: int, grid: int) -> torch.Tensor:
+    "Inverse of `patchify` for a square `grid`×`grid` of patches: `[N, T, C·p·p]` -> `[N, C, grid·p, grid·p]`."
+    n, t, d = x.shape
+    p = int(round((d / channels) ** 0.5))
+    if t != grid * grid or channels * p * p != d: raise ValueError(f"cannot unpatchify [{n}, {t}, {d}] as a {grid}x{grid} grid of {channels}-channel patches")
+    return x.reshape(n, grid, grid, channels, p, p).permute(0, 3, 1, 4, 2, 5).reshape(n, channels, grid * p, grid * p)
+
+# %%
+test_eq(unpatchify(patchify(img1, 7), 1, 4)[:, 0], img1)
+img33 = torch.randint(0, 256, (2, 3, 32, 32), generator=g, dtype=torch.uint8)
+test_eq(unpatchify(patchify(img33, 8), 3, 4), img33)
+test_fail(lambda: unpatchify(patchify(img1, 7), 3, 4), contains="cannot unpatchify")
+
 
 # %% [markdown]
 # ## IDX files (Fashion-MNIST, KMNIST)

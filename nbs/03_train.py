@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from sparse_attention_repro.data import load_dataset, resolve_device, autocast, PAPER_SIZES, MAIN_FAMILY
 from sparse_attention_repro.model import CompactClassifier, ClassifierConfig, MaskTape, StackedClassifiers, count_parameters
 from sparse_attention_repro.normalizers import get_normalizer
-from sparse_attention_repro.runner import save_rows
+from sparse_attention_repro.runner import save_rows, atomic_write
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
@@ -328,17 +328,19 @@ def epoch_monitor(data, precision="fp32"):
         return out
     return monitor
 
-def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None, lockstep=True) -> list:
-    "Train and evaluate every method of `methods` on one (dataset, seed); one metrics row per method."
+def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None, lockstep=True, return_models=False) -> list:
+    "Train and evaluate every method of `methods` on one (dataset, seed); one metrics row per method (and the models, if asked)."
     for m in methods: get_normalizer(m, num_heads=1)                  # fail early on an unknown method
     data = load_run_data(dataset, seed, config) if data is None else data
     if not lockstep:
+        if return_models: raise ValueError("return_models needs the lock-step path")
         return [r for m in methods for r in run_methods(dataset, [m], seed, config, data)]
     device = resolve_device(config.device)
     models = [_new_model(data, m, seed, config.learned_pad_row, device, config.dropout_rng) for m in methods]
     results = train_lockstep(models, data.train.to(device), config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0] if len(methods) == 1 else f"{len(methods)} methods"),
                              monitor=epoch_monitor(data, config.precision) if config.epoch_eval else None)
-    return [_row(dataset, m, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
+    rows = [_row(dataset, m, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
+    return (rows, models) if return_models else rows
 
 def run_stacked(dataset: str, methods, seeds, config: TrainConfig, datas=None) -> list:
     "Train every method on every seed as one stack (`train_stacked`) and evaluate each model; rows seed by seed."
@@ -444,6 +446,68 @@ test_eq(len(big["pad_attention"]), 2)
 for a, b in zip(big["pad_attention"], small["pad_attention"]): test_close([a["cls"], a["tokens"]], [b["cls"], b["tokens"]], eps=1e-5)
 assert 0 < big["pad_attention"][0]["cls"] < 1, big["pad_attention"]
 test_eq(evaluate(_new_model(data, "softmax", 0), data.test)["pad_attention"], None)
+
+# %% [markdown]
+# ## Attention maps: where the CLS token looks
+#
+# The picture readers look for first: for a trained model, the weights of the CLS query over the keys in each layer
+# (averaged over heads), read off the normalizer's output with a forward hook, so the model itself is not touched.
+# `attention_maps` trains one seed's methods with the protocol (the same runs as the grid's, so their accuracies can be
+# checked against committed results) and keeps the maps of a few test examples, saved atomically as one `.npz`.
+
+# %%
+#| export
+def cls_attention(model, x, key_mask=None) -> torch.Tensor:
+    "The CLS query's attention weights over all keys, per layer, averaged over heads: `[n, layers, T]`."
+    grabbed = []
+    hooks = [b.attn.normalizer.register_forward_hook(lambda mod, inp, out: grabbed.append(out[:, :, 0, :].float().mean(1)))
+             for b in model.blocks]
+    try:
+        model.eval()
+        with torch.no_grad(): model(x, key_mask)
+    finally:
+        for h in hooks: h.remove()
+    return torch.stack(grabbed, 1).cpu()
+
+def attention_maps(dataset: str, seed: int, methods, config: TrainConfig, examples: int = 4, out=None) -> dict:
+    "Train `methods` on (dataset, seed), take the CLS attention of the first `examples` test items; save to `out` (.npz) if given."
+    rows, models = run_methods(dataset, list(methods), seed, config, return_models=True)
+    data = load_run_data(dataset, seed, config)
+    x, mask = data.test.x[:examples], None if data.test.key_mask is None else data.test.key_mask[:examples]
+    dev = next(models[0].parameters()).device
+    maps = np.stack([cls_attention(m, x.to(dev), None if mask is None else mask.to(dev)).numpy() for m in models])  # [M, n, L, T]
+    preds = np.stack([m(x.to(dev), None if mask is None else mask.to(dev)).argmax(-1).cpu().numpy() for m in models])
+    rec = dict(dataset=np.array(dataset), seed=np.array(seed), methods=np.array(list(methods)), maps=maps, inputs=x.numpy(),
+               labels=data.test.y[:examples].numpy(), predictions=preds, accuracy=np.array([r["accuracy"] for r in rows]))
+    if out is not None:
+        def write(tmp):
+            with open(tmp, "wb") as f: np.savez_compressed(f, **rec)
+        atomic_write(out, write)
+    return rec
+
+# %% [markdown]
+# Checked against the attention computed by hand (the first layer's softmax weights of the CLS row, from the layer's own
+# projections), rows summing to one, and a short real run: the saved file holds what `attention_maps` returned, and the
+# run's accuracies are those of `run_methods` for the same seed.
+
+# %%
+m_att = _new_model(data, "softmax", 0).eval()
+xa = data.test.x[:3]
+ca = cls_attention(m_att, xa)
+test_eq(ca.shape, (3, 2, 17)); test_close(ca.sum(-1), torch.ones(3, 2), eps=1e-5)
+with torch.no_grad():
+    h_ = torch.cat([m_att.cls.expand(3, -1, -1), m_att.embed(xa)], 1) + m_att.pos
+    q_, k_, _ = m_att.blocks[0].attn.qkv(h_).view(3, 17, 3, 4, 16).permute(2, 0, 3, 1, 4)
+test_close(ca[:, 0], torch.softmax(q_ @ k_.transpose(-2, -1) / 4, -1)[:, :, 0, :].mean(1), eps=1e-5)
+import tempfile
+_npz = Path(tempfile.mkdtemp()) / "maps.npz"
+c_maps = replace(cfg, epochs=1, train_limit=300)
+rec = attention_maps("fashion_mnist", 0, ["softmax", "topk_softmax_025"], c_maps, examples=2, out=_npz)
+test_eq(rec["maps"].shape, (2, 2, 2, 17)); test_eq(set((rec["maps"][0] > 0).sum(-1).ravel()), {17})   # softmax: every key
+assert ((rec["maps"][1] > 0).sum(-1) >= 5).all() and ((rec["maps"][1] > 0).sum(-1) < 17).any()        # top-k: 5 per head, pooled
+saved = np.load(_npz)
+test_eq(saved["maps"], rec["maps"]); test_eq(saved["methods"].tolist(), ["softmax", "topk_softmax_025"])
+test_eq(rec["accuracy"].tolist(), [r["accuracy"] for r in run_methods("fashion_mnist", ["softmax", "topk_softmax_025"], 0, c_maps)])
 
 # %% [markdown]
 # **Learning curves leave training untouched.** With `epoch_eval` every epoch ends with an evaluation on the validation

@@ -148,6 +148,16 @@ def _recipes_args(sub):
         x.add_argument("--stack-seeds", type=int, default=1, help="seeds trained as one stacked model per task (recipes need 1)")
         _executor_args(x)
 
+def _maps_args(sub):
+    "`attention-maps`: one seed's methods trained, the CLS attention of a few test items saved for the report."
+    a = sub.add_parser("attention-maps", help="train one seed's methods and save where the CLS token looks on a few test items")
+    a.add_argument("--out", required=True, help="results folder: maps go to <out>/attention_maps/<dataset>.npz")
+    a.add_argument("--datasets", nargs="+", help="default: fashion_mnist cifar10"); a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--examples", type=int, default=4, help="test items per dataset"); a.add_argument("--profile", default="paper")
+    a.add_argument("--download", action="store_true", help="fetch missing datasets from their official online sources")
+    a.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    return a
+
 def _bench_args(sub):
     "`bench`: speed, side by side in one process."
     b = sub.add_parser("bench", help="speed benchmarks: ratios measured side by side in one process")
@@ -171,7 +181,7 @@ def build_parser():
     "The `sparse-repro` argument parser: one sub-command per task."
     p = _Parser(prog="sparse-repro", description="Reproduce Canay (2026) and Crisp Attention with papermill-executed notebooks.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add in (_grid_args, _crisp_args, _report_args, _site_args, _reproduce_args, _ablations_args, _recipes_args, _bench_args): add(sub)
+    for add in (_grid_args, _crisp_args, _report_args, _site_args, _reproduce_args, _ablations_args, _recipes_args, _maps_args, _bench_args): add(sub)
     return p
 
 # %%
@@ -473,6 +483,23 @@ assert not _out.exists()
 
 # %%
 #| export
+def cmd_attention_maps(args):
+    "Train seed `--seed` of each dataset (all the paper's methods) and save the CLS attention maps; a finished dataset is skipped."
+    from sparse_attention_repro.train import PROFILES, PAPER_SIZES, profile_config, attention_maps
+    from sparse_attention_repro.normalizers import NORMALIZERS
+    if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
+    datasets = _split(args.datasets) if args.datasets else ["fashion_mnist", "cifar10"]
+    for d in datasets:
+        if d not in PAPER_SIZES: raise UsageError(f"unknown dataset {d!r}; choose from {', '.join(PAPER_SIZES)}")
+    if args.seed < 0 or args.examples < 1: raise UsageError(f"--seed must be >= 0 and --examples >= 1, got {args.seed} and {args.examples}")
+    for d in datasets:
+        out = Path(args.out) / "attention_maps" / f"{d}.npz"
+        if out.exists(): print(f"attention maps {d}: {out} (already there)"); continue
+        attention_maps(d, args.seed, NORMALIZERS, profile_config(args.profile, d, download=args.download, device=args.device),
+                       examples=args.examples, out=out)
+        print(f"attention maps {d}: {out}")
+    return {}
+
 def cmd_bench(args):
     "Print the normalizer or the training benchmark tables."
     import torch
@@ -541,7 +568,7 @@ def cmd_bench(args):
 # %%
 #| export
 COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "site": cmd_site, "reproduce": cmd_reproduce,
-            "ablations": cmd_ablations, "recipes": cmd_recipes, "follow-ups": cmd_recipes,
+            "ablations": cmd_ablations, "recipes": cmd_recipes, "follow-ups": cmd_recipes, "attention-maps": cmd_attention_maps,
             "bench": cmd_bench}
 
 def main(argv=None):
@@ -578,6 +605,8 @@ for argv, msg in [(("grid", "--out", tmp, "--methods", "softmaxx"), "unknown nor
                   (("grid", "--out", tmp, "--executor", "ray"), "unknown executor"),
                   (("grid", "--out", tmp, "--jobs", "0"), "--jobs must be >= 1"),
                   (("report", "--results", tmp + "/nope"), "does not exist"),
+                  (("attention-maps", "--out", tmp, "--datasets", "mnist"), "unknown dataset"),
+                  (("attention-maps", "--out", tmp, "--examples", "0"), "--examples >= 1"),
                   (("bench", "kernels"), "invalid choice"),
                   (("bench", "grid", "--datasets", "mnist"), "unknown dataset"),
                   (("bench", "normalizers", "--threads", "0"), "--threads must be >= 1"),

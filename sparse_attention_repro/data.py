@@ -7,7 +7,7 @@ __all__ = ['DATASETS', 'TEXT_VOCAB', 'TEXT_LEN', 'PAD_ID', 'MARKER_ID', 'CACHE_V
            'MAIN_FAMILY', 'PRECISIONS', 'NEWS_REMOVE', 'MARKER_DESIGNS', 'MARKER_LABEL_TOKENS', 'Split',
            'DatasetBundle', 'resolve_device', 'autocast', 'DataUnavailableError', 'resolve_data_root',
            'resolve_cache_dir', 'skip_unless_data', 'save_cached', 'load_cached', 'subset_indices', 'train_val_indices',
-           'patchify', 'read_idx', 'idx_files_present', 'load_idx_folder', 'official_cifar_keys',
+           'patchify', 'unpatchify', 'read_idx', 'idx_files_present', 'load_idx_folder', 'official_cifar_keys',
            'decode_cifar_jpeg_tar', 'is_flattened', 'news_texts_from_folder', 'tokenize', 'hash_token', 'encode_text',
            'encode_news', 'make_marker', 'make_balanced_marker', 'most_frequent_token_accuracy', 'source_identity',
            'news_home', 'full_arrays', 'jpeg_roundtrip', 'load_dataset']
@@ -153,6 +153,14 @@ def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
     x = x.reshape(n, c, h // p, p, w // p, p)                   # [N, C, rows, p, cols, p]
     x = x.permute(0, 2, 4, 1, 3, 5)                             # [N, rows, cols, C, p, p]
     return x.reshape(n, (h // p) * (w // p), c * p * p)        # [N, T, C·p·p]
+
+# %% ../nbs/01_data.ipynb
+def unpatchify(x: torch.Tensor, channels: int, grid: int) -> torch.Tensor:
+    "Inverse of `patchify` for a square `grid`×`grid` of patches: `[N, T, C·p·p]` -> `[N, C, grid·p, grid·p]`."
+    n, t, d = x.shape
+    p = int(round((d / channels) ** 0.5))
+    if t != grid * grid or channels * p * p != d: raise ValueError(f"cannot unpatchify [{n}, {t}, {d}] as a {grid}x{grid} grid of {channels}-channel patches")
+    return x.reshape(n, grid, grid, channels, p, p).permute(0, 3, 1, 4, 2, 5).reshape(n, channels, grid * p, grid * p)
 
 # %% ../nbs/01_data.ipynb
 def _one_line(e: BaseException) -> str:

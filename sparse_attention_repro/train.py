@@ -5,7 +5,7 @@
 # %% auto 0
 __all__ = ['PROFILES', 'TrainConfig', 'profile_config', 'evaluate', 'TrainResult', 'train_lockstep', 'train_model',
            'dropout_generators', 'train_stacked', 'load_run_data', 'epoch_monitor', 'run_methods', 'run_stacked',
-           'run_one', 'run_study_a']
+           'run_one', 'run_study_a', 'cls_attention', 'attention_maps']
 
 # %% ../nbs/03_train.ipynb
 import json, time
@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from .data import load_dataset, resolve_device, autocast, PAPER_SIZES, MAIN_FAMILY
 from .model import CompactClassifier, ClassifierConfig, MaskTape, StackedClassifiers, count_parameters
 from .normalizers import get_normalizer
-from .runner import save_rows
+from .runner import save_rows, atomic_write
 
 # %% ../nbs/03_train.ipynb
 @dataclass
@@ -253,17 +253,19 @@ def epoch_monitor(data, precision="fp32"):
         return out
     return monitor
 
-def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None, lockstep=True) -> list:
-    "Train and evaluate every method of `methods` on one (dataset, seed); one metrics row per method."
+def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None, lockstep=True, return_models=False) -> list:
+    "Train and evaluate every method of `methods` on one (dataset, seed); one metrics row per method (and the models, if asked)."
     for m in methods: get_normalizer(m, num_heads=1)                  # fail early on an unknown method
     data = load_run_data(dataset, seed, config) if data is None else data
     if not lockstep:
+        if return_models: raise ValueError("return_models needs the lock-step path")
         return [r for m in methods for r in run_methods(dataset, [m], seed, config, data)]
     device = resolve_device(config.device)
     models = [_new_model(data, m, seed, config.learned_pad_row, device, config.dropout_rng) for m in methods]
     results = train_lockstep(models, data.train.to(device), config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0] if len(methods) == 1 else f"{len(methods)} methods"),
                              monitor=epoch_monitor(data, config.precision) if config.epoch_eval else None)
-    return [_row(dataset, m, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
+    rows = [_row(dataset, m, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
+    return (rows, models) if return_models else rows
 
 def run_stacked(dataset: str, methods, seeds, config: TrainConfig, datas=None) -> list:
     "Train every method on every seed as one stack (`train_stacked`) and evaluate each model; rows seed by seed."
@@ -306,3 +308,32 @@ def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, ro
             for group in ([list(methods)] if lockstep else [[m] for m in methods]):
                 keep(run_methods(dataset, group, seed, config, data))
     return rows
+
+# %% ../nbs/03_train.ipynb
+def cls_attention(model, x, key_mask=None) -> torch.Tensor:
+    "The CLS query's attention weights over all keys, per layer, averaged over heads: `[n, layers, T]`."
+    grabbed = []
+    hooks = [b.attn.normalizer.register_forward_hook(lambda mod, inp, out: grabbed.append(out[:, :, 0, :].float().mean(1)))
+             for b in model.blocks]
+    try:
+        model.eval()
+        with torch.no_grad(): model(x, key_mask)
+    finally:
+        for h in hooks: h.remove()
+    return torch.stack(grabbed, 1).cpu()
+
+def attention_maps(dataset: str, seed: int, methods, config: TrainConfig, examples: int = 4, out=None) -> dict:
+    "Train `methods` on (dataset, seed), take the CLS attention of the first `examples` test items; save to `out` (.npz) if given."
+    rows, models = run_methods(dataset, list(methods), seed, config, return_models=True)
+    data = load_run_data(dataset, seed, config)
+    x, mask = data.test.x[:examples], None if data.test.key_mask is None else data.test.key_mask[:examples]
+    dev = next(models[0].parameters()).device
+    maps = np.stack([cls_attention(m, x.to(dev), None if mask is None else mask.to(dev)).numpy() for m in models])  # [M, n, L, T]
+    preds = np.stack([m(x.to(dev), None if mask is None else mask.to(dev)).argmax(-1).cpu().numpy() for m in models])
+    rec = dict(dataset=np.array(dataset), seed=np.array(seed), methods=np.array(list(methods)), maps=maps, inputs=x.numpy(),
+               labels=data.test.y[:examples].numpy(), predictions=preds, accuracy=np.array([r["accuracy"] for r in rows]))
+    if out is not None:
+        def write(tmp):
+            with open(tmp, "wb") as f: np.savez_compressed(f, **rec)
+        atomic_write(out, write)
+    return rec

@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
+import torch
 from IPython.display import Image, Markdown, display
 
 from sparse_attention_repro import stats as S
@@ -248,6 +249,39 @@ else:
                             for r in sig.itertuples()) if len(sig) else "")
        + f"; {int(fam.change_verdict.str.startswith('equivalent').sum())} are equivalent to no change within ±1 pt; "
          f"{int((fam.change_verdict == 'undecided').sum())} are undecided.")
+
+# %% [markdown]
+# ## Where the CLS token looks
+#
+# For a few test images of seed 0 (`sparse-repro attention-maps --out <results>`, the same training as the grid's seed 0),
+# the last layer's CLS attention over the 4×4 patches, averaged over heads, drawn over the image: brighter patches get
+# more weight. Each panel's title gives the method and its prediction (✓ right, ✗ wrong).
+
+# %%
+from sparse_attention_repro.data import unpatchify
+map_files = sorted((RES / "attention_maps").glob("*.npz")) if (RES / "attention_maps").exists() else []
+for f in map_files:
+    rec = np.load(f)
+    ds, methods, maps = str(rec["dataset"]), [str(m) for m in rec["methods"]], rec["maps"]              # maps [M, n, L, T]
+    x = torch.from_numpy(rec["inputs"]); ch = 3 if x.shape[-1] == 192 else 1
+    imgs = unpatchify(x, ch, 4).permute(0, 2, 3, 1).numpy()                                           # [n, H, W, C]
+    n, M = len(imgs), len(methods)
+    fig, axes = plt.subplots(n, M + 1, figsize=(1.55 * (M + 1), 1.7 * n), squeeze=False)
+    for i in range(n):
+        axes[i][0].imshow(imgs[i].squeeze(), cmap="gray" if ch == 1 else None); axes[i][0].set_title(f"label {int(rec['labels'][i])}", fontsize=8)
+        for j, m in enumerate(methods):
+            w = maps[j, i, -1, 1:].reshape(4, 4)                                                      # keys 1..16: the patches
+            ax = axes[i][j + 1]
+            ax.imshow(imgs[i].mean(-1), cmap="gray", extent=(0, 4, 4, 0))
+            ax.imshow(w / max(w.max(), 1e-12), cmap="magma", alpha=0.6, extent=(0, 4, 4, 0), vmin=0, vmax=1)
+            ok = "✓" if rec["predictions"][j, i] == rec["labels"][i] else "✗"
+            ax.set_title(f"{m.replace('headwise_adaptive_entmax', 'HAE').replace('topk_softmax_', 'top-k ')} {ok}", fontsize=7)
+    for ax in np.ravel(axes): ax.set_xticks([]); ax.set_yticks([])
+    fig.suptitle(f"{ds}, seed {int(rec['seed'])}: CLS attention over patches, last layer", fontsize=10)
+    save(fig, f"attention_maps_{ds}")
+    acc = ", ".join(f"{m} {100 * a:.1f}%" for m, a in zip(methods, rec["accuracy"]))
+    md(f"{ds}, seed {int(rec['seed'])}, test accuracy of these models: {acc}.")
+if not map_files: md("_No attention maps in this folder (`sparse-repro attention-maps --out <results>`)._")
 
 # %% [markdown]
 # ## Attention on padding (20 Newsgroups)
