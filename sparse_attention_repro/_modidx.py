@@ -619,6 +619,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                             'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.tost_paired': ( 'stats.html#tost_paired',
                                                                                             'sparse_attention_repro/stats.py'),
+                                              'sparse_attention_repro.stats.tuned_verdicts': ( 'stats.html#tuned_verdicts',
+                                                                                               'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.verdict': ( 'stats.html#verdict',
                                                                                         'sparse_attention_repro/stats.py')},
             'sparse_attention_repro.train': { 'sparse_attention_repro.train.TrainConfig': ( 'train.html#trainconfig',

@@ -13,8 +13,8 @@ __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'BASELINE', 'SPARSE_METHODS', '
            'pad_attention', 'time_ratios', 'layer_sparsity', 'crisp_learning_curve', 'crisp_by_lr', 'alpha_start_tests',
            'prediction_interval', 'verdict', 'fmt_p', 'claims_table', 'ablation_tests', 'ablation_family',
            'ablation_answer', 'readable_ablation', 'readable_single_seed', 'readable_power', 'deviations',
-           'recipe_curves', 'identical_to_main', 'select_recipes', 'recipe_tests', 'recipe_budget', 'readable_tests',
-           'run_description', 'paper_deltas', 'readable_claims', 'analyse']
+           'recipe_curves', 'identical_to_main', 'select_recipes', 'recipe_tests', 'tuned_verdicts', 'recipe_budget',
+           'readable_tests', 'run_description', 'paper_deltas', 'readable_claims', 'analyse']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -847,6 +847,18 @@ def recipe_tests(curves, search=None, baseline=BASELINE):
                       "reversed" if g < 0 and ph < 0.05 else "gone" if e.startswith("equivalent") else "undecided"
                       for g, ph, e in zip(out.gain, out.p_holm, eq)]
     return out[cols]
+
+# %% ../nbs/05_stats.ipynb
+def tuned_verdicts(claims, rt):
+    "Per claim id: the tuned-recipe reading ('gone, -0.0 pt', ...) or 'not in the recipe grid'."
+    out = {}
+    for c in claims.itertuples():
+        if c.kind not in ("delta", "count") or c.study != "A": continue
+        m = rt[(rt.dataset == c.dataset) & ((rt.method == c.method) if c.kind == "delta" else True)] if len(rt) else rt
+        if not len(m): out[c.claim_id] = "not in the recipe grid"; continue
+        out[c.claim_id] = "; ".join(f"{'' if c.kind == 'delta' else r.method + ': '}{r.verdict}, {100 * r.gain:+.1f} pt"
+                                    + ("" if r.complete else " (provisional)") for r in m.itertuples())
+    return out
 
 # %% ../nbs/05_stats.ipynb
 def recipe_budget(curves, baseline=BASELINE):

@@ -93,11 +93,15 @@ md("Tables written: " + ", ".join(f"`tables/{n}.csv`" for n in res))
 
 # %%
 cl = res["claims"]
+tuned = S.tuned_verdicts(cl, S.recipe_tests(S.recipe_curves(RES)))
 for prof in dict.fromkeys(cl.profile):
     if len(profiles) > 1:
         md("**" + " ".join(S.run_description(runs[runs.profile == prof] if runs is not None else None,
                                              crisp[crisp.profile == prof] if crisp is not None else None).values()) + "**")
-    table(S.readable_claims(cl[cl.profile == prof]))
+    rc = S.readable_claims(cl[cl.profile == prof])
+    if any(tuned.get(i) for i in cl[cl.profile == prof].claim_id):
+        rc.insert(len(rc.columns), "under a tuned recipe", [tuned.get(i, "–") for i in cl[cl.profile == prof].claim_id])
+    table(rc)
 md("\n".join(f"* {s}" for s in cl.sentence))
 
 # %% [markdown]
