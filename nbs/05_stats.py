@@ -1536,12 +1536,14 @@ def recipe_tests(curves, search=None, baseline=BASELINE):
 # %%
 #| export
 def tuned_verdicts(claims, rt):
-    "Per claim id: the tuned-recipe reading ('gone, -0.0 pt', ...) or 'not in the recipe grid'."
+    "Per claim id: the tuned-recipe reading ('gone, -0.0 pt', ...), 'not run yet' or 'not in the recipe grid'."
     out = {}
     for c in claims.itertuples():
         if c.kind not in ("delta", "count") or c.study != "A": continue
         m = rt[(rt.dataset == c.dataset) & ((rt.method == c.method) if c.kind == "delta" else True)] if len(rt) else rt
-        if not len(m): out[c.claim_id] = "not in the recipe grid"; continue
+        if not len(m):
+            planned = c.dataset in RECIPE_SEARCH and (c.kind == "count" or c.method in RECIPE_SEARCH[c.dataset]["methods"])
+            out[c.claim_id] = "not run yet" if planned else "not in the recipe grid"; continue
         out[c.claim_id] = "; ".join(f"{'' if c.kind == 'delta' else r.method + ': '}{r.verdict}, {100 * r.gain:+.1f} pt"
                                     + ("" if r.complete else " (provisional)") for r in m.itertuples())
     return out
@@ -1609,7 +1611,7 @@ test_close(_bud.loc[(24, "topk_softmax_0125"), "gain"], 0.82 - 0.84, eps=1e-12) 
 test_eq(len(recipe_tests(_curves.iloc[:0], _search)), 0)
 test_eq(select_recipes(_curves[_curves.lr == 1e-3], _search).complete.tolist(), [False] * 3)
 _tv = tuned_verdicts(claims_table(runs, crisp), _rt.reset_index())
-test_eq(_tv["A2"], "persists, under 1 pt, +0.5 pt"); test_eq(_tv["A1"], "not in the recipe grid")
+test_eq(_tv["A2"], "persists, under 1 pt, +0.5 pt"); test_eq((_tv["A1"], _tv["A3"]), ("not run yet", "not in the recipe grid"))
 
 # %% [markdown]
 # ## For the reader: tables in points and the paper's numbers beside ours

@@ -850,12 +850,14 @@ def recipe_tests(curves, search=None, baseline=BASELINE):
 
 # %% ../nbs/05_stats.ipynb
 def tuned_verdicts(claims, rt):
-    "Per claim id: the tuned-recipe reading ('gone, -0.0 pt', ...) or 'not in the recipe grid'."
+    "Per claim id: the tuned-recipe reading ('gone, -0.0 pt', ...), 'not run yet' or 'not in the recipe grid'."
     out = {}
     for c in claims.itertuples():
         if c.kind not in ("delta", "count") or c.study != "A": continue
         m = rt[(rt.dataset == c.dataset) & ((rt.method == c.method) if c.kind == "delta" else True)] if len(rt) else rt
-        if not len(m): out[c.claim_id] = "not in the recipe grid"; continue
+        if not len(m):
+            planned = c.dataset in RECIPE_SEARCH and (c.kind == "count" or c.method in RECIPE_SEARCH[c.dataset]["methods"])
+            out[c.claim_id] = "not run yet" if planned else "not in the recipe grid"; continue
         out[c.claim_id] = "; ".join(f"{'' if c.kind == 'delta' else r.method + ': '}{r.verdict}, {100 * r.gain:+.1f} pt"
                                     + ("" if r.complete else " (provisional)") for r in m.itertuples())
     return out
