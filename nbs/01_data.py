@@ -725,6 +725,29 @@ sc, sc12 = most_frequent_token_accuracy(idb, yb, "balanced"), most_frequent_toke
 assert abs(sc - 0.10) < 0.02 < sc12 - 0.10, (sc, sc12)   # the shortcut sits at chance here, not on the 12-token variant
 
 # %% [markdown]
+# Every marker result is read beside three baselines computed on the same test sequences: chance (10 %), the majority
+# class of the training sequences, and the most-frequent-token shortcut.
+
+# %%
+#| export
+def marker_baselines(seeds, train_n: int = 8000, test_n: int = 2000, marker_vocab: int = TEXT_VOCAB, marker_design: str = "random") -> dict:
+    "Mean over `seeds` of the marker task's chance, majority-class and most-frequent-token accuracies on each seed's test set."
+    acc = []
+    for s in seeds:
+        make = (lambda n, r: make_marker(n, r, marker_vocab)) if marker_design == "random" else make_balanced_marker
+        _, ytr = make(train_n, np.random.default_rng(s))
+        ids, y = make(test_n, np.random.default_rng(s + 10000))
+        acc.append((float((y == np.bincount(ytr, minlength=10).argmax()).mean()), most_frequent_token_accuracy(ids, y, marker_design)))
+    a = np.array(acc)
+    return dict(chance=0.1, majority=float(a[:, 0].mean()), most_frequent_token=float(a[:, 1].mean()))
+
+# %%
+mb = marker_baselines([0, 1], train_n=500, test_n=1000, marker_vocab=12)
+test_eq(mb["chance"], 0.1); assert 0.05 < mb["majority"] < 0.15 and mb["most_frequent_token"] > 0.13, mb
+_ids, _y = make_marker(1000, np.random.default_rng(10000), 12)
+test_close(marker_baselines([0], 500, 1000, 12)["most_frequent_token"], most_frequent_token_accuracy(_ids, _y))
+
+# %% [markdown]
 # ## Finding the data
 #
 # Each dataset has a list of sources tried in order. For each, a complete cache entry wins; otherwise, if its files are

@@ -212,6 +212,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                    'sparse_attention_repro/data.py'),
                                              'sparse_attention_repro.data.make_marker': ( 'data.html#make_marker',
                                                                                           'sparse_attention_repro/data.py'),
+                                             'sparse_attention_repro.data.marker_baselines': ( 'data.html#marker_baselines',
+                                                                                               'sparse_attention_repro/data.py'),
                                              'sparse_attention_repro.data.most_frequent_token_accuracy': ( 'data.html#most_frequent_token_accuracy',
                                                                                                            'sparse_attention_repro/data.py'),
                                              'sparse_attention_repro.data.news_home': ( 'data.html#news_home',

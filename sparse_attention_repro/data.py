@@ -9,8 +9,8 @@ __all__ = ['DATASETS', 'TEXT_VOCAB', 'TEXT_LEN', 'PAD_ID', 'MARKER_ID', 'CACHE_V
            'resolve_cache_dir', 'skip_unless_data', 'save_cached', 'load_cached', 'subset_indices', 'train_val_indices',
            'patchify', 'unpatchify', 'read_idx', 'idx_files_present', 'load_idx_folder', 'official_cifar_keys',
            'decode_cifar_jpeg_tar', 'is_flattened', 'news_texts_from_folder', 'tokenize', 'hash_token', 'encode_text',
-           'encode_news', 'make_marker', 'make_balanced_marker', 'most_frequent_token_accuracy', 'source_identity',
-           'news_home', 'full_arrays', 'jpeg_roundtrip', 'load_dataset']
+           'encode_news', 'make_marker', 'make_balanced_marker', 'most_frequent_token_accuracy', 'marker_baselines',
+           'source_identity', 'news_home', 'full_arrays', 'jpeg_roundtrip', 'load_dataset']
 
 # %% ../nbs/01_data.ipynb
 import gzip, hashlib, io, json, os, re, shutil, struct, tarfile, tempfile, zlib
@@ -343,6 +343,18 @@ def most_frequent_token_accuracy(ids: np.ndarray, y: np.ndarray, design: str = "
     counts = np.stack([np.bincount(r[r != MARKER_ID], minlength=ids.max() + 1) for r in ids])
     mode = counts.argmax(1)                                              # ties: the smallest id
     return float(((mode - 2 if design == "balanced" else mode % 10) == y).mean())
+
+# %% ../nbs/01_data.ipynb
+def marker_baselines(seeds, train_n: int = 8000, test_n: int = 2000, marker_vocab: int = TEXT_VOCAB, marker_design: str = "random") -> dict:
+    "Mean over `seeds` of the marker task's chance, majority-class and most-frequent-token accuracies on each seed's test set."
+    acc = []
+    for s in seeds:
+        make = (lambda n, r: make_marker(n, r, marker_vocab)) if marker_design == "random" else make_balanced_marker
+        _, ytr = make(train_n, np.random.default_rng(s))
+        ids, y = make(test_n, np.random.default_rng(s + 10000))
+        acc.append((float((y == np.bincount(ytr, minlength=10).argmax()).mean()), most_frequent_token_accuracy(ids, y, marker_design)))
+    a = np.array(acc)
+    return dict(chance=0.1, majority=float(a[:, 0].mean()), most_frequent_token=float(a[:, 1].mean()))
 
 # %% ../nbs/01_data.ipynb
 _HINTS = {

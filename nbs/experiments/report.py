@@ -161,6 +161,24 @@ if len(pt):
         if d in base.index and d in S.PAPER_SOFTMAX_ACCURACY) + ".")
 
 # %% [markdown]
+# **The marker task beside its baselines.** Chance is 10 %; the majority class of the training sequences and the
+# most-frequent-token shortcut (guess the sequence's commonest token, ignoring the marker) are computed on the same test
+# sequences.
+
+# %%
+from sparse_attention_repro.data import marker_baselines
+def marker_line(rows, **task):
+    "One sentence: the marker runs' accuracies beside chance, majority and the most-frequent-token shortcut."
+    mk = rows[rows.dataset == "synthetic_marker"]
+    if not len(mk): return "_No marker runs here._"
+    b = marker_baselines(sorted(set(mk.seed)), int(mk.train_n.iloc[0]), int(mk.test_n.iloc[0]), **task)
+    acc = mk.groupby("method").accuracy.mean()
+    return (f"Marker task, {mk.seed.nunique()} seeds: methods {100 * acc.min():.1f}–{100 * acc.max():.1f}% "
+            f"(softmax {100 * acc.get('softmax', np.nan):.1f}%); chance {100 * b['chance']:.0f}%, majority class "
+            f"{100 * b['majority']:.1f}%, most-frequent-token shortcut {100 * b['most_frequent_token']:.1f}%.")
+if runs is not None: md(marker_line(runs))
+
+# %% [markdown]
 # ## Does the advantage survive a fair recipe?
 #
 # Every verdict above uses one recipe (lr 10⁻³, the paper's epochs, no schedule). Here each method of a headline claim
@@ -247,6 +265,7 @@ else:
         md(f"### `{name}`: {S.ABLATIONS[name]['question']}")
         md(S.ablation_answer(name, t))
         table(S.readable_ablation(t))
+        if name == "learnable_marker": md(marker_line(found[name], marker_vocab=12))
     sig = fam[fam.change_verdict == "different"]
     md(f"**Across the {len(fam)} change tests of all ablations (one Holm family):** {len(sig)} changes survive Holm"
        + (" — " + "; ".join(f"{r.ablation}: {r.method} on {r.dataset} {100 * r.gain_change:+.1f} pt (Holm p = {S.fmt_p(r.gain_change_p_holm)})"
