@@ -489,8 +489,9 @@ def cmd_attention_maps(args):
     from sparse_attention_repro.normalizers import NORMALIZERS
     if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
     datasets = _split(args.datasets) if args.datasets else ["fashion_mnist", "cifar10"]
+    images = [d for d in PAPER_SIZES if d not in ("twenty_news", "synthetic_marker")]
     for d in datasets:
-        if d not in PAPER_SIZES: raise UsageError(f"unknown dataset {d!r}; choose from {', '.join(PAPER_SIZES)}")
+        if d not in images: raise UsageError(f"attention maps are drawn over image patches: choose from {', '.join(images)}, not {d!r}")
     if args.seed < 0 or args.examples < 1: raise UsageError(f"--seed must be >= 0 and --examples >= 1, got {args.seed} and {args.examples}")
     for d in datasets:
         out = Path(args.out) / "attention_maps" / f"{d}.npz"
@@ -605,7 +606,7 @@ for argv, msg in [(("grid", "--out", tmp, "--methods", "softmaxx"), "unknown nor
                   (("grid", "--out", tmp, "--executor", "ray"), "unknown executor"),
                   (("grid", "--out", tmp, "--jobs", "0"), "--jobs must be >= 1"),
                   (("report", "--results", tmp + "/nope"), "does not exist"),
-                  (("attention-maps", "--out", tmp, "--datasets", "mnist"), "unknown dataset"),
+                  (("attention-maps", "--out", tmp, "--datasets", "twenty_news"), "drawn over image patches"),
                   (("attention-maps", "--out", tmp, "--examples", "0"), "--examples >= 1"),
                   (("bench", "kernels"), "invalid choice"),
                   (("bench", "grid", "--datasets", "mnist"), "unknown dataset"),
