@@ -150,6 +150,7 @@ class TrainResult:
     seconds: float              # own compute + drawing the dropout masks
     losses: torch.Tensor        # training loss of every step
     epoch_metrics: list = None  # with a `monitor`: its metrics after every epoch, e.g. [{"epoch": 1, "val_accuracy": ...}, ...]
+    mask_seconds: float = 0.0   # the part of `seconds` spent drawing dropout masks shared by the lock-step group (drawn once for all)
 
 def _fresh_results(models, steps, device) -> list:
     "One `TrainResult` per model before its first step: ok, alpha at epoch 0, no time, `steps` NaN losses."
@@ -188,7 +189,8 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="", monitor=
                     results[j].losses[step] = loss.detach()
                     if device.type == "cuda": torch.cuda.synchronize()                # time the work, not its launch
                     results[j].seconds += time.perf_counter() - t0 - (0.0 if pos else tape.seconds)
-                for j in active: results[j].seconds += tape.seconds      # each run pays for the masks it uses
+                for j in active:                                             # each run pays for the masks it uses
+                    results[j].seconds += tape.seconds; results[j].mask_seconds += tape.seconds
                 step += 1; bar.update()
             for j in list(active):
                 if not torch.isfinite(results[j].losses[step - (-(-n // bs)):step].sum()):
@@ -291,7 +293,8 @@ def _new_model(data, method, seed, learned_pad_row=False, device="cpu", dropout_
 def _row(dataset, method, seed, config, data, model, result: TrainResult, lockstep_size) -> dict:
     "Evaluate a trained `model` and return its metrics row."
     row = dict(dataset=dataset, method=method, seed=seed, accuracy=np.nan, macro_f1=np.nan, test_loss=np.nan,
-               nonzero_ratio=np.nan, learned_alpha_mean=np.nan, train_seconds=result.seconds, inference_seconds=np.nan,
+               nonzero_ratio=np.nan, learned_alpha_mean=np.nan, train_seconds=result.seconds, mask_seconds=result.mask_seconds,
+               inference_seconds=np.nan,
                param_count=count_parameters(model), epochs=config.epochs, train_n=len(data.train.y), test_n=len(data.test.y),
                val_n=0 if data.val is None else len(data.val.y), val_accuracy=np.nan, val_macro_f1=np.nan,
                dataset_source=data.dataset_source, status=result.status, error="", lockstep_size=lockstep_size,
@@ -544,6 +547,7 @@ for m in NORMALIZERS:                      # as a plain run does: build from the
     alone.append(_new_model(d2, m, 0)); res_alone.append(train_model(alone[-1], d2.train, c2, 0))
 together = [_new_model(d2, m, 0) for m in NORMALIZERS]
 res_together = train_lockstep(together, d2.train, c2, 0)
+test_eq(len({r.mask_seconds for r in res_together}), 1); assert 0 < res_together[0].mask_seconds < res_together[0].seconds   # one shared draw, charged to each
 for ra, rt, ma, mt in zip(res_alone, res_together, alone, together):
     assert torch.equal(ra.losses, rt.losses) and not ra.losses.isnan().any()
     test_eq(ra.alpha_history, rt.alpha_history)

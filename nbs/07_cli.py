@@ -156,6 +156,7 @@ def _maps_args(sub):
     a.add_argument("--examples", type=int, default=4, help="test items per dataset"); a.add_argument("--profile", default="paper")
     a.add_argument("--download", action="store_true", help="fetch missing datasets from their official online sources")
     a.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    a.add_argument("--threads", type=int, default=1, help="torch CPU threads; results are bit-identical only at the thread count of the runs compared with (a grid job per core: 1)")
     return a
 
 def _bench_args(sub):
@@ -493,12 +494,21 @@ def cmd_attention_maps(args):
     for d in datasets:
         if d not in images: raise UsageError(f"attention maps are drawn over image patches: choose from {', '.join(images)}, not {d!r}")
     if args.seed < 0 or args.examples < 1: raise UsageError(f"--seed must be >= 0 and --examples >= 1, got {args.seed} and {args.examples}")
+    if args.threads < 1: raise UsageError(f"--threads must be >= 1, got {args.threads}")
+    import torch, pandas as pd
+    torch.set_num_threads(args.threads)
+    committed = Path(args.out) / "runs.csv"
     for d in datasets:
         out = Path(args.out) / "attention_maps" / f"{d}.npz"
         if out.exists(): print(f"attention maps {d}: {out} (already there)"); continue
-        attention_maps(d, args.seed, NORMALIZERS, profile_config(args.profile, d, download=args.download, device=args.device),
-                       examples=args.examples, out=out)
-        print(f"attention maps {d}: {out}")
+        rec = attention_maps(d, args.seed, NORMALIZERS, profile_config(args.profile, d, download=args.download, device=args.device),
+                             examples=args.examples, out=out)
+        same = ""
+        if committed.exists():                             # the same training as the grid's: are the accuracies the committed ones?
+            r = pd.read_csv(committed).query("dataset == @d and seed == @args.seed").set_index("method").accuracy
+            hits = [m for m, a in zip(rec["methods"], rec["accuracy"]) if m in r.index and r[m] == a]
+            same = f"; {len(hits)} of {len(rec['methods'])} test accuracies identical to {committed}"
+        print(f"attention maps {d}: {out}{same}")
     return {}
 
 def cmd_bench(args):
