@@ -327,8 +327,8 @@ def cls_attention(model, x, key_mask=None) -> torch.Tensor:
 
 def attention_maps(dataset: str, seed: int, methods, config: TrainConfig, examples: int = 4, out=None) -> dict:
     "Train `methods` on (dataset, seed), take the CLS attention of the first `examples` test items; save to `out` (.npz) if given."
-    rows, models = run_methods(dataset, list(methods), seed, config, return_models=True)
     data = load_run_data(dataset, seed, config)
+    rows, models = run_methods(dataset, list(methods), seed, config, data, return_models=True)
     x, mask = data.test.x[:examples], None if data.test.key_mask is None else data.test.key_mask[:examples]
     dev = next(models[0].parameters()).device
     maps = np.stack([cls_attention(m, x.to(dev), None if mask is None else mask.to(dev)).numpy() for m in models])  # [M, n, L, T]
