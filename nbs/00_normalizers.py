@@ -14,7 +14,7 @@
 # * **Study B** (Crisp Attention) masks the lowest scores before the softmax; that is top-k softmax with ratio
 #   $1 - \text{sparsity}$, so the same code serves it.
 #
-# Every mapping lives here once and is reached by name through `get_normalizer`. All of them take
+# Every mapping lives here once and is registered through `register_normalizer` and reached by name through `get_normalizer`. All of them take
 # `scores` of shape `[..., H, T_query, T_key]` and an optional boolean `key_mask` (broadcastable, `True` = may attend),
 # and return probabilities of the same shape. Two rules hold for every normalizer:
 #
@@ -29,7 +29,10 @@
 
 # %%
 #| export
-import math
+import copy, importlib, importlib.metadata, math, re
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
 import torch
 import torch.nn as nn
 from torch.autograd import Function
@@ -38,6 +41,7 @@ from sparse_attention_repro import kernels as K
 # %%
 from fastcore.test import test_eq, test_close, test_fail
 import math
+from sparse_attention_repro.study import PAPER_METHODS, ORIGINAL_GRADIENT_VARIANTS   # the study design (names only)
 import entmax
 
 
@@ -562,19 +566,13 @@ skew = x.clone(); skew[:, :, :8] += 100                                       # 
 test_eq(((topk_softmax(skew, 0.1, scope="head") > 0).sum(-1) >= 1).all(), True)  # yet no row is emptied
 
 # %% [markdown]
-# ## The registry
+# ## Names
 #
-# One registry serves every model of the project: the names are the canonical method names of the results tables
-# (a ratio is written without its dot: `topk_softmax_0125` is $r = 0.125$; any `topk_softmax_<digits>` is accepted).
-# `get_normalizer(name, num_heads, **options)` returns an `nn.Module` called as `norm(scores, key_mask=None)`.
-# Only the adaptive entmax has parameters: one logit $a$ per head.
+# A top-k ratio is written in a name without its dot (`topk_softmax_0125` is $r = 0.125$), a start value of the
+# adaptive entmax likewise (`headwise_adaptive_entmax_start12` starts every head at $\alpha = 1.2$).
 
 # %%
 #| export
-NORMALIZERS = ("softmax", "sparsemax", "entmax15", "headwise_adaptive_entmax",
-               "topk_softmax_0125", "topk_softmax_025", "topk_softmax_05")
-ORIGINAL_GRADIENT_VARIANTS = ("entmax15_bisect", "headwise_adaptive_entmax_bisect")  # the original's approximate gradient
-
 def parse_topk_ratio(name):
     "Ratio encoded in a `topk_softmax_<digits>` name: '0125' -> 0.125, '1' -> 1.0; None if `name` is not top-k."
     if not name.startswith("topk_softmax_"): return None
@@ -599,7 +597,7 @@ def topk_name(ratio):
 
 
 # %%
-test_eq([parse_topk_ratio(n) for n in NORMALIZERS[4:]], [0.125, 0.25, 0.5])
+test_eq([parse_topk_ratio(n) for n in ("topk_softmax_0125", "topk_softmax_025", "topk_softmax_05")], [0.125, 0.25, 0.5])
 test_eq(parse_topk_ratio("topk_softmax_02"), 0.2)
 test_eq(parse_topk_ratio("topk_softmax_1"), 1.0)
 test_eq(parse_topk_ratio("softmax"), None)
@@ -612,16 +610,253 @@ test_eq([parse_alpha_start(f"headwise_adaptive_entmax_start{d}") for d in ("12",
 test_fail(lambda: parse_alpha_start("headwise_adaptive_entmax_start1.2"), contains="without its dot")
 
 
+# %% [markdown]
+# ## The registry
+#
+# One open registry serves every model of the project — study A's classifier, its stacked GPU path and Crisp's
+# pretrained encoder. A normalizer enters it only through `register_normalizer`, the paper's seven included, and it
+# *declares* what it is instead of the code guessing from its name:
+#
+# | capability | meaning |
+# |---|---|
+# | `sums_to_one` | each row is a distribution over the valid keys (sigmoid or ReLU attention: `False`) |
+# | `learned` | attributes of the built module recorded after every epoch, any name and shape (e.g. `("alpha",)`) |
+# | `stackable` | the factory takes `num_models`: one parameter set per model of a stack (`model.StackedClassifiers`) |
+# | `kernel` | a C row kernel (`kernels`) serves it on the CPU |
+# | `exact_gradient` | `False` declares an approximate backward (the original's bisection): no finite-difference check |
+# | `options` | keyword options the factory accepts (`scope` for top-k, `n_iter` for the adaptive entmax) |
+#
+# A normalizer is a parameter-free function `fn(scores, key_mask=None, **options)`, an `nn.Module` class built as
+# `cls(num_heads=H, **options)`, or any `factory(num_heads, num_models=None, **options)`. Every built normalizer is
+# an `nn.Module` called as `norm(scores, key_mask=None)`. Names are canonical method names of the results tables, so
+# they must be identifiers (they become file names and columns); two families are open-ended: `topk_softmax_<digits>`
+# (the ratio without its dot, `topk_softmax_0125` is $r = 0.125$) and `headwise_adaptive_entmax_start<digits>`.
+
 # %%
 #| export
+ENTRY_POINT_GROUP = "sparse_attention_repro.normalizers"     # outside packages register through this entry-point group
+
+@dataclass(frozen=True)
+class NormalizerSpec:
+    "A registered attention normalizer: how to build it and what it declares about itself."
+    name: str
+    factory: Callable                 # factory(num_heads=H, [num_models=M], **options) -> nn.Module
+    sums_to_one: bool = True          # rows are distributions over the valid keys
+    learned: tuple = ()               # module attributes recorded per epoch (any name, any shape)
+    stackable: bool = False           # accepts num_models (one parameter set per model of a stack)
+    kernel: bool = False              # a C row kernel serves it on the CPU
+    exact_gradient: bool = True       # False: a declared approximate backward
+    options: tuple = ()               # keyword options the factory accepts
+    source: str = "sparse_attention_repro"   # where it came from: the library, a module, an entry point
+
+    def build(self, num_heads: int = 1, num_models: int | None = None, **options) -> nn.Module:
+        "The normalizer module for `num_heads` heads (and a stack of `num_models` models)."
+        if bad := sorted(set(options) - set(self.options)):
+            raise ValueError(f"{self.name} takes " + (f"only {', '.join(self.options)}" if self.options else "no options") + f", got {bad}")
+        if num_models is not None and not self.stackable:
+            raise ValueError(f"{self.name} does not declare stackable=True, so it cannot train as a stack of models; drop --stack-seeds")
+        return self.factory(num_heads=num_heads, **({} if num_models is None else dict(num_models=num_models)), **options)
+
 class Normalizer(nn.Module):
-    "A parameter-free attention normalizer `fn(scores, key_mask)`."
+    "A parameter-free attention normalizer `fn(scores, key_mask, **kwargs)` as a module."
     def __init__(self, name, fn, **kwargs):
         super().__init__()
         self.name, self.fn, self.kwargs = name, fn, kwargs
     def forward(self, scores, key_mask=None): return self.fn(scores, key_mask=key_mask, **self.kwargs)
     def extra_repr(self): return self.name
 
+def _function_factory(name, fn, **bound):
+    "The factory of the parameter-free normalizer `fn` (with `bound` keyword arguments fixed)."
+    def factory(num_heads=1, num_models=None, **options): return Normalizer(name, fn, **bound, **options)
+    return factory
+
+_REGISTRY: dict = {}     # name -> NormalizerSpec
+_FAMILIES: dict = {}     # name prefix -> make(name) -> NormalizerSpec
+_CONFORMING: set = set() # names that passed the conformance suite in this process
+
+def _check_name(name):
+    if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)):
+        raise ValueError(f"normalizer name {name!r} must be an identifier (letters, digits, _): it becomes a file name and a column")
+
+def _add(spec: NormalizerSpec, origin=None) -> NormalizerSpec:
+    "Put `spec` in the registry; a name taken by another definition is refused."
+    old = _REGISTRY.get(spec.name)
+    if old is not None and old != spec and getattr(old, "_origin", None) != origin:
+        raise ValueError(f"normalizer {spec.name!r} is already registered (from {old.source}); choose another name")
+    object.__setattr__(spec, "_origin", origin)
+    _REGISTRY[spec.name] = spec; _CONFORMING.discard(spec.name)
+    return spec
+
+def register_normalizer(name: str, normalizer=None, *, factory=None, **capabilities):
+    """Register `normalizer` — a parameter-free function `fn(scores, key_mask=None, **options)` or an `nn.Module` class
+    built as `cls(num_heads=H, **options)` — or a `factory(num_heads, num_models=None, **options)` under `name`, with
+    the `NormalizerSpec` capabilities. As a decorator, `@register_normalizer(name, ...)`, it returns the function or class
+    unchanged, with its spec as `__normalizer__`."""
+    _check_name(name)
+    if bad := sorted(set(capabilities) - (set(NormalizerSpec.__dataclass_fields__) - {"name", "factory"})):
+        raise ValueError(f"unknown capabilities {bad} for {name}; choose from sums_to_one, learned, stackable, kernel, exact_gradient, options, source")
+    def add(obj):
+        if factory is not None: make = factory
+        elif isinstance(obj, type) and issubclass(obj, nn.Module): make = obj
+        elif callable(obj): make = _function_factory(name, obj)
+        else: raise TypeError(f"register_normalizer({name!r}): give a function, an nn.Module class or factory=, not {type(obj).__name__}")
+        origin = f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', repr(obj))}"
+        spec = _add(NormalizerSpec(name, make, **{k: tuple(v) if k in ("learned", "options") else v for k, v in capabilities.items()}), origin)
+        if obj is not None:
+            try: obj.__normalizer__ = spec
+            except (AttributeError, TypeError): pass
+        return obj if obj is not None else spec
+    if normalizer is None and factory is None: return add              # used as a decorator
+    return add(normalizer) if normalizer is not None else add(None)
+
+def register_normalizer_family(prefix: str, make):
+    "Names `prefix<suffix>` resolve through `make(name) -> NormalizerSpec` (e.g. every `topk_softmax_<digits>`)."
+    _FAMILIES[prefix] = make
+
+# %% [markdown]
+# **Resolving a name.** `resolve_normalizer` turns what a user writes — a registered name, a member of a family,
+# `package.module:name`, or the name of an entry point in the group `sparse_attention_repro.normalizers` — into its
+# `NormalizerSpec`. Outside code therefore registers without touching the library: a module that calls
+# `register_normalizer` is imported by `module:name`, or by its package's entry point. The command line and the
+# experiment notebooks resolve each method once, at the edge; the training code passes the spec along.
+#
+# Before a normalizer is first used in a process it must pass the **conformance suite** (`check_normalizer`, below);
+# one that fails is refused with one line per failed property.
+
+# %%
+#| export
+class NormalizerConformanceError(ValueError):
+    "A normalizer that fails the conformance suite: one line per failed property."
+
+def _spec_of(obj, ref):
+    "The spec behind an imported object: a `NormalizerSpec`, or a function or class decorated by `register_normalizer`."
+    spec = obj if isinstance(obj, NormalizerSpec) else getattr(obj, "__normalizer__", None)
+    if not isinstance(spec, NormalizerSpec):
+        raise ValueError(f"{ref} is not a registered normalizer: decorate it with @register_normalizer(name, ...) or point at its NormalizerSpec")
+    return spec if _REGISTRY.get(spec.name) is spec else _add(spec, getattr(spec, "_origin", None))
+
+def _import_spec(ref):
+    "`package.module:name` -> the spec it names (the module is imported, which registers it)."
+    module, _, attr = ref.partition(":")
+    try: obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot load normalizer {ref!r} ({type(e).__name__}: {e}); give package.module:name of a registered normalizer") from None
+    return _spec_of(obj, ref)
+
+def _entry_points():
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+def registered_normalizers() -> list:
+    "Names that resolve without importing anything by hand: the registry and the entry points (families not expanded)."
+    return list(dict.fromkeys(list(_REGISTRY) + sorted(_entry_points())))
+
+def _lookup(ref):
+    if ref in _REGISTRY: return _REGISTRY[ref]
+    for prefix, make in _FAMILIES.items():
+        if ref.startswith(prefix) and ref != prefix: return _add(make(ref), f"family {prefix}")
+    if ":" in ref: return _import_spec(ref)
+    if (ep := _entry_points().get(ref)) is not None:
+        try: obj = ep.load()
+        except Exception as e: raise ValueError(f"entry point {ref!r} ({ep.value}) failed to load: {type(e).__name__}: {e}") from None
+        return _spec_of(obj, f"entry point {ref} ({ep.value})")
+    raise ValueError(f"unknown normalizer {ref!r}; choose one of {', '.join(registered_normalizers())}, "
+                     f"{', '.join(p + '<digits>' for p in _FAMILIES)}, package.module:name, or an entry point of {ENTRY_POINT_GROUP}")
+
+def resolve_normalizer(ref) -> NormalizerSpec:
+    "The `NormalizerSpec` of `ref` (a spec, a name, a family member, `package.module:name` or an entry point), conformance-checked."
+    spec = ref if isinstance(ref, NormalizerSpec) else _lookup(str(ref))
+    if spec.name not in _CONFORMING:
+        if failures := check_normalizer(spec):
+            raise NormalizerConformanceError(f"normalizer {spec.name!r} fails the conformance suite:\n" + "\n".join(f"  {f}" for f in failures))
+        _CONFORMING.add(spec.name)
+    return spec
+
+def get_normalizer(name, num_heads: int = 1, num_models: int | None = None, **options) -> nn.Module:
+    "The normalizer module of `name` (anything `resolve_normalizer` takes) for `num_heads` heads; `options` as its spec declares."
+    return resolve_normalizer(name).build(num_heads=num_heads, num_models=num_models, **options)
+
+# %% [markdown]
+# **The conformance suite.** Each property is a rule of the lab's attention contract, checked on small random scores
+# (3 heads, 5 queries, 7 keys): the shape and dtype come back unchanged; finite scores give finite weights; a masked key
+# gets exactly zero and changing its score changes nothing; a row with no valid key gives zeros, not NaN; a NaN in one
+# row shows in that row and leaves every other row as it was; examples of a batch do not see each other; the gradient is
+# finite, and matches finite differences in float64 unless the spec declares an approximate one; where declared, rows
+# are non-negative and sum to one, and a stack of models equals its models one by one.
+
+# %%
+#| export
+def check_normalizer(spec: NormalizerSpec, num_heads: int = 3, seed: int = 0) -> list:
+    "The failed properties of `spec`'s normalizer, one line each (an empty list: it conforms); torch's global generator is left as it was."
+    with torch.random.fork_rng(devices=[]): return _conformance(spec, num_heads, seed)
+
+def _conformance(spec, num_heads, seed):
+    failures = []
+    def prop(label, test):
+        try:
+            if (msg := test()): failures.append(f"{label}: {msg}")
+        except Exception as e: failures.append(f"{label}: raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(2, num_heads, 5, 7, generator=g) * 2                        # (B, H, Tq, Tk)
+    mask = torch.ones(2, 1, 1, 7, dtype=torch.bool); mask[0, ..., 4:] = False; mask[1, ..., :2] = False
+    try:
+        torch.manual_seed(seed); norm = spec.build(num_heads=num_heads)
+        p = norm(s)
+    except Exception as e:
+        return [f"build and call: raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"]
+    prop("shape", lambda: None if p.shape == s.shape and p.dtype == s.dtype else f"returns {tuple(p.shape)} {p.dtype} for {tuple(s.shape)} {s.dtype}")
+    prop("finite", lambda: None if torch.isfinite(p).all() else "non-finite weights for finite scores")
+    if spec.sums_to_one:
+        prop("sums to one", lambda: None if (p >= 0).all() and (p.sum(-1) - 1).abs().max() < 1e-5 else
+             f"rows sum to {p.sum(-1).min():.4g}..{p.sum(-1).max():.4g} (min weight {p.min():.3g}); declare sums_to_one=False if intended")
+    def key_mask():
+        pm = norm(s, mask)
+        if pm.masked_select(~mask.expand_as(pm)).abs().max() != 0: return "a masked key gets a non-zero weight"
+        moved = s.masked_fill(~mask, 0.) + torch.randn(s.shape, generator=g).masked_fill(mask, 0.) * 5
+        if not torch.allclose(norm(moved, mask), pm, atol=1e-6): return "changing a masked key's score changes the weights"
+        if spec.sums_to_one and (pm.sum(-1) - 1).abs().max() > 1e-5: return "rows do not sum to one over the valid keys"
+    prop("key mask", key_mask)
+    def empty_rows():
+        none = torch.zeros(1, 1, 1, 7, dtype=torch.bool)
+        pe = norm(s, none)
+        return None if torch.equal(pe, torch.zeros_like(pe)) else "a row with no valid key must give zeros (not NaN)"
+    prop("empty rows", empty_rows)
+    def nan_rows():
+        bad = s.clone(); bad[0, 0, 1, 3] = float("nan")
+        pn = norm(bad)
+        if not pn[0, 0, 1].isnan().any(): return "a NaN score disappears from its row's weights"
+        keep = torch.ones(2, num_heads, 5, dtype=torch.bool); keep[0, 0, 1] = False
+        if not torch.allclose(pn[keep], p[keep], atol=1e-6): return "a NaN in one row changes other rows"
+    prop("NaN propagation", nan_rows)
+    prop("batch independence", lambda: None if torch.allclose(norm(s[1:]), p[1:], atol=1e-6) else "an example's weights depend on the other examples of the batch")
+    def gradient():
+        x = s.clone().requires_grad_()
+        out = norm(x, mask)
+        (out * torch.randn(out.shape, generator=g)).sum().backward()
+        if not torch.isfinite(x.grad).all(): return "non-finite gradient for the scores"
+        if any(q.grad is not None and not torch.isfinite(q.grad).all() for q in norm.parameters()): return "non-finite gradient for a parameter"
+        if spec.exact_gradient:
+            n64 = copy.deepcopy(norm).double()
+            x64 = (torch.randn(1, num_heads, 3, 5, generator=g, dtype=torch.float64) * 2).requires_grad_()
+            ok = torch.autograd.gradcheck(lambda t: n64(t, mask[:1, ..., :5]), (x64,), eps=1e-6, atol=1e-5, raise_exception=False)
+            if not ok: return "the gradient does not match finite differences (float64); declare exact_gradient=False for an approximate backward"
+    prop("gradient", gradient)
+    for name in spec.learned:
+        prop(f"learned {name}", lambda name=name: None if torch.is_tensor(getattr(norm, name, None)) else f"the module has no tensor attribute {name!r} to record")
+    if spec.stackable:
+        def stack():
+            torch.manual_seed(seed); st = spec.build(num_heads=num_heads, num_models=2)
+            s5 = torch.stack([s, s.flip(0)])                                     # (M, B, H, Tq, Tk)
+            ps = st(s5)
+            return None if ps.shape == s5.shape and torch.allclose(ps[0], p, atol=1e-6) else "model 0 of a stack differs from the module alone"
+        prop("stack", stack)
+    return failures
+
+# %% [markdown]
+# **Study A's normalizers** enter the registry the same way any outside one would. Only the adaptive entmax has
+# parameters: one logit $a$ per head, recorded as `alpha` after every epoch.
+
+# %%
+#| export
 class HeadwiseAdaptiveEntmax(nn.Module):
     """alpha-entmax with one learned alpha per head: alpha = 1.05 + 0.90 * sigmoid(a), a initialised at 0 (alpha 1.5);
     `alpha_start` starts every head elsewhere in (1.05, 1.95) (the start-value control of the learned alpha)."""
@@ -632,7 +867,6 @@ class HeadwiseAdaptiveEntmax(nn.Module):
         self.alpha_logit = nn.Parameter(torch.full((num_heads,) if num_models is None else (num_models, num_heads),
                                                    0.0 if alpha_start == 1.5 else math.log(u / (1 - u))))
         self.n_iter, self.bisect = n_iter, bisect
-        self.name = "headwise_adaptive_entmax" + ("_bisect" if bisect else "") + ("" if alpha_start == 1.5 else f"_start{alpha_start:g}".replace(".", ""))
     @property
     def alpha(self):
         "Current alpha of each head, shape `[H]` (`[M, H]` for a stack of M models)."
@@ -644,43 +878,37 @@ class HeadwiseAdaptiveEntmax(nn.Module):
         if self.bisect: return entmax_bisect(scores, a, key_mask)                         # the original's gradient
         return entmax_alpha(scores, a, key_mask, self.n_iter)
 
-def get_normalizer(name: str, num_heads: int = 1, num_models: int | None = None, **options) -> nn.Module:
-    """The attention normalizer called `name`; options: `scope` for top-k, `n_iter` for the adaptive entmax.
-    `num_models` gives a learned normalizer one set of parameters per model of a stack (`model.StackedClassifiers`)."""
-    fixed = {"softmax": softmax, "sparsemax": sparsemax, "entmax15": entmax15}
-    if name in fixed or name == "entmax15_bisect":
-        if options: raise ValueError(f"{name} takes no options, got {sorted(options)}")
-        return Normalizer(name, fixed[name]) if name in fixed else Normalizer(name, entmax_bisect, alpha=1.5)
-    if name == "headwise_adaptive_entmax_bisect":
-        if options: raise ValueError(f"{name} takes no options, got {sorted(options)}")
-        return HeadwiseAdaptiveEntmax(num_heads, bisect=True, num_models=num_models)
-    if name == "headwise_adaptive_entmax" or name.startswith("headwise_adaptive_entmax_start"):
-        if set(options) - {"n_iter"}: raise ValueError(f"{name} takes only n_iter, got {sorted(options)}")
-        start = 1.5 if name == "headwise_adaptive_entmax" else parse_alpha_start(name)
-        return HeadwiseAdaptiveEntmax(num_heads, num_models=num_models, alpha_start=start, **options)
-    ratio = parse_topk_ratio(name) if name.startswith("topk_softmax_") else None
-    if ratio is None:
-        raise ValueError(f"unknown normalizer {name!r}; choose one of {', '.join(NORMALIZERS + ORIGINAL_GRADIENT_VARIANTS)} or topk_softmax_<ratio digits>")
-    if set(options) - {"scope"}: raise ValueError(f"{name} takes only scope, got {sorted(options)}")
-    return Normalizer(name, topk_softmax, ratio=ratio, **options)
-
+register_normalizer("softmax", softmax, stackable=True)
+register_normalizer("sparsemax", sparsemax, stackable=True, kernel=True)
+register_normalizer("entmax15", entmax15, stackable=True, kernel=True)
+register_normalizer("headwise_adaptive_entmax", HeadwiseAdaptiveEntmax, learned=("alpha",), stackable=True, kernel=True, options=("n_iter",))
+register_normalizer("entmax15_bisect", factory=_function_factory("entmax15_bisect", entmax_bisect, alpha=1.5), stackable=True,
+                    exact_gradient=False)
+register_normalizer("headwise_adaptive_entmax_bisect", factory=partial(HeadwiseAdaptiveEntmax, bisect=True), learned=("alpha",),
+                    stackable=True, exact_gradient=False)
+register_normalizer_family("topk_softmax_", lambda name: NormalizerSpec(
+    name, _function_factory(name, topk_softmax, ratio=parse_topk_ratio(name)), stackable=True, kernel=True, options=("scope",)))
+register_normalizer_family("headwise_adaptive_entmax_start", lambda name: NormalizerSpec(
+    name, partial(HeadwiseAdaptiveEntmax, alpha_start=parse_alpha_start(name)), learned=("alpha",), stackable=True, kernel=True,
+    options=("n_iter",)))
 
 # %%
 hae = get_normalizer("headwise_adaptive_entmax", num_heads=4)
 test_close(hae.alpha, torch.full((4,), 1.5))
 test_eq(sum(p.numel() for p in hae.parameters()), 4)
-test_eq(sum(p.numel() for n in NORMALIZERS if n != "headwise_adaptive_entmax" for p in get_normalizer(n).parameters()), 0)
+test_eq(sum(p.numel() for n in PAPER_METHODS if n != "headwise_adaptive_entmax" for p in get_normalizer(n).parameters()), 0)
 test_close(get_normalizer("topk_softmax_02")(x), topk_softmax(x, 0.2))
 test_fail(lambda: get_normalizer("softmaxx"), contains="unknown normalizer")
 for start in (1.2, 1.8):                            # the start-value control: every head starts at alpha_start
-    h0 = get_normalizer(f"headwise_adaptive_entmax_start{start:g}".replace(".", ""), num_heads=4)
+    name = f"headwise_adaptive_entmax_start{start:g}".replace(".", "")
+    h0 = get_normalizer(name, num_heads=4)
     test_close(h0.alpha, torch.full((4,), start), eps=1e-6)
     test_close(h0(x.detach()), entmax_alpha(x.detach(), start))
-    test_eq(h0.name, f"headwise_adaptive_entmax_start{start:g}".replace(".", ""))
+    test_eq((resolve_normalizer(name).name, resolve_normalizer(name).learned), (name, ("alpha",)))
 test_fail(lambda: get_normalizer("headwise_adaptive_entmax_start195"), contains="(1.05, 1.95)")
 assert torch.equal(HeadwiseAdaptiveEntmax(4, alpha_start=1.5).alpha_logit, hae.alpha_logit)   # the default start is exactly a = 0
 hb = get_normalizer("headwise_adaptive_entmax_bisect", num_heads=4)
-test_eq((hb.name, sum(p.numel() for p in hb.parameters())), ("headwise_adaptive_entmax_bisect", 4))
+test_eq(sum(p.numel() for p in hb.parameters()), 4)
 test_close(hb(x.detach()), entmax_bisect(x.detach(), hb.alpha.detach().double().view(-1, 1, 1)))
 test_close(get_normalizer("entmax15_bisect")(x.detach()), entmax_bisect(x.detach(), 1.5))
 test_fail(lambda: get_normalizer("sparsemax", scope="head"), contains="takes no options")
@@ -693,6 +921,69 @@ for i in range(3):                                # model i of the stack is the 
     with torch.no_grad(): single.alpha_logit.copy_(stacked.alpha_logit[i])
     test_close(stacked(s5)[i], single(s5[i]), eps=1e-6)
 test_fail(lambda: get_normalizer("topk_softmax_025", scope="matrix")(x), contains="scope must be")
+
+# %% [markdown]
+# Capabilities are what the specs declare; a name that is taken, a bad name or an unknown capability is refused, and a
+# decorated function keeps working as a function.
+
+# %%
+test_eq([n for n in PAPER_METHODS if resolve_normalizer(n).learned], ["headwise_adaptive_entmax"])
+test_eq([resolve_normalizer(n).exact_gradient for n in ORIGINAL_GRADIENT_VARIANTS], [False, False])
+assert all(resolve_normalizer(n).sums_to_one and resolve_normalizer(n).stackable for n in PAPER_METHODS)
+test_fail(lambda: register_normalizer("softmax", sparsemax), contains="already registered")
+test_fail(lambda: register_normalizer("my-norm", softmax), contains="must be an identifier")
+test_fail(lambda: register_normalizer("mine", softmax, rows_sum=True), contains="unknown capabilities")
+test_fail(lambda: get_normalizer("mine_softmax", num_models=2), contains="unknown normalizer")
+
+@register_normalizer("half_softmax_example", sums_to_one=False, stackable=True)
+def half_softmax(scores, key_mask=None):
+    "Softmax scaled by one half: rows sum to 1/2 (a test of `sums_to_one=False`)."
+    return softmax(scores, key_mask) / 2
+test_close(half_softmax(x), softmax(x) / 2)                                   # still the plain function
+test_close(get_normalizer("half_softmax_example")(x), softmax(x) / 2)
+test_eq(half_softmax.__normalizer__.sums_to_one, False)
+register_normalizer("half_softmax_example", half_softmax.__wrapped__ if hasattr(half_softmax, "__wrapped__") else half_softmax,
+                    sums_to_one=False, stackable=True)                          # the same definition again (a notebook re-run): allowed
+
+@register_normalizer("nonstackable_example")
+class ScaledSoftmax(nn.Module):
+    "Softmax of learned-temperature scores (one temperature per head): a module class without a stack."
+    def __init__(self, num_heads):
+        super().__init__(); self.log_t = nn.Parameter(torch.zeros(num_heads, 1, 1))
+    def forward(self, scores, key_mask=None): return softmax(scores * self.log_t.exp(), key_mask)
+test_close(get_normalizer("nonstackable_example", num_heads=x.shape[-3])(x), softmax(x))
+test_fail(lambda: get_normalizer("nonstackable_example", num_heads=4, num_models=2), contains="stackable=True")
+
+# %% [markdown]
+# **The conformance suite catches what it should.** Every registered normalizer passes it. Each broken normalizer
+# below violates one rule and is refused with that rule named; a correct one that declares `sums_to_one=False` passes.
+
+# %%
+for n in PAPER_METHODS + ORIGINAL_GRADIENT_VARIANTS + ("topk_softmax_02", "headwise_adaptive_entmax_start12", "half_softmax_example"):
+    test_eq((n, check_normalizer(resolve_normalizer(n))), (n, []))
+state = torch.get_rng_state(); check_normalizer(resolve_normalizer("softmax"))
+assert torch.equal(state, torch.get_rng_state())          # checking never moves the generator that draws the initial weights
+broken = {
+    "sums to one": lambda s, key_mask=None: softmax(s, key_mask) * 1.5,
+    "key mask": lambda s, key_mask=None: torch.softmax(s, -1),                            # ignores the mask
+    "empty rows": lambda s, key_mask=None: torch.softmax(s.masked_fill(~key_mask, float("-inf")), -1) if key_mask is not None else torch.softmax(s, -1),
+    "NaN propagation": lambda s, key_mask=None: softmax(torch.nan_to_num(s), key_mask),    # hides a NaN
+    "batch independence": lambda s, key_mask=None: softmax(s - s.mean(0), key_mask),      # mixes the batch
+    "gradient": lambda s, key_mask=None: ScaledGrad.apply(softmax(s, key_mask)),          # a wrong backward
+    "shape": lambda s, key_mask=None: softmax(s, key_mask)[..., :-1],
+}
+class ScaledGrad(Function):
+    @staticmethod
+    def forward(ctx, p): return p.clone()
+    @staticmethod
+    def backward(ctx, g): return 2 * g
+for rule, fn in broken.items():
+    fails = check_normalizer(NormalizerSpec(f"broken_{rule.replace(' ', '_')}", _function_factory("b", fn)))
+    assert any(f.startswith(rule) for f in fails), (rule, fails)
+test_eq(check_normalizer(NormalizerSpec("no_alpha", _function_factory("b", softmax), learned=("alpha",))),
+        ["learned alpha: the module has no tensor attribute 'alpha' to record"])
+err = NormalizerSpec("broken_mask", _function_factory("b", broken["key mask"]))
+test_fail(lambda: resolve_normalizer(err), exc=NormalizerConformanceError, contains="key mask:")
 
 # %% [markdown]
 # The adaptive module learns: a gradient step on a loss that rewards sparser rows moves every head's $\alpha$.
@@ -736,7 +1027,7 @@ test_eq(attention_density(softmax(x)), 1.)
 
 # %%
 torch.manual_seed(0)
-names = NORMALIZERS + ORIGINAL_GRADIENT_VARIANTS + ("topk_softmax_02",)
+names = PAPER_METHODS + ORIGINAL_GRADIENT_VARIANTS + ("topk_softmax_02",)
 mask = torch.rand(2, 1, 5, 7) > 0.3
 mask[0, 0, 1] = False                                       # one query row with no valid key
 for name in names:

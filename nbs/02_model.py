@@ -23,13 +23,13 @@
 # %%
 #| export
 import math, time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import torch
 import numpy as np
 import torch.nn as nn
 import torch.nn.functional as F
 from sparse_attention_repro import kernels as K
-from sparse_attention_repro.normalizers import get_normalizer, attention_density
+from sparse_attention_repro.normalizers import resolve_normalizer, attention_density, NormalizerSpec
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
@@ -45,7 +45,7 @@ class ClassifierConfig:
     seq_len: int                    # input tokens per example, CLS excluded (16 patches, 96 words)
     input_dim: int | None = None    # patch vector size for images (49, 192); None for token ids
     vocab_size: int | None = None   # for token ids (20000); None for images
-    normalizer: str = "softmax"     # any name accepted by `get_normalizer`
+    normalizer: str | NormalizerSpec = "softmax"   # a registry entry, or anything `resolve_normalizer` takes
     embed_dim: int = 64
     num_heads: int = 4
     num_layers: int = 2
@@ -74,7 +74,7 @@ class SelfAttention(nn.Module):
         self.num_heads, self.head_dim = cfg.num_heads, cfg.embed_dim // cfg.num_heads
         self.qkv = nn.Linear(cfg.embed_dim, 3 * cfg.embed_dim)
         self.out = nn.Linear(cfg.embed_dim, cfg.embed_dim)
-        self.normalizer = get_normalizer(cfg.normalizer, num_heads=cfg.num_heads)
+        self.normalizer = resolve_normalizer(cfg.normalizer).build(num_heads=cfg.num_heads)
         self.record, self.last_density, self.scale_queries = False, None, True
         self.pad_keys, self.last_pad_mass = None, None          # recording only: which keys are padding, the mass they get
 
@@ -230,7 +230,7 @@ class CompactClassifier(nn.Module):
         super().__init__()
         if (cfg.input_dim is None) == (cfg.vocab_size is None):
             raise ValueError("give exactly one of input_dim (image patches) or vocab_size (token ids)")
-        self.cfg = cfg
+        self.cfg = cfg = replace(cfg, normalizer=resolve_normalizer(cfg.normalizer))      # resolved once, here
         self.embed = (nn.Linear(cfg.input_dim, cfg.embed_dim) if cfg.input_dim else
                       nn.Embedding(cfg.vocab_size, cfg.embed_dim, padding_idx=None if cfg.learned_pad_row else 0))
         self.cls = nn.Parameter(torch.randn(1, 1, cfg.embed_dim) * 0.02)
@@ -266,10 +266,14 @@ class CompactClassifier(nn.Module):
         for mod in self.modules():
             if isinstance(mod, MaskDropout): mod.tape = tape
 
-    def alphas(self):
-        "Per-layer, per-head alpha of the adaptive entmax (None for other normalizers)."
-        norms = [b.attn.normalizer for b in self.blocks]
-        return [n.alpha.detach() for n in norms] if hasattr(norms[0], "alpha") else None
+    @property
+    def method(self) -> str:
+        "The registry name of the model's normalizer."
+        return self.cfg.normalizer.name
+
+    def learned(self) -> dict:
+        "The normalizer's recorded parameters (its spec's `learned`), each a list of per-layer tensors; {} when it has none."
+        return {k: [getattr(b.attn.normalizer, k).detach() for b in self.blocks] for k in self.cfg.normalizer.learned}
 
 def count_parameters(model):
     "Number of trainable parameters."
@@ -337,9 +341,9 @@ assert torch.equal(y_q, y_s) and torch.equal(g_q, g_s)
 m = CompactClassifier(ClassifierConfig(10, 16, input_dim=49, normalizer="topk_softmax_025")).eval()
 m.set_recording(True); m(torch.rand(4, 16, 49))
 test_close(torch.stack(m.densities()), torch.full((2,), 5 / 17), eps=1e-6)   # k = ceil(0.25 * 17) = 5 of 17 keys
-test_eq(m.alphas(), None)
+test_eq(m.learned(), {})
 hae = CompactClassifier(ClassifierConfig(10, 16, input_dim=49, normalizer="headwise_adaptive_entmax"))
-test_close(torch.stack(hae.alphas()), torch.full((2, 4), 1.5))
+test_close(torch.stack(hae.learned()["alpha"]), torch.full((2, 4), 1.5)); test_eq(hae.method, "headwise_adaptive_entmax")
 
 # %% [markdown]
 # **The padding row.** By default the embedding of id 0 is zero and gets no gradient, exactly as
@@ -436,8 +440,8 @@ class StackedClassifiers(nn.Module):
         self.params = nn.ParameterDict({k.replace(".", "__"): nn.Parameter(torch.stack([m.get_parameter(k).detach() for m in models]))
                                         for k in self.names})
         self.normalizers = nn.ModuleList()                          # [method][layer], learned ones with one entry per seed
-        for g, name in enumerate(self.methods):
-            layers = nn.ModuleList(get_normalizer(name, num_heads=cfg.num_heads, num_models=num_seeds).to(self.p("pos").device)
+        for g, spec in enumerate(self.methods):
+            layers = nn.ModuleList(spec.build(num_heads=cfg.num_heads, num_models=num_seeds).to(self.p("pos").device)
                                    for _ in range(cfg.num_layers))
             with torch.no_grad():
                 for l, norm in enumerate(layers):
@@ -519,11 +523,10 @@ class StackedClassifiers(nn.Module):
             for q in layers.parameters(): q.grad.mul_(coef[g * S:(g + 1) * S].view(-1, *(1,) * (q.dim() - 1)))
         return total
 
-    def model_alphas(self, i):
-        "Per-layer, per-head alpha of model i when it has a learned normalizer, else None."
+    def model_learned(self, i) -> dict:
+        "Recorded parameters of model i's normalizer (its spec's `learned`), each a list of per-layer tensors; {} when none."
         g, s = divmod(i, self.num_seeds)
-        norms = self.normalizers[g]
-        return [n.alpha[s].detach() for n in norms] if hasattr(norms[0], "alpha") else None
+        return {k: [getattr(n, k)[s].detach() for n in self.normalizers[g]] for k in self.methods[g].learned}
 
     @torch.no_grad()
     def write_back(self, models):
@@ -582,8 +585,8 @@ for kw, x, km in [(dict(seq_len=16, input_dim=49), torch.rand(2, 12, 16, 49), No
         for i, mod in enumerate(models):          # tolerance (their iterations stop when every row of the call has converged)
             test_close(stack.eval()(x, km)[i], mod.eval()(x[i % 2], None if km is None else km[i % 2]), eps=1e-5)
     test_eq(stack.normalizers[1][0].alpha_logit.shape, (2, 4))
-    test_eq(stack.model_alphas(3), [b.attn.normalizer.alpha.detach() for b in models[3].blocks])
-    test_eq(stack.model_alphas(0), None)
+    test_eq(list(stack.model_learned(3)), ["alpha"]); test_eq(stack.model_learned(3)["alpha"], models[3].learned()["alpha"])
+    test_eq(stack.model_learned(0), {})
 test_fail(lambda: StackedClassifiers(models[:5], 2), contains="do not form a grid")
 test_fail(lambda: StackedClassifiers([models[0], models[2], models[1], models[3]], 2), contains="method by method")
 
@@ -593,7 +596,7 @@ test_fail(lambda: StackedClassifiers([models[0], models[2], models[1], models[3]
 
 # %%
 from torch.utils._python_dispatch import TorchDispatchMode
-from sparse_attention_repro.normalizers import NORMALIZERS
+from sparse_attention_repro.study import PAPER_METHODS
 
 class CountOps(TorchDispatchMode):
     "Counts the operator calls that reach the kernels."
@@ -604,7 +607,7 @@ class CountOps(TorchDispatchMode):
 
 calls, out = {}, {}
 for seeds in (2, 6):
-    models = _grid_models(seeds, NORMALIZERS, seq_len=16, input_dim=49)
+    models = _grid_models(seeds, PAPER_METHODS, seq_len=16, input_dim=49)
     x, y = torch.rand(seeds, 32, 16, 49), torch.randint(0, 5, (seeds, 32))
     for bitwise in (True, False):
         stack = StackedClassifiers(models, seeds, bitwise=bitwise).train()

@@ -26,7 +26,7 @@ from sklearn.metrics import f1_score
 from tqdm.auto import tqdm
 from sparse_attention_repro.data import load_dataset, resolve_device, autocast, PAPER_SIZES, MAIN_FAMILY
 from sparse_attention_repro.model import CompactClassifier, ClassifierConfig, MaskTape, StackedClassifiers, count_parameters
-from sparse_attention_repro.normalizers import get_normalizer
+from sparse_attention_repro.normalizers import resolve_normalizer
 from sparse_attention_repro.runner import save_rows, atomic_write
 
 # %%
@@ -133,28 +133,33 @@ def evaluate(model, split, batch_size=500, precision="fp32"):
 #
 # A non-finite training loss ends that model's training with `status="failed_nonfinite_loss"` instead of crashing the
 # grid; it is checked once per epoch, so the hot loop has no host synchronisation. For the adaptive entmax the per-head
-# $\alpha$ is logged after every epoch (`alpha_history`). Each model's `seconds` is its own compute time plus the time
+# $\alpha$ — whatever its spec declares as `learned` — is logged after every epoch (`learned_history`). Each model's `seconds` is its own compute time plus the time
 # the shared masks took to draw — what the run would have cost alone, so time ratios between methods stay meaningful.
 
 # %%
 #| export
-def _alpha_snapshot(a, epoch):
-    "The per-head alphas `a` (per layer) of one model after `epoch`, as logged; None for a model without them."
-    return None if a is None else {"epoch": epoch, "alpha": [[round(float(v), 5) for v in layer] for layer in a]}
+def _rounded(v):
+    "Nested lists of `v` (a tensor or list) with every number rounded to 5 decimals."
+    v = v.tolist() if torch.is_tensor(v) else v
+    return [_rounded(x) for x in v] if isinstance(v, list) else round(float(v), 5)
+
+def _learned_snapshot(learned: dict, epoch):
+    "One model's recorded normalizer parameters (name -> per-layer tensors) after `epoch`, as logged; None when it has none."
+    return {"epoch": epoch, **{k: _rounded(layers) for k, layers in learned.items()}} if learned else None
 
 @dataclass
 class TrainResult:
     "Outcome of training one model."
     status: str                 # "ok" or "failed_nonfinite_loss"
-    alpha_history: list         # per-epoch alpha of the adaptive entmax, else []
+    learned_history: list       # per epoch, the normalizer parameters its spec records (e.g. alpha), else []
     seconds: float              # own compute + drawing the dropout masks
     losses: torch.Tensor        # training loss of every step
     epoch_metrics: list = None  # with a `monitor`: its metrics after every epoch, e.g. [{"epoch": 1, "val_accuracy": ...}, ...]
     mask_seconds: float = 0.0   # the part of `seconds` spent drawing dropout masks shared by the lock-step group (drawn once for all)
 
 def _fresh_results(models, steps, device) -> list:
-    "One `TrainResult` per model before its first step: ok, alpha at epoch 0, no time, `steps` NaN losses."
-    return [TrainResult("ok", [s for s in [_alpha_snapshot(m.alphas(), 0)] if s], 0.0,
+    "One `TrainResult` per model before its first step: ok, learned parameters at epoch 0, no time, `steps` NaN losses."
+    return [TrainResult("ok", [s for s in [_learned_snapshot(m.learned(), 0)] if s], 0.0,
                         torch.full((steps,), float("nan"), device=device)) for m in models]
 
 def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="", monitor=None) -> list:
@@ -196,7 +201,7 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="", monitor=
                 if not torch.isfinite(results[j].losses[step - (-(-n // bs)):step].sum()):
                     results[j].status = "failed_nonfinite_loss"; active.remove(j)
                 else:
-                    if (s := _alpha_snapshot(models[j].alphas(), epoch)): results[j].alpha_history.append(s)
+                    if (s := _learned_snapshot(models[j].learned(), epoch)): results[j].learned_history.append(s)
                     if monitor is not None: results[j].epoch_metrics = (results[j].epoch_metrics or []) + [dict(epoch=epoch, **monitor(models[j]))]
             if not active: break
     finally:
@@ -261,7 +266,7 @@ def train_stacked(models, trains, cfg: TrainConfig, seeds, generators, desc="") 
             for k, r in enumerate(results):
                 if r.status != "ok": continue
                 if not torch.isfinite(losses[step - per_epoch:step, k].sum()): r.status, ends[k] = "failed_nonfinite_loss", step
-                elif (a := _alpha_snapshot(stack.model_alphas(k), epoch)): r.alpha_history.append(a)
+                elif (a := _learned_snapshot(stack.model_learned(k), epoch)): r.learned_history.append(a)
             if all(r.status != "ok" for r in results): break
         if device.type == "cuda": torch.cuda.synchronize()
     finally:
@@ -299,7 +304,7 @@ def _row(dataset, method, seed, config, data, model, result: TrainResult, lockst
                val_n=0 if data.val is None else len(data.val.y), val_accuracy=np.nan, val_macro_f1=np.nan,
                dataset_source=data.dataset_source, status=result.status, error="", lockstep_size=lockstep_size,
                device=str(next(model.parameters()).device.type),
-               alpha_history=json.dumps(result.alpha_history) if result.alpha_history else "", lr=config.lr,
+               learned_history=json.dumps(result.learned_history) if result.learned_history else "", lr=config.lr,
                epoch_metrics=json.dumps(result.epoch_metrics) if result.epoch_metrics else "")
     if result.status != "ok":
         row["error"] = "training loss became NaN/inf"
@@ -307,7 +312,7 @@ def _row(dataset, method, seed, config, data, model, result: TrainResult, lockst
     m = evaluate(model, data.test, precision=config.precision)
     row.update(accuracy=m["accuracy"], macro_f1=m["macro_f1"], test_loss=m["loss"], nonzero_ratio=m["nonzero_ratio"],
                inference_seconds=m["seconds"], pad_attention=json.dumps(m["pad_attention"]) if m["pad_attention"] else "")
-    if model.alphas() is not None: row["learned_alpha_mean"] = float(torch.stack(model.alphas()).mean())
+    if "alpha" in (learned := model.learned()): row["learned_alpha_mean"] = float(torch.stack(learned["alpha"]).mean())
     if data.val is not None:
         v = evaluate(model, data.val, precision=config.precision)
         row.update(val_accuracy=v["accuracy"], val_macro_f1=v["macro_f1"])
@@ -333,22 +338,22 @@ def epoch_monitor(data, precision="fp32"):
 
 def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None, lockstep=True, return_models=False) -> list:
     "Train and evaluate every method of `methods` on one (dataset, seed); one metrics row per method (and the models, if asked)."
-    for m in methods: get_normalizer(m, num_heads=1)                  # fail early on an unknown method
+    methods = [resolve_normalizer(m) for m in methods]                # fail early on an unknown method; specs from here on
     data = load_run_data(dataset, seed, config) if data is None else data
     if not lockstep:
         if return_models: raise ValueError("return_models needs the lock-step path")
         return [r for m in methods for r in run_methods(dataset, [m], seed, config, data)]
     device = resolve_device(config.device)
     models = [_new_model(data, m, seed, config.learned_pad_row, device, config.dropout_rng) for m in methods]
-    results = train_lockstep(models, data.train.to(device), config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0] if len(methods) == 1 else f"{len(methods)} methods"),
+    results = train_lockstep(models, data.train.to(device), config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0].name if len(methods) == 1 else f"{len(methods)} methods"),
                              monitor=epoch_monitor(data, config.precision) if config.epoch_eval else None)
-    rows = [_row(dataset, m, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
+    rows = [_row(dataset, m.name, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
     return (rows, models) if return_models else rows
 
 def run_stacked(dataset: str, methods, seeds, config: TrainConfig, datas=None) -> list:
     "Train every method on every seed as one stack (`train_stacked`) and evaluate each model; rows seed by seed."
     if config.epoch_eval: raise ValueError("epoch_eval (learning curves) runs on the lock-step or plain path; drop the stack")
-    for m in methods: get_normalizer(m, num_heads=1)
+    methods = [resolve_normalizer(m) for m in methods]
     datas = [load_run_data(dataset, s, config) for s in seeds] if datas is None else datas
     device = resolve_device(config.device)
     built, generators = {}, []
@@ -358,7 +363,7 @@ def run_stacked(dataset: str, methods, seeds, config: TrainConfig, datas=None) -
     keys = [(m, s) for m in methods for s in seeds]
     results = dict(zip(keys, train_stacked([built[k] for k in keys], [d.train.to(device) for d in datas], config, seeds,
                                            generators, desc=f"{dataset}/{len(seeds)} seeds x {len(methods)} methods")))
-    return [_row(dataset, m, s, config, d, built[m, s], results[m, s], len(keys)) for s, d in zip(seeds, datas) for m in methods]
+    return [_row(dataset, m.name, s, config, d, built[m, s], results[m, s], len(keys)) for s, d in zip(seeds, datas) for m in methods]
 
 def run_one(dataset: str, method: str, seed: int, config: TrainConfig, data=None) -> dict:
     "Train and evaluate one (dataset, method, seed); returns the metrics row of the protocol."
@@ -380,7 +385,7 @@ def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, ro
     "Rows of every method in `methods` on each of `seeds` (an int or a list) under `profile`; `options` override TrainConfig fields."
     seeds = [seeds] if isinstance(seeds, int) else list(seeds)
     if not seeds or any(s < 0 for s in seeds): raise ValueError(f"seeds must be one or more integers >= 0, got {seeds}")
-    for m in methods: get_normalizer(m, num_heads=1)
+    methods = [resolve_normalizer(m) for m in methods]               # the edge: names become registry entries once
     if threads: torch.set_num_threads(threads)
     config = profile_config(profile, dataset, **{k: v for k, v in options.items() if not (k in ("lr", "epochs") and not v)})   # 0 = the protocol's
     rows = []
@@ -429,7 +434,7 @@ test_fail(lambda: run_one("fashion_mnist", "softmax", 0, replace(cfg, device="tp
 
 # %%
 rh = run_one("fashion_mnist", "headwise_adaptive_entmax", 0, replace(cfg, epochs=1), data)
-hist = json.loads(rh["alpha_history"])
+hist = json.loads(rh["learned_history"])
 test_eq([h["epoch"] for h in hist], [0, 1])
 test_eq(hist[0]["alpha"], [[1.5] * 4] * 2)
 assert hist[1]["alpha"] != hist[0]["alpha"] and 1.05 < rh["learned_alpha_mean"] < 1.95
@@ -525,7 +530,7 @@ one = run_methods("fashion_mnist", ["softmax", "headwise_adaptive_entmax"], 0, c
 two = run_methods("fashion_mnist", ["softmax", "headwise_adaptive_entmax"], 0, c_two, dv)
 curves = run_methods("fashion_mnist", ["softmax", "headwise_adaptive_entmax"], 0, replace(c_two, epoch_eval=True), dv)
 for a, b, c in zip(one, two, curves):
-    test_eq((c["accuracy"], c["test_loss"], c["alpha_history"]), (b["accuracy"], b["test_loss"], b["alpha_history"]))
+    test_eq((c["accuracy"], c["test_loss"], c["learned_history"]), (b["accuracy"], b["test_loss"], b["learned_history"]))
     em = json.loads(c["epoch_metrics"])
     test_eq([e["epoch"] for e in em], [1, 2])
     test_eq((em[0]["test_accuracy"], em[0]["test_loss"], em[0]["val_accuracy"]), (a["accuracy"], a["test_loss"], a["val_accuracy"]))
@@ -539,20 +544,20 @@ test_fail(lambda: run_stacked("fashion_mnist", ["softmax"], [0, 1], replace(c_tw
 # from the group after its epoch without disturbing the others.
 
 # %%
-from sparse_attention_repro.normalizers import NORMALIZERS
+from sparse_attention_repro.study import PAPER_METHODS
 c2 = replace(cfg, epochs=2, train_limit=600)
 d2 = load_dataset("fashion_mnist", 0, 600, 300)
 alone, res_alone = [], []
-for m in NORMALIZERS:                      # as a plain run does: build from the seed, then train
+for m in PAPER_METHODS:                      # as a plain run does: build from the seed, then train
     alone.append(_new_model(d2, m, 0)); res_alone.append(train_model(alone[-1], d2.train, c2, 0))
-together = [_new_model(d2, m, 0) for m in NORMALIZERS]
+together = [_new_model(d2, m, 0) for m in PAPER_METHODS]
 res_together = train_lockstep(together, d2.train, c2, 0)
 test_eq(len({r.mask_seconds for r in res_together}), 1); assert 0 < res_together[0].mask_seconds < res_together[0].seconds   # one shared draw, charged to each
 for ra, rt, ma, mt in zip(res_alone, res_together, alone, together):
     assert torch.equal(ra.losses, rt.losses) and not ra.losses.isnan().any()
-    test_eq(ra.alpha_history, rt.alpha_history)
+    test_eq(ra.learned_history, rt.learned_history)
     assert all(torch.equal(p, q) for p, q in zip(ma.parameters(), mt.parameters()))
-assert len({float(r.losses[-1]) for r in res_alone}) == len(NORMALIZERS)     # the methods really differ
+assert len({float(r.losses[-1]) for r in res_alone}) == len(PAPER_METHODS)     # the methods really differ
 rows = run_methods("fashion_mnist", ["softmax", "topk_softmax_025"], 0, c2, d2)
 test_eq([r["accuracy"] for r in rows], [run_one("fashion_mnist", m, 0, c2, d2)["accuracy"] for m in ["softmax", "topk_softmax_025"]])
 test_eq([r["lockstep_size"] for r in rows], [2, 2])
@@ -604,9 +609,9 @@ for ds, kw in [("fashion_mnist", {}), ("twenty_news", dict(mask_padding=True))]:
         models, results = _plain(ds, three, s, c3, d)
         for m, model, r in zip(three, models, results):
             assert torch.equal(r.losses, res[m, s].losses) and not r.losses.isnan().any(), (ds, m, s)
-            test_eq(r.alpha_history, res[m, s].alpha_history)
+            test_eq(r.learned_history, res[m, s].learned_history)
             assert all(torch.equal(p, q) for p, q in zip(model.parameters(), built[m, s].parameters())), (ds, m, s)
-test_eq(len(res["headwise_adaptive_entmax", 1].alpha_history), 3)
+test_eq(len(res["headwise_adaptive_entmax", 1].learned_history), 3)
 built, bad = _stacked(ds, three, [0, 1], c3, datas, spoil=("softmax", 1))
 test_eq([bad[k].status for k in bad], ["ok", "failed_nonfinite_loss", "ok", "ok", "ok", "ok"])
 spoilt = [_new_model(datas[1], m, 1) for m in three]

@@ -46,6 +46,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from sparse_attention_repro.normalizers import get_normalizer, topk_name, attention_density, keep_count
+from sparse_attention_repro.study import CRISP_CONFIGS
 from pathlib import Path
 from sparse_attention_repro.data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data, resolve_device, autocast, PRECISIONS
 
@@ -297,7 +298,6 @@ for cfg in (tiny_db_cfg, tiny_bert_cfg):
 
 # %%
 #| export
-CRISP_CONFIGS = ("dense", "fixed_080", "adaptive_060", "adaptive_080")
 
 def crisp_target(config):
     "Target mean sparsity of a Crisp configuration (0 for dense)."

@@ -26,7 +26,8 @@ import numpy as np
 import pandas as pd
 import pingouin as pg
 from scipy import stats as sps
-from sparse_attention_repro.normalizers import NORMALIZERS, parse_topk_ratio, parse_alpha_start
+from sparse_attention_repro.normalizers import parse_topk_ratio, parse_alpha_start
+from sparse_attention_repro.study import BASELINE, PAPER_METHODS, CRISP_BASELINE, CRISP_CONFIGS, method_order
 from sparse_attention_repro.data import MAIN_FAMILY, PAPER_SIZES
 
 # %%
@@ -46,11 +47,9 @@ FIX = Path(sparse_attention_repro.__file__).parent.parent / "tests" / "fixtures"
 #| export
 MAIN_DATASETS = MAIN_FAMILY                                                       # the paper's main family
 FOLLOWUP_DATASETS = tuple(d for d in PAPER_SIZES if d not in MAIN_FAMILY)           # the follow-up family (kmnist)
-BASELINE = "softmax"
-SPARSE_METHODS = tuple(m for m in NORMALIZERS if m != BASELINE)                     # the registry's study A methods
+SPARSE_METHODS = tuple(m for m in PAPER_METHODS if m != BASELINE)                  # the paper's six comparisons with softmax
 TOPK_METHODS = tuple(m for m in SPARSE_METHODS if parse_topk_ratio(m))
-CRISP_BASELINE = "dense"
-CRISP_CONFIGS = ("fixed_080", "adaptive_060", "adaptive_080")
+CRISP_MASKED = tuple(c for c in CRISP_CONFIGS if c != CRISP_BASELINE)                 # the paper's three comparisons with dense
 
 
 # %%
@@ -357,7 +356,6 @@ def scipy_p(ds, m, base="softmax"):
     return sps.ttest_rel(j.accuracy, j.accuracy_b).pvalue
 
 from sparse_attention_repro import crisp as _crisp
-test_eq((CRISP_BASELINE, *CRISP_CONFIGS), _crisp.CRISP_CONFIGS)      # the literal here must follow the Crisp module
 test_eq((FOLLOWUP_DATASETS, TOPK_METHODS), (("kmnist",), ("topk_softmax_0125", "topk_softmax_025", "topk_softmax_05")))
 keys = [(ds, m) for ds in MAIN_DATASETS for m in SPARSE_METHODS]
 ps = np.array([scipy_p(ds, m) for ds, m in keys]); ref = manual_holm(ps)
@@ -390,7 +388,7 @@ test_eq(len(paired_tests(None)), 0)
 
 # %%
 #| export
-def crisp_tests(crisp, baseline=CRISP_BASELINE, configs=CRISP_CONFIGS):
+def crisp_tests(crisp, baseline=CRISP_BASELINE, configs=CRISP_MASKED):
     "Tidy table: each Crisp config vs `baseline` per split, paired by seed, Holm within `crisp_<split>`."
     rows = []
     if crisp is None or len(crisp) == 0: return pd.DataFrame(columns=TEST_COLS)
@@ -409,8 +407,8 @@ ct = crisp_tests(crisp)
 test_eq(sorted(ct.family.unique()), ["crisp_test", "crisp_validation"])
 v = crisp[crisp.split == "validation"].pivot(index="seed", columns="config", values="accuracy")
 cv = ct[ct.family == "crisp_validation"].set_index("method")
-ps = [sps.ttest_rel(v[c], v.dense).pvalue for c in CRISP_CONFIGS]
-test_close(cv.loc[list(CRISP_CONFIGS), "p_holm"].to_numpy(), manual_holm(ps))
+ps = [sps.ttest_rel(v[c], v.dense).pvalue for c in CRISP_MASKED]
+test_close(cv.loc[list(CRISP_MASKED), "p_holm"].to_numpy(), manual_holm(ps))
 test_close(cv.loc["adaptive_080", "mean_delta"], (v.adaptive_080 - v.dense).mean())
 
 
@@ -695,18 +693,18 @@ assert select_topk(runs.drop(columns="val_accuracy")).val_selected.isna().all()
 # %% [markdown]
 # ## Learned α, training time, per-layer sparsity
 #
-# Small tidy helpers for the report figures: the α trajectories stored in `alpha_history` (JSON: per epoch, per layer, per
+# Small tidy helpers for the report figures: the α trajectories stored in `learned_history` (JSON: per epoch, per layer, per
 # head), the training time of each run relative to softmax on the same dataset and seed, and Crisp's per-layer sparsity.
 
 # %%
 #| export
 def alpha_long(runs, methods=("headwise_adaptive_entmax",)):
-    "Long table (profile, dataset, method, seed, epoch, layer, head, alpha) from the `alpha_history` JSON of `methods`' runs."
+    "Long table (profile, dataset, method, seed, epoch, layer, head, alpha) from the `learned_history` JSON of `methods`' runs."
     cols = ["profile", "dataset", "method", "seed", "epoch", "layer", "head", "alpha"]
-    if runs is None or "alpha_history" not in runs: return pd.DataFrame(columns=cols)
+    if runs is None or "learned_history" not in runs: return pd.DataFrame(columns=cols)
     rows = []
     for r in runs[runs.method.isin(methods)].itertuples():
-        h = r.alpha_history
+        h = r.learned_history
         if not isinstance(h, str) or not h.strip(): continue
         for ep in json.loads(h):
             for li, layer in enumerate(ep["alpha"]):
@@ -744,7 +742,7 @@ def layer_sparsity(crisp):
 
 # %%
 al = alpha_long(runs)
-test_eq(len(al), sum(len(json.loads(h)) * 8 for h in runs[runs.method == "headwise_adaptive_entmax"].alpha_history))
+test_eq(len(al), sum(len(json.loads(h)) * 8 for h in runs[runs.method == "headwise_adaptive_entmax"].learned_history))
 last = al[al.epoch == al.groupby(["dataset", "seed"]).epoch.transform("max")]
 hae_rows = runs[runs.method == "headwise_adaptive_entmax"].set_index(["dataset", "seed"]).learned_alpha_mean
 test_close(last.groupby(["dataset", "seed"]).alpha.mean().sort_index().to_numpy(), hae_rows.sort_index().to_numpy(), eps=1e-4)
@@ -803,7 +801,7 @@ def crisp_by_lr(crisp, baseline=CRISP_BASELINE):
     rows = []
     for (_, _, _, lr, split), g in crisp.groupby(["profile", "model_name", "train_n", "lr", "split"], sort=True):
         if baseline not in set(g.config): continue
-        for c in [c for c in CRISP_CONFIGS if c in set(g.config)]:
+        for c in [c for c in CRISP_MASKED if c in set(g.config)]:
             r = _compare(g, "config", c, baseline, "accuracy", margin=EQUIVALENCE_MARGINS["crisp"])
             rows.append(dict(lr=lr, split=split, method=c, baseline_accuracy=float(g[g.config == baseline].accuracy.mean()),
                              family=(g.profile.iloc[0], g.model_name.iloc[0], g.train_n.iloc[0], lr, split), **r))
@@ -856,12 +854,12 @@ def alpha_start_tests(main, variant, base="headwise_adaptive_entmax"):
 # Known answers: runs that end at their start ±0.01 "stay"; runs that end at the 1.5-start runs' α ±0.01 "settle".
 
 # %%
-def _hist(final):                       # an alpha_history with epoch 0 at the start and epoch 6 at `final` (2 layers x 4 heads)
+def _hist(final):                       # an learned_history with epoch 0 at the start and epoch 6 at `final` (2 layers x 4 heads)
     return json.dumps([{"epoch": 0, "alpha": [[1.5] * 4] * 2}, {"epoch": 6, "alpha": [[final] * 4] * 2}])
 _w = [0.004, -0.004, 0.002, -0.002, 0.0]
 _main = pd.DataFrame([dict(profile="", dataset="fashion_mnist", method="headwise_adaptive_entmax", seed=k,
-                           alpha_history=_hist(1.51 + _w[k])) for k in range(5)])
-_var = pd.DataFrame([dict(profile="", dataset="fashion_mnist", method=m, seed=k, alpha_history=_hist(f + _w[(k + 1) % 5]))
+                           learned_history=_hist(1.51 + _w[k])) for k in range(5)])
+_var = pd.DataFrame([dict(profile="", dataset="fashion_mnist", method=m, seed=k, learned_history=_hist(f + _w[(k + 1) % 5]))
                      for k in range(5) for m, f in [("headwise_adaptive_entmax_start12", 1.2), ("headwise_adaptive_entmax_start18", 1.515)]])
 _at = alpha_start_tests(_main, _var)
 test_eq(len(_at), 2 * 3)                                          # two starts x (all, layer 0, layer 1)
@@ -1202,7 +1200,7 @@ def ablation_tests(main, variant, rename=None, baseline=BASELINE):
     for ds in dict.fromkeys(variant.dataset):
         s_m = _by_seed(main, ds, baseline)
         s_v = _by_seed(variant, ds, baseline) if baseline in set(variant[variant.dataset == ds].method) else s_m
-        for m in [m for m in NORMALIZERS if m != baseline and m in set(variant[variant.dataset == ds].method)]:
+        for m in [m for m in method_order(variant[variant.dataset == ds].method) if m != baseline]:
             m_m, m_v = _by_seed(main, ds, m), _by_seed(variant, ds, m)
             j = pd.concat(dict(mm=m_m, mv=m_v, sm=s_m, sv=s_v), axis=1, join="inner")
             gm, gv = paired_stats(j.mm, j.sm), paired_stats(j.mv, j.sv)
@@ -1249,7 +1247,7 @@ test_eq(len(ablation_tests(main_fx, None)), 0)
 def ablation_expected(name) -> set:
     "The (dataset, method) change tests ablation `name` contributes when complete: its sparse methods (renamed) on its datasets."
     spec, words = ABLATIONS[name], ABLATIONS[name]["options"].split()
-    methods = words[words.index("--methods") + 1:] if "--methods" in words else list(NORMALIZERS)
+    methods = words[words.index("--methods") + 1:] if "--methods" in words else list(PAPER_METHODS)
     methods = [m for m in (w for w in methods if not w.startswith("--")) if m != BASELINE]
     methods = [spec.get("rename", {}).get(m, m) for m in methods]
     return {(d, m) for d in spec["datasets"] for m in methods}
@@ -1668,7 +1666,7 @@ DATASET_ORDER = ("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker", 
 def readable_tests(tests):
     "Paired tests for reading: dataset, comparison, n, Δ in points (one decimal) with 95% CI, p and Holm p (two digits)."
     if not len(tests): return pd.DataFrame(columns=["dataset", "comparison", "n", "Δ (pt)", "95% CI (pt)", "p", "Holm p", "family"])
-    order = {m: i for i, m in enumerate(NORMALIZERS)}
+    order = {m: i for i, m in enumerate(method_order(tests.method))}
     t = tests.assign(_d=tests.dataset.map({d: i for i, d in enumerate(DATASET_ORDER)}).fillna(99),
                      _f=tests.baseline != BASELINE,                              # vs softmax first, then HAE vs entmax15
                      _m=tests.method.map(order).fillna(99)).sort_values(["_d", "_f", "_m"], kind="stable")
@@ -1753,7 +1751,7 @@ test_eq(run_description(), {})
 def analyse(runs=None, crisp=None, discordances=(0.03, 0.06, 0.10)):
     "All result tables, keyed by file stem: paired_tests, crisp_tests, single_seed, power, selection, claims, ..."
     pt, ct = paired_tests(runs), crisp_tests(crisp)
-    ex = pd.DataFrame([single_pair_exceedance(crisp, c) for c in CRISP_CONFIGS]) if crisp is not None else \
+    ex = pd.DataFrame([single_pair_exceedance(crisp, c) for c in CRISP_MASKED]) if crisp is not None else \
         pd.DataFrame(columns=list(single_pair_exceedance(None)))
     ci = pd.DataFrame([dict(split=s, **accuracy_ci(a, n)) for s, a, n in
                        [("paper dense, validation", 0.9062, 872), ("paper adaptive_080, validation", 0.9159, 872)]])
@@ -1768,3 +1766,96 @@ test_eq(set(res), {"paired_tests", "crisp_tests", "single_seed", "seed_deltas", 
                    "selection", "claims"})
 res0 = analyse(None, None)
 assert all(isinstance(t, pd.DataFrame) for t in res0.values())
+
+
+# %% [markdown]
+# ## A new method against the committed baselines
+#
+# A researcher with a new normalizer trains only it (`sparse-repro grid --methods mine --baseline outputs/paper`), on
+# the committed runs' seeds, subsets and options: each of its runs then starts from the same initial weights, sees the
+# same batches and draws the same dropout masks as the committed runs of its seed. `versus_baseline` pairs it by seed
+# with each of the seven committed methods per dataset: the accuracy difference with its 95 % CI and p, Holm-adjusted
+# within **the new method's own family** (all its comparisons, every dataset) — the paper's families are untouched —,
+# the attention density of both, and the median per-seed ratio of training time. The time ratio compares runs made at
+# different times (and the committed ones in lock-step with six other methods), so it is a rough guide, not a benchmark.
+#
+# `pairing_check` is the proof that the pairing is real: the grid re-runs softmax on the first seed of every dataset,
+# and its accuracy must equal the committed one bit for bit.
+
+# %%
+#| export
+VERSUS_COLS = ["family", "dataset", "method", "baseline", "n", "mean_delta", "ci_low", "ci_high", "p", "p_holm",
+               "density", "baseline_density", "time_ratio"]
+
+def versus_baseline(new, base, methods=None, baselines=PAPER_METHODS):
+    "Each of `methods` (default: those of `new` that are not `baselines`) against each baseline method of `base`, per dataset, paired by seed."
+    if new is None or base is None or not len(new) or not len(base): return pd.DataFrame(columns=VERSUS_COLS)
+    methods = [m for m in method_order(new.method) if m not in baselines] if methods is None else list(methods)
+    rows = []
+    for m in methods:
+        for ds in [d for d in DATASET_ORDER if d in set(new.dataset)] + sorted(set(new.dataset) - set(DATASET_ORDER)):
+            a = new[(new.dataset == ds) & (new.method == m)].set_index("seed")
+            for b_name in [b for b in baselines if b in set(base[base.dataset == ds].method)]:
+                b = base[(base.dataset == ds) & (base.method == b_name)].set_index("seed")
+                j = a.join(b, how="inner", lsuffix="_a", rsuffix="_b")
+                r = paired_stats(j.accuracy_a, j.accuracy_b)
+                rows.append(dict(family=f"versus:{m}", dataset=ds, method=m, baseline=b_name, **{k: r[k] for k in ("n", "mean_delta", "ci_low", "ci_high", "p")},
+                                 density=float(j.nonzero_ratio_a.mean()), baseline_density=float(j.nonzero_ratio_b.mean()),
+                                 time_ratio=float((j.train_seconds_a / j.train_seconds_b).median())))
+    return holm(pd.DataFrame(rows))[VERSUS_COLS] if rows else pd.DataFrame(columns=VERSUS_COLS)
+
+def pairing_check(new, base, method=BASELINE):
+    "The runs of `method` in `new` beside the committed ones of the same (dataset, seed): `identical` when the accuracies are equal bit for bit."
+    cols = ["dataset", "seed", "committed", "rerun", "identical"]
+    if new is None or base is None: return pd.DataFrame(columns=cols)
+    j = pd.merge(new[new.method == method][["dataset", "seed", "accuracy"]], base[base.method == method][["dataset", "seed", "accuracy"]],
+                 on=["dataset", "seed"], suffixes=("_new", "_base"))
+    return pd.DataFrame(dict(dataset=j.dataset, seed=j.seed, committed=j.accuracy_base, rerun=j.accuracy_new,
+                             identical=j.accuracy_base.to_numpy() == j.accuracy_new.to_numpy()))[cols]
+
+def versus_answer(t, method, alpha=0.05) -> pd.DataFrame:
+    "Per dataset, the answer for `method`: does it beat softmax and entmax-1.5 after Holm, and which methods it beats or trails."
+    out = []
+    for ds, g in t[t.method == method].groupby("dataset", sort=False):
+        sig = g[g.p_holm < alpha]
+        won = lambda b: bool(((sig.baseline == b) & (sig.mean_delta > 0)).any())
+        out.append(dict(dataset=ds, beats_softmax=won("softmax"), beats_entmax15=won("entmax15"),
+                        better_than=", ".join(sig[sig.mean_delta > 0].baseline) or "–",
+                        worse_than=", ".join(sig[sig.mean_delta < 0].baseline) or "–"))
+    return pd.DataFrame(out, columns=["dataset", "beats_softmax", "beats_entmax15", "better_than", "worse_than"])
+
+def readable_versus(t):
+    "A `versus_baseline` table for reading: Δ in points with CI, p and Holm p to two digits, densities in %, time ratio."
+    return pd.DataFrame({"dataset": t.dataset, "comparison": t.method + " vs " + t.baseline, "n": t.n.astype(int),
+                         "Δ (pt)": [f"{100 * v:+.1f}" for v in t.mean_delta],
+                         "95% CI (pt)": [f"{100 * a:+.1f} to {100 * b:+.1f}" for a, b in zip(t.ci_low, t.ci_high)],
+                         "p": [fmt_p(v) for v in t.p], "Holm p": [fmt_p(v) for v in t.p_holm],
+                         "density (%)": [f"{100 * a:.0f} vs {100 * b:.0f}" for a, b in zip(t.density, t.baseline_density)],
+                         "time ratio": [f"{v:.2f}×" for v in t.time_ratio]}).reset_index(drop=True)
+
+# %% [markdown]
+# Checked on the fixture grid: a "new" method that is sparsemax under another name must differ from sparsemax by exactly
+# zero, and its comparison with softmax must be scipy's paired t-test of sparsemax against softmax; Holm runs over the new
+# method's 35 comparisons (5 datasets × 7), recomputed by hand. The paper's own tests do not change.
+
+# %%
+new = runs[runs.method == "sparsemax"].assign(method="my_norm")
+vt = versus_baseline(new, runs)
+test_eq(len(vt), 5 * 7); test_eq(set(vt.family), {"versus:my_norm"})
+same = vt[vt.baseline == "sparsemax"]
+test_eq(same.mean_delta.abs().max(), 0.0)
+row = vt[(vt.dataset == "cifar10") & (vt.baseline == "softmax")].iloc[0]
+j = runs[runs.dataset == "cifar10"].pivot(index="seed", columns="method", values="accuracy")
+test_close(row.p, sps.ttest_rel(j.sparsemax, j.softmax).pvalue); test_close(row.mean_delta, (j.sparsemax - j.softmax).mean())
+ok = vt.p.notna()
+test_close(vt.p_holm[ok].to_numpy(), manual_holm(vt.p[ok].to_numpy()))
+test_close(row.density, runs[(runs.dataset == "cifar10") & (runs.method == "sparsemax")].nonzero_ratio.mean())
+test_eq(paired_tests(pd.concat([runs, new])), paired_tests(runs))                     # the paper's tests ignore the new method
+pc = pairing_check(runs[runs.method == "softmax"].iloc[:2], runs)
+test_eq(pc.identical.tolist(), [True, True])
+pc = pairing_check(runs[runs.method == "softmax"].iloc[:2].assign(accuracy=lambda d: d.accuracy + 1e-12), runs)
+test_eq(pc.identical.tolist(), [False, False])
+va = versus_answer(vt, "my_norm")
+test_eq(list(va.dataset), list(dict.fromkeys(vt.dataset)))
+test_eq(va.beats_entmax15.tolist(), [bool(((vt.dataset == d) & (vt.baseline == "entmax15") & (vt.p_holm < 0.05) & (vt.mean_delta > 0)).any()) for d in va.dataset])
+test_eq(len(readable_versus(vt)), 35)

@@ -23,7 +23,7 @@ import papermill as pm
 from nbconvert import HTMLExporter
 
 import sparse_attention_repro
-from sparse_attention_repro.runner import scrub_record, experiments_dir
+from sparse_attention_repro.runner import scrub_record, experiments_dir, atomic_write, save_rows
 
 # %%
 from fastcore.test import test_eq, test_fail
@@ -110,6 +110,38 @@ with tempfile.TemporaryDirectory() as d:
     assert (Path(d) / "tables" / "paired_tests.csv").exists()
     page, record = p.read_text(), (Path(d) / "report.ipynb").read_text()
     assert str(Path(d).resolve()) not in page + record and "skip_exec" not in page       # no machine path, no front matter
+
+
+# %% [markdown]
+# ## A new method against the committed baselines
+#
+# `versus_report` writes what a researcher with a new normalizer reads: the pairing check (softmax re-run on the first
+# seed of each dataset against the committed run), the answer per dataset (does the method beat softmax and entmax-1.5
+# after Holm within its own family?) and every comparison with the seven committed methods
+# (`stats.versus_baseline`). It goes to `versus_baseline.md` and `versus_baseline.csv` in the new method's folder.
+
+# %%
+#| export
+def versus_report(results_dir, baseline_dir) -> Path:
+    "Pair the new methods of `results_dir` with the committed runs of `baseline_dir`; write versus_baseline.md/.csv there."
+    from sparse_attention_repro import stats as S
+    res, base = Path(results_dir), Path(baseline_dir)
+    new, old = S.load_runs(res / "runs.csv"), S.load_runs(base / "runs.csv")
+    t, pc = S.versus_baseline(new, old), S.pairing_check(new, old)
+    shown = os.path.relpath(base.resolve(), res.resolve())
+    lines = [f"# New methods against the committed baselines", "",
+             f"Runs in this folder, paired by seed with the committed runs of `{shown}` (same subsets, initial weights, batches "
+             f"and dropout masks). Holm within each new method's own family (all its comparisons); the paper's tests are unchanged.", ""]
+    same = int(pc.identical.sum())
+    lines += [f"**Pairing check:** softmax re-run on {len(pc)} (dataset, seed) pair(s); {same} of {len(pc)} test accuracies equal "
+              f"the committed ones bit for bit." + ("" if same == len(pc) else " The pairing is **not** exact: read the comparisons as unpaired."), ""]
+    for m in sorted(set(t.method)):
+        lines += [f"## {m}", "", S.versus_answer(t, m).to_markdown(index=False), "",
+                  S.readable_versus(t[t.method == m]).to_markdown(index=False), ""]
+    if not len(t): lines += ["No new method found in this folder (only the baselines' methods)."]
+    atomic_write(res / "versus_baseline.md", lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n", encoding="utf-8"))
+    save_rows(t, res / "versus_baseline.csv")
+    return res / "versus_baseline.md"
 
 
 # %% [markdown]

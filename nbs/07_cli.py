@@ -21,6 +21,7 @@ from sparse_attention_repro.runner import NotebookTask, run_tasks, check_manifes
 # %%
 from fastcore.test import test_eq, test_fail
 import tempfile, io, contextlib
+import sparse_attention_repro
 
 
 # %%
@@ -86,6 +87,8 @@ def _grid_args(sub):
     g.add_argument("--lr", type=float, default=0.0, help="AdamW learning rate (0 = the protocol's 1e-3)")
     g.add_argument("--epochs", type=int, default=0, help="training epochs (0 = each dataset's paper epochs)")
     g.add_argument("--epoch-eval", action="store_true", help="evaluate validation and test after every epoch (learning curves)")
+    g.add_argument("--baseline", default=None, help="a committed results folder (e.g. outputs/paper): train only --methods on its seeds "
+                                                    "and options, pair them with its runs and write versus_baseline.md")
     _executor_args(g)
     return g
 
@@ -211,23 +214,57 @@ def _check_executor(args):
     if args.scheduler and args.executor != "dask": raise UsageError("--scheduler needs --executor dask")
     if args.jobs < 1: raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
 
+# %% [markdown]
+# **Against a committed baseline.** With `--baseline DIR` the grid trains only the new methods, on the seeds and
+# datasets of `DIR`'s runs (unless given) and with exactly `DIR`'s options — a folder made with other options is refused
+# in one line —, plus softmax once more on each dataset's first seed: the pairing check of `stats.pairing_check`.
+
+# %%
+#| export
+def _baseline_runs(folder):
+    "The committed runs of a baseline folder, or a UsageError saying what is missing."
+    from sparse_attention_repro.stats import load_runs, check_results_file
+    path = Path(folder) / "runs.csv"
+    if not path.is_file() or not (Path(folder) / "manifest.json").is_file():
+        raise UsageError(f"--baseline {folder} holds no runs.csv and manifest.json; give a results folder made by `sparse-repro grid`")
+    try: check_results_file(path)
+    except ValueError as e: raise UsageError(str(e)) from None
+    return load_runs(path)
+
+def _check_baseline(folder, base, options, datasets, seeds):
+    "Refuse, in one line, a baseline made with other options or lacking a requested (dataset, seed)."
+    import json
+    made = json.loads((Path(folder) / "manifest.json").read_text()).get("study_a")
+    if made is None: raise UsageError(f"--baseline {folder} has no study A grid in its manifest.json")
+    made = {**STUDY_A_OPTION_DEFAULTS, **made}
+    if diff := [k for k in sorted(options) if made.get(k) != options[k]]:
+        raise UsageError(f"--baseline {folder} was made with " + ", ".join(f"{k}={made.get(k)!r} (this grid: {options[k]!r})" for k in diff)
+                         + "; give the same options or another baseline")
+    have = set(zip(base.dataset, base.seed.astype(int)))
+    if missing := [f"{d} seed {s}" for d in datasets for s in seeds if (d, s) not in have]:
+        raise UsageError(f"--baseline {folder} has no runs for {', '.join(missing[:3])}{' …' if len(missing) > 3 else ''}; choose its seeds and datasets")
+
 # %%
 #| export
 def grid_tasks(args):
     "Validate the grid arguments and return (tasks, options)."
     _check_executor(args)
     from sparse_attention_repro.train import PROFILES, PAPER_SIZES
-    from sparse_attention_repro.normalizers import NORMALIZERS, get_normalizer
+    from sparse_attention_repro.normalizers import resolve_normalizer
+    from sparse_attention_repro.study import PAPER_METHODS, BASELINE
     from sparse_attention_repro.data import load_dataset, DataUnavailableError
     if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
-    datasets = _split(args.datasets) if args.datasets else list(PAPER_SIZES)
+    base = _baseline_runs(args.baseline) if getattr(args, "baseline", None) else None
+    datasets = _split(args.datasets) if args.datasets else list(PAPER_SIZES) if base is None else [d for d in PAPER_SIZES if d in set(base.dataset)]
     for d in datasets:
         if d not in PAPER_SIZES: raise UsageError(f"unknown dataset {d!r}; choose from {', '.join(PAPER_SIZES)}")
-    methods = _split(args.methods) if args.methods else list(NORMALIZERS)
-    for m in methods:
-        try: get_normalizer(m)
-        except ValueError as e: raise UsageError(str(e)) from None
-    seeds = _seeds(args.seeds) if args.seeds else list(PROFILES[args.profile]["seeds"])
+    refs = _split(args.methods) if args.methods else list(PAPER_METHODS)
+    try: specs = [resolve_normalizer(m) for m in refs]                  # the edge: each method resolved (and checked) once
+    except ValueError as e: raise UsageError(str(e)) from None
+    methods = [s.name for s in specs]
+    if len(set(methods)) < len(methods): raise UsageError(f"--methods names a method twice: {' '.join(refs)}")
+    ref_of = dict(zip(methods, refs))                                   # what a notebook resolves: the name, or package.module:name
+    seeds = _seeds(args.seeds) if args.seeds else list(PROFILES[args.profile]["seeds"]) if base is None else sorted(set(base.seed.astype(int)))
     if args.val_fraction < 0 or args.val_fraction >= 1: raise UsageError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
     from sparse_attention_repro.data import resolve_device, PRECISIONS
     try: resolve_device(args.device)
@@ -243,6 +280,7 @@ def grid_tasks(args):
                    patch_size=args.patch_size, marker_vocab=args.marker_vocab, learned_pad_row=args.learned_pad_row,
                    dropout_rng=args.dropout_rng, precision=args.precision, lr=args.lr, epochs=args.epochs, epoch_eval=args.epoch_eval,
                    marker_design=args.marker_design, jpeg_quality=args.jpeg_quality)
+    if base is not None: _check_baseline(args.baseline, base, options, datasets, seeds)
     for d in datasets:                           # data present and readable? (also warms the decode cache once)
         try: load_dataset(d, 0, 1, 1, patch_size=args.patch_size or None, marker_vocab=args.marker_vocab, marker_design=args.marker_design,
                           download=args.download)
@@ -263,9 +301,13 @@ def grid_tasks(args):
             n = 1
             while todo != methods and record.exists():         # a resumed notebook keeps the earlier record beside it
                 record = out / "notebooks" / d / f"{name}_resume{n}.ipynb"; n += 1
+            check = base is not None and i == 0 and BASELINE not in methods   # the pairing check: the baseline's first seed again
+            if check and not (rows_dir / f"seed{group[0]}" / f"{BASELINE}.csv").exists():
+                todo, ref_of = todo + [BASELINE], {**ref_of, BASELINE: BASELINE}
             tasks.append(NotebookTask(f"{d}/{name}", nb, record,
-                                      [rows_dir / f"seed{s}" / f"{m}.csv" for s in group for m in methods],
-                                      dict(dataset=d, seeds=group, methods=todo, threads=threads, rows_dir=str(rows_dir),
+                                      [rows_dir / f"seed{s}" / f"{m}.csv" for s in group for m in methods] +
+                                      ([rows_dir / f"seed{group[0]}" / f"{BASELINE}.csv"] if check else []),
+                                      dict(dataset=d, seeds=group, methods=[ref_of[m] for m in todo], threads=threads, rows_dir=str(rows_dir),
                                            lockstep=not args.plain, stack=len(group) > 1, download=args.download,
                                            device=args.device, **options)))
     return tasks, options
@@ -295,19 +337,44 @@ for bad, msg in [(["--lr", "-1"], "--lr must be"), (["--lr", "2"], "--lr must be
     test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), *bad])), exc=UsageError, contains=msg)
 
 # %% [markdown]
+# A baseline folder sets the seeds and datasets, adds the softmax re-run of the first seed, and refuses other options or
+# seeds it does not have:
+
+# %%
+import json, shutil
+from sparse_attention_repro.cli import STUDY_A_OPTION_DEFAULTS
+_base = Path(tempfile.mkdtemp()) / "base"; _base.mkdir()
+shutil.copy(Path(sparse_attention_repro.__file__).parent.parent / "tests" / "fixtures" / "runs.csv", _base / "runs.csv")
+(_base / "manifest.json").write_text(json.dumps({"study_a": dict(profile="smoke", val_fraction=0.0, mask_padding=False, patch_size=0, marker_vocab=20000)}))
+_vs, _vo = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--methods", "sparsemax", "--baseline", str(_base), "--datasets", "synthetic_marker"]))
+test_eq([(t.name, t.parameters["methods"]) for t in _vs],
+        [("synthetic_marker/seed0", ["sparsemax", "softmax"]), ("synthetic_marker/seed1", ["sparsemax"]), ("synthetic_marker/seed2", ["sparsemax"])])
+test_eq(Path(_vs[0].produces[-1]).name, "softmax.csv")
+test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--methods", "sparsemax", "--baseline", str(_base), "--lr", "3e-3"])),
+          exc=UsageError, contains="was made with lr=0.0 (this grid: 0.003)")
+test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--methods", "sparsemax", "--baseline", str(_base), "--seeds", "7"])),
+          exc=UsageError, contains="has no runs for fashion_mnist seed 7")
+test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--baseline", str(_out)])), exc=UsageError, contains="holds no runs.csv")
+test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--methods", "softmax", "sparsemax", "softmax"])), exc=UsageError, contains="twice")
+
+# %% [markdown]
 # `cmd_grid` holds the results folder (one writer at a time), checks it was made with the same options and runs
 # what is not done yet.
 
 # %%
 #| export
 def cmd_grid(args):
-    "Run the study A grid; returns the failures."
+    "Run the study A grid (and, with --baseline, write the comparison with the committed runs); returns the failures."
     tasks, options = grid_tasks(args)
     with results_lock(args.out):
         check_manifest(args.out, "study_a", options, defaults=STUDY_A_OPTION_DEFAULTS)
-        return run_tasks(tasks, Path(args.out) / "runs.csv", STUDY_A_KEYS, Path(args.out) / "rows" / "study_a",
-                         jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="study A notebooks",
-                         scrub_root=Path(args.out))
+        fails = run_tasks(tasks, Path(args.out) / "runs.csv", STUDY_A_KEYS, Path(args.out) / "rows" / "study_a",
+                          jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="study A notebooks",
+                          scrub_root=Path(args.out))
+        if getattr(args, "baseline", None) and (Path(args.out) / "runs.csv").exists():
+            from sparse_attention_repro.report import versus_report
+            print(f"versus baseline: {versus_report(args.out, args.baseline)}")
+        return fails
 
 # %% [markdown]
 # ## Crisp grid
@@ -487,7 +554,7 @@ assert not _out.exists()
 def cmd_attention_maps(args):
     "Train seed `--seed` of each dataset (all the paper's methods) and save the CLS attention maps; a finished dataset is skipped."
     from sparse_attention_repro.train import PROFILES, PAPER_SIZES, profile_config, attention_maps
-    from sparse_attention_repro.normalizers import NORMALIZERS
+    from sparse_attention_repro.study import PAPER_METHODS, BASELINE
     if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
     datasets = _split(args.datasets) if args.datasets else ["fashion_mnist", "cifar10"]
     images = [d for d in PAPER_SIZES if d not in ("twenty_news", "synthetic_marker")]
@@ -501,7 +568,7 @@ def cmd_attention_maps(args):
     for d in datasets:
         out = Path(args.out) / "attention_maps" / f"{d}.npz"
         if out.exists(): print(f"attention maps {d}: {out} (already there)"); continue
-        rec = attention_maps(d, args.seed, NORMALIZERS, profile_config(args.profile, d, download=args.download, device=args.device),
+        rec = attention_maps(d, args.seed, PAPER_METHODS, profile_config(args.profile, d, download=args.download, device=args.device),
                              examples=args.examples, out=out)
         same = ""
         if committed.exists():                             # the same training as the grid's: are the accuracies the committed ones?

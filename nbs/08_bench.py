@@ -32,7 +32,8 @@ from dataclasses import replace
 import pandas as pd
 import torch
 import torch.nn as nn
-from sparse_attention_repro.normalizers import NORMALIZERS, get_normalizer, parse_topk_ratio
+from sparse_attention_repro.normalizers import get_normalizer, parse_topk_ratio
+from sparse_attention_repro.study import PAPER_METHODS, method_order
 from sparse_attention_repro.kernels import use_kernels
 from sparse_attention_repro.train import PAPER_SIZES, PROFILES, profile_config, run_methods, run_stacked, load_run_data, train_model, _new_model
 
@@ -87,7 +88,7 @@ def _fwd_bwd_seconds(fn, scores, g, kernels_on=True):
     with use_kernels(kernels_on):
         t0 = time.perf_counter(); fn(s).backward(g); return time.perf_counter() - t0
 
-def bench_normalizers(shapes=((96, 4, 17, 17), (96, 4, 97, 97)), repeats=20, methods=NORMALIZERS) -> pd.DataFrame:
+def bench_normalizers(shapes=((96, 4, 17, 17), (96, 4, 97, 97)), repeats=20, methods=PAPER_METHODS) -> pd.DataFrame:
     "Median forward+backward seconds of each normalizer (kernels, torch path, entmax package) and ratios to softmax."
     rows = []
     for shape in shapes:
@@ -116,7 +117,7 @@ def bench_normalizers(shapes=((96, 4, 17, 17), (96, 4, 97, 97)), repeats=20, met
 def normalizer_table(df) -> pd.DataFrame:
     "One row per normalizer, one column per (shape, implementation): the ratio to softmax."
     t = df.pivot_table(index="normalizer", columns=["shape", "implementation"], values="ratio_to_softmax")
-    return t.reindex([m for m in NORMALIZERS if m in t.index]).round(2)
+    return t.reindex(method_order(t.index)).round(2)
 
 
 # %% [markdown]
@@ -200,7 +201,7 @@ test_fail(lambda: OriginalNormalizer("softmax", 4)(xo, torch.ones(3, 17, dtype=t
 
 # %%
 #| export
-def bench_grid(datasets=("fashion_mnist", "twenty_news"), epochs=1, repeats=1, methods=NORMALIZERS, train_limit=None):
+def bench_grid(datasets=("fashion_mnist", "twenty_news"), epochs=1, repeats=1, methods=PAPER_METHODS, train_limit=None):
     "Per dataset and path: wall seconds of one seed's methods and each method's train seconds. Returns (runs, summary)."
     runs = []
     for ds in datasets:
@@ -230,7 +231,7 @@ def method_ratios(med) -> pd.DataFrame:
     base = med[med.method == "softmax"].set_index(["dataset", "path"]).train_seconds
     r = med.assign(ratio=med.train_seconds / med.set_index(["dataset", "path"]).index.map(base))
     t = r.pivot_table(index="method", columns=["dataset", "path"], values="ratio")
-    return t.reindex([m for m in NORMALIZERS if m in t.index]).round(2)
+    return t.reindex(method_order(t.index)).round(2)
 
 def project_paper(summary, epochs_measured, jobs=2, train_limits=None) -> pd.DataFrame:
     "The `paper` profile's wall time per dataset, projected from measured lock-step seconds per epoch (1 job per core)."
@@ -263,7 +264,7 @@ test_eq(project_paper(summ, 1, train_limits={"fashion_mnist": 192}).seeds.tolist
 
 # %%
 #| export
-def bench_stack(datasets=("fashion_mnist",), num_seeds=(2,), epochs=1, repeats=1, methods=NORMALIZERS, train_limit=None,
+def bench_stack(datasets=("fashion_mnist",), num_seeds=(2,), epochs=1, repeats=1, methods=PAPER_METHODS, train_limit=None,
                 device="auto") -> pd.DataFrame:
     "Per dataset and stack size: wall seconds of lock-step seed by seed vs one stack, their ratio, identical accuracies."
     rows = []

@@ -2,14 +2,16 @@ __version__ = "0.1.0"
 # The public API, imported on first use so that `import sparse_attention_repro` stays light (the CLI starts fast, and
 # the normalizers and the model need nothing beyond torch and numpy). The modules themselves are exported from nbs/.
 _API = {
-    "normalizers": ["NORMALIZERS", "ORIGINAL_GRADIENT_VARIANTS", "get_normalizer", "softmax", "sparsemax", "entmax15",
-                    "entmax_alpha", "entmax_bisect", "topk_softmax", "attention_density"],
+    "normalizers": ["register_normalizer", "resolve_normalizer", "get_normalizer", "check_normalizer", "NormalizerSpec",
+                    "registered_normalizers", "softmax", "sparsemax", "entmax15", "entmax_alpha", "entmax_bisect", "topk_softmax",
+                    "attention_density"],
+    "study": ["PAPER_METHODS", "ORIGINAL_GRADIENT_VARIANTS", "CRISP_CONFIGS"],
     "model": ["ClassifierConfig", "CompactClassifier", "count_parameters"],
     "data": ["DATASETS", "load_dataset", "resolve_device", "DataUnavailableError"],
     "train": ["TrainConfig", "PROFILES", "PAPER_SIZES", "profile_config", "run_one", "run_methods", "run_study_a", "train_lockstep"],
-    "crisp": ["CRISP_CONFIGS", "run_crisp", "apply_crisp"],
+    "crisp": ["run_crisp", "apply_crisp"],
     "stats": ["paired_tests", "claims_table", "analyse"],
-    "report": ["make_report"],
+    "report": ["make_report", "versus_report"],
 }
 _WHERE = {name: module for module, names in _API.items() for name in names}
 __all__ = sorted(_WHERE)

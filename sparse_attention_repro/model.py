@@ -8,13 +8,13 @@ __all__ = ['DROPOUT_RNGS', 'ClassifierConfig', 'SelfAttention', 'MaskTape', 'Mas
 
 # %% ../nbs/02_model.ipynb
 import math, time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import torch
 import numpy as np
 import torch.nn as nn
 import torch.nn.functional as F
 from . import kernels as K
-from .normalizers import get_normalizer, attention_density
+from .normalizers import resolve_normalizer, attention_density, NormalizerSpec
 
 # %% ../nbs/02_model.ipynb
 @dataclass
@@ -24,7 +24,7 @@ class ClassifierConfig:
     seq_len: int                    # input tokens per example, CLS excluded (16 patches, 96 words)
     input_dim: int | None = None    # patch vector size for images (49, 192); None for token ids
     vocab_size: int | None = None   # for token ids (20000); None for images
-    normalizer: str = "softmax"     # any name accepted by `get_normalizer`
+    normalizer: str | NormalizerSpec = "softmax"   # a registry entry, or anything `resolve_normalizer` takes
     embed_dim: int = 64
     num_heads: int = 4
     num_layers: int = 2
@@ -41,7 +41,7 @@ class SelfAttention(nn.Module):
         self.num_heads, self.head_dim = cfg.num_heads, cfg.embed_dim // cfg.num_heads
         self.qkv = nn.Linear(cfg.embed_dim, 3 * cfg.embed_dim)
         self.out = nn.Linear(cfg.embed_dim, cfg.embed_dim)
-        self.normalizer = get_normalizer(cfg.normalizer, num_heads=cfg.num_heads)
+        self.normalizer = resolve_normalizer(cfg.normalizer).build(num_heads=cfg.num_heads)
         self.record, self.last_density, self.scale_queries = False, None, True
         self.pad_keys, self.last_pad_mass = None, None          # recording only: which keys are padding, the mass they get
 
@@ -135,7 +135,7 @@ class CompactClassifier(nn.Module):
         super().__init__()
         if (cfg.input_dim is None) == (cfg.vocab_size is None):
             raise ValueError("give exactly one of input_dim (image patches) or vocab_size (token ids)")
-        self.cfg = cfg
+        self.cfg = cfg = replace(cfg, normalizer=resolve_normalizer(cfg.normalizer))      # resolved once, here
         self.embed = (nn.Linear(cfg.input_dim, cfg.embed_dim) if cfg.input_dim else
                       nn.Embedding(cfg.vocab_size, cfg.embed_dim, padding_idx=None if cfg.learned_pad_row else 0))
         self.cls = nn.Parameter(torch.randn(1, 1, cfg.embed_dim) * 0.02)
@@ -171,10 +171,14 @@ class CompactClassifier(nn.Module):
         for mod in self.modules():
             if isinstance(mod, MaskDropout): mod.tape = tape
 
-    def alphas(self):
-        "Per-layer, per-head alpha of the adaptive entmax (None for other normalizers)."
-        norms = [b.attn.normalizer for b in self.blocks]
-        return [n.alpha.detach() for n in norms] if hasattr(norms[0], "alpha") else None
+    @property
+    def method(self) -> str:
+        "The registry name of the model's normalizer."
+        return self.cfg.normalizer.name
+
+    def learned(self) -> dict:
+        "The normalizer's recorded parameters (its spec's `learned`), each a list of per-layer tensors; {} when it has none."
+        return {k: [getattr(b.attn.normalizer, k).detach() for b in self.blocks] for k in self.cfg.normalizer.learned}
 
 def count_parameters(model):
     "Number of trainable parameters."
@@ -215,8 +219,8 @@ class StackedClassifiers(nn.Module):
         self.params = nn.ParameterDict({k.replace(".", "__"): nn.Parameter(torch.stack([m.get_parameter(k).detach() for m in models]))
                                         for k in self.names})
         self.normalizers = nn.ModuleList()                          # [method][layer], learned ones with one entry per seed
-        for g, name in enumerate(self.methods):
-            layers = nn.ModuleList(get_normalizer(name, num_heads=cfg.num_heads, num_models=num_seeds).to(self.p("pos").device)
+        for g, spec in enumerate(self.methods):
+            layers = nn.ModuleList(spec.build(num_heads=cfg.num_heads, num_models=num_seeds).to(self.p("pos").device)
                                    for _ in range(cfg.num_layers))
             with torch.no_grad():
                 for l, norm in enumerate(layers):
@@ -298,11 +302,10 @@ class StackedClassifiers(nn.Module):
             for q in layers.parameters(): q.grad.mul_(coef[g * S:(g + 1) * S].view(-1, *(1,) * (q.dim() - 1)))
         return total
 
-    def model_alphas(self, i):
-        "Per-layer, per-head alpha of model i when it has a learned normalizer, else None."
+    def model_learned(self, i) -> dict:
+        "Recorded parameters of model i's normalizer (its spec's `learned`), each a list of per-layer tensors; {} when none."
         g, s = divmod(i, self.num_seeds)
-        norms = self.normalizers[g]
-        return [n.alpha[s].detach() for n in norms] if hasattr(norms[0], "alpha") else None
+        return {k: [getattr(n, k)[s].detach() for n in self.normalizers[g]] for k in self.methods[g].learned}
 
     @torch.no_grad()
     def write_back(self, models):

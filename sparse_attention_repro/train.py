@@ -18,7 +18,7 @@ from sklearn.metrics import f1_score
 from tqdm.auto import tqdm
 from .data import load_dataset, resolve_device, autocast, PAPER_SIZES, MAIN_FAMILY
 from .model import CompactClassifier, ClassifierConfig, MaskTape, StackedClassifiers, count_parameters
-from .normalizers import get_normalizer
+from .normalizers import resolve_normalizer
 from .runner import save_rows, atomic_write
 
 # %% ../nbs/03_train.ipynb
@@ -88,23 +88,28 @@ def evaluate(model, split, batch_size=500, precision="fp32"):
                 pad_attention=None if pad_mass is None else [dict(cls=round(float(c) / n, 6), tokens=round(float(t) / n, 6)) for c, t in pad_mass])
 
 # %% ../nbs/03_train.ipynb
-def _alpha_snapshot(a, epoch):
-    "The per-head alphas `a` (per layer) of one model after `epoch`, as logged; None for a model without them."
-    return None if a is None else {"epoch": epoch, "alpha": [[round(float(v), 5) for v in layer] for layer in a]}
+def _rounded(v):
+    "Nested lists of `v` (a tensor or list) with every number rounded to 5 decimals."
+    v = v.tolist() if torch.is_tensor(v) else v
+    return [_rounded(x) for x in v] if isinstance(v, list) else round(float(v), 5)
+
+def _learned_snapshot(learned: dict, epoch):
+    "One model's recorded normalizer parameters (name -> per-layer tensors) after `epoch`, as logged; None when it has none."
+    return {"epoch": epoch, **{k: _rounded(layers) for k, layers in learned.items()}} if learned else None
 
 @dataclass
 class TrainResult:
     "Outcome of training one model."
     status: str                 # "ok" or "failed_nonfinite_loss"
-    alpha_history: list         # per-epoch alpha of the adaptive entmax, else []
+    learned_history: list       # per epoch, the normalizer parameters its spec records (e.g. alpha), else []
     seconds: float              # own compute + drawing the dropout masks
     losses: torch.Tensor        # training loss of every step
     epoch_metrics: list = None  # with a `monitor`: its metrics after every epoch, e.g. [{"epoch": 1, "val_accuracy": ...}, ...]
     mask_seconds: float = 0.0   # the part of `seconds` spent drawing dropout masks shared by the lock-step group (drawn once for all)
 
 def _fresh_results(models, steps, device) -> list:
-    "One `TrainResult` per model before its first step: ok, alpha at epoch 0, no time, `steps` NaN losses."
-    return [TrainResult("ok", [s for s in [_alpha_snapshot(m.alphas(), 0)] if s], 0.0,
+    "One `TrainResult` per model before its first step: ok, learned parameters at epoch 0, no time, `steps` NaN losses."
+    return [TrainResult("ok", [s for s in [_learned_snapshot(m.learned(), 0)] if s], 0.0,
                         torch.full((steps,), float("nan"), device=device)) for m in models]
 
 def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="", monitor=None) -> list:
@@ -146,7 +151,7 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="", monitor=
                 if not torch.isfinite(results[j].losses[step - (-(-n // bs)):step].sum()):
                     results[j].status = "failed_nonfinite_loss"; active.remove(j)
                 else:
-                    if (s := _alpha_snapshot(models[j].alphas(), epoch)): results[j].alpha_history.append(s)
+                    if (s := _learned_snapshot(models[j].learned(), epoch)): results[j].learned_history.append(s)
                     if monitor is not None: results[j].epoch_metrics = (results[j].epoch_metrics or []) + [dict(epoch=epoch, **monitor(models[j]))]
             if not active: break
     finally:
@@ -197,7 +202,7 @@ def train_stacked(models, trains, cfg: TrainConfig, seeds, generators, desc="") 
             for k, r in enumerate(results):
                 if r.status != "ok": continue
                 if not torch.isfinite(losses[step - per_epoch:step, k].sum()): r.status, ends[k] = "failed_nonfinite_loss", step
-                elif (a := _alpha_snapshot(stack.model_alphas(k), epoch)): r.alpha_history.append(a)
+                elif (a := _learned_snapshot(stack.model_learned(k), epoch)): r.learned_history.append(a)
             if all(r.status != "ok" for r in results): break
         if device.type == "cuda": torch.cuda.synchronize()
     finally:
@@ -224,7 +229,7 @@ def _row(dataset, method, seed, config, data, model, result: TrainResult, lockst
                val_n=0 if data.val is None else len(data.val.y), val_accuracy=np.nan, val_macro_f1=np.nan,
                dataset_source=data.dataset_source, status=result.status, error="", lockstep_size=lockstep_size,
                device=str(next(model.parameters()).device.type),
-               alpha_history=json.dumps(result.alpha_history) if result.alpha_history else "", lr=config.lr,
+               learned_history=json.dumps(result.learned_history) if result.learned_history else "", lr=config.lr,
                epoch_metrics=json.dumps(result.epoch_metrics) if result.epoch_metrics else "")
     if result.status != "ok":
         row["error"] = "training loss became NaN/inf"
@@ -232,7 +237,7 @@ def _row(dataset, method, seed, config, data, model, result: TrainResult, lockst
     m = evaluate(model, data.test, precision=config.precision)
     row.update(accuracy=m["accuracy"], macro_f1=m["macro_f1"], test_loss=m["loss"], nonzero_ratio=m["nonzero_ratio"],
                inference_seconds=m["seconds"], pad_attention=json.dumps(m["pad_attention"]) if m["pad_attention"] else "")
-    if model.alphas() is not None: row["learned_alpha_mean"] = float(torch.stack(model.alphas()).mean())
+    if "alpha" in (learned := model.learned()): row["learned_alpha_mean"] = float(torch.stack(learned["alpha"]).mean())
     if data.val is not None:
         v = evaluate(model, data.val, precision=config.precision)
         row.update(val_accuracy=v["accuracy"], val_macro_f1=v["macro_f1"])
@@ -258,22 +263,22 @@ def epoch_monitor(data, precision="fp32"):
 
 def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None, lockstep=True, return_models=False) -> list:
     "Train and evaluate every method of `methods` on one (dataset, seed); one metrics row per method (and the models, if asked)."
-    for m in methods: get_normalizer(m, num_heads=1)                  # fail early on an unknown method
+    methods = [resolve_normalizer(m) for m in methods]                # fail early on an unknown method; specs from here on
     data = load_run_data(dataset, seed, config) if data is None else data
     if not lockstep:
         if return_models: raise ValueError("return_models needs the lock-step path")
         return [r for m in methods for r in run_methods(dataset, [m], seed, config, data)]
     device = resolve_device(config.device)
     models = [_new_model(data, m, seed, config.learned_pad_row, device, config.dropout_rng) for m in methods]
-    results = train_lockstep(models, data.train.to(device), config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0] if len(methods) == 1 else f"{len(methods)} methods"),
+    results = train_lockstep(models, data.train.to(device), config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0].name if len(methods) == 1 else f"{len(methods)} methods"),
                              monitor=epoch_monitor(data, config.precision) if config.epoch_eval else None)
-    rows = [_row(dataset, m, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
+    rows = [_row(dataset, m.name, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
     return (rows, models) if return_models else rows
 
 def run_stacked(dataset: str, methods, seeds, config: TrainConfig, datas=None) -> list:
     "Train every method on every seed as one stack (`train_stacked`) and evaluate each model; rows seed by seed."
     if config.epoch_eval: raise ValueError("epoch_eval (learning curves) runs on the lock-step or plain path; drop the stack")
-    for m in methods: get_normalizer(m, num_heads=1)
+    methods = [resolve_normalizer(m) for m in methods]
     datas = [load_run_data(dataset, s, config) for s in seeds] if datas is None else datas
     device = resolve_device(config.device)
     built, generators = {}, []
@@ -283,7 +288,7 @@ def run_stacked(dataset: str, methods, seeds, config: TrainConfig, datas=None) -
     keys = [(m, s) for m in methods for s in seeds]
     results = dict(zip(keys, train_stacked([built[k] for k in keys], [d.train.to(device) for d in datas], config, seeds,
                                            generators, desc=f"{dataset}/{len(seeds)} seeds x {len(methods)} methods")))
-    return [_row(dataset, m, s, config, d, built[m, s], results[m, s], len(keys)) for s, d in zip(seeds, datas) for m in methods]
+    return [_row(dataset, m.name, s, config, d, built[m, s], results[m, s], len(keys)) for s, d in zip(seeds, datas) for m in methods]
 
 def run_one(dataset: str, method: str, seed: int, config: TrainConfig, data=None) -> dict:
     "Train and evaluate one (dataset, method, seed); returns the metrics row of the protocol."
@@ -295,7 +300,7 @@ def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, ro
     "Rows of every method in `methods` on each of `seeds` (an int or a list) under `profile`; `options` override TrainConfig fields."
     seeds = [seeds] if isinstance(seeds, int) else list(seeds)
     if not seeds or any(s < 0 for s in seeds): raise ValueError(f"seeds must be one or more integers >= 0, got {seeds}")
-    for m in methods: get_normalizer(m, num_heads=1)
+    methods = [resolve_normalizer(m) for m in methods]               # the edge: names become registry entries once
     if threads: torch.set_num_threads(threads)
     config = profile_config(profile, dataset, **{k: v for k, v in options.items() if not (k in ("lr", "epochs") and not v)})   # 0 = the protocol's
     rows = []

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import cli, kill_at_random_moments
-from sparse_attention_repro.normalizers import NORMALIZERS
+from sparse_attention_repro.study import PAPER_METHODS
 from sparse_attention_repro.train import PAPER_SIZES
 
 @pytest.fixture(scope="module")
@@ -14,7 +14,7 @@ def smoke(smoke_results):
 
 def test_smoke_grid_has_every_run_once(smoke):
     runs = pd.read_csv(smoke / "runs.csv")
-    expected = {(d, m, s) for d in PAPER_SIZES for m in NORMALIZERS for s in (0, 1)}
+    expected = {(d, m, s) for d in PAPER_SIZES for m in PAPER_METHODS for s in (0, 1)}
     got = list(zip(runs.dataset, runs.method, runs.seed))
     assert set(got) == expected and len(got) == len(expected)
     assert (runs.status == "ok").all() and (runs.profile == "smoke").all()
@@ -23,7 +23,7 @@ def test_smoke_grid_has_every_run_once(smoke):
     topk = runs[runs.method == "topk_softmax_025"]
     assert (topk[topk.dataset == "fashion_mnist"].nonzero_ratio.round(6) == round(5 / 17, 6)).all()
     hae = runs[runs.method == "headwise_adaptive_entmax"]
-    assert hae.learned_alpha_mean.between(1.05, 1.95).all() and hae.alpha_history.str.startswith("[").all()
+    assert hae.learned_alpha_mean.between(1.05, 1.95).all() and hae.learned_history.str.startswith("[").all()
     assert set(runs[runs.dataset == "cifar10"].dataset_source) == {"local:jpeg-q75"}
     for d in PAPER_SIZES:
         assert (smoke / "notebooks" / d / "seed0.ipynb").exists()
@@ -42,7 +42,7 @@ def test_same_seed_same_accuracy_plain_or_lockstep(smoke, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     again = pd.read_csv(tmp_path / "runs.csv").set_index("method")
     first = pd.read_csv(smoke / "runs.csv").query("dataset == 'fashion_mnist' and seed == 1").set_index("method")
-    assert (again.lockstep_size == 1).all() and (first.lockstep_size == len(NORMALIZERS)).all()
+    assert (again.lockstep_size == 1).all() and (first.lockstep_size == len(PAPER_METHODS)).all()
     for m in ("softmax", "entmax15", "headwise_adaptive_entmax"):
         for col in ("accuracy", "test_loss", "learned_alpha_mean"):
             assert again.loc[m, col] == pytest.approx(first.loc[m, col], abs=1e-12, nan_ok=True), (m, col)

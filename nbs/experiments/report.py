@@ -354,7 +354,7 @@ if "masked_padding" in found: pads["padding masked"] = S.pad_attention(found["ma
 pads = {k: v[v.dataset == "twenty_news"] for k, v in pads.items()}
 if any(len(v) for v in pads.values()):
     both = pd.concat([v.assign(runs_of=k) for k, v in pads.items() if len(v)])
-    order = {m: i for i, m in enumerate(S.NORMALIZERS)}
+    order = {m: i for i, m in enumerate(S.method_order(runs.method))}
     both = both.assign(_m=both.method.map(order).fillna(99)).sort_values(["runs_of", "_m", "layer"])
     table(pd.DataFrame({"runs": both.runs_of, "method": both.method, "layer": both.layer.astype(int), "seeds": both.runs,
                         "from CLS (%)": (100 * both.cls).map("{:.1f}".format), "from CLS and real tokens (%)": (100 * both.tokens).map("{:.1f}".format)}))
@@ -396,7 +396,7 @@ if len(al):
           .assign(layer=lambda d: d.layer.astype(int), mean=lambda d: d["mean"].map("{:.3f}".format),
                   min=lambda d: d["min"].map("{:.3f}".format), max=lambda d: d["max"].map("{:.3f}".format))
           .rename(columns={"mean": "final α, mean", "min": "lowest run", "max": "highest run"}))
-else: md("_No α histories (no HAE runs or no `alpha_history`)._")
+else: md("_No α histories (no HAE runs or no `learned_history`)._")
 
 # %% [markdown]
 # ### Does α settle, or stay where it started?
@@ -476,7 +476,7 @@ else: md("_No learning curve in this folder._")
 PAPER = {c["method"]: c["paper_value"] for c in S.CLAIMS if c["study"] == "B" and c["kind"] == "level"}
 PAPER.update({c["method"]: PAPER.get("dense", np.nan) + c["paper_value"] for c in S.CLAIMS if c["study"] == "B" and c["kind"] == "delta"})
 if crisp is not None:
-    order = [c for c in ["dense", *S.CRISP_CONFIGS] if c in set(crisp.config)]
+    order = [c for c in S.CRISP_CONFIGS if c in set(crisp.config)]
     splits = [s for s in ("validation", "test") if s in set(crisp.split)]
     fig, axes = plt.subplots(1, len(splits), figsize=(5.5 * len(splits), 4.2), squeeze=False)
     for ax, sp in zip(axes[0], splits):

@@ -13,7 +13,7 @@
 # %% tags=["parameters"]
 dataset = "fashion_mnist"  # cifar10 | fashion_mnist | kmnist | twenty_news | synthetic_marker
 seeds = [0]  # seeds of the subsets, the initial weights and the data order (each seed's runs are paired)
-methods = ["softmax", "sparsemax", "entmax15", "headwise_adaptive_entmax", "topk_softmax_0125", "topk_softmax_025", "topk_softmax_05"]  # normalizer names
+methods = ["softmax", "sparsemax", "entmax15", "headwise_adaptive_entmax", "topk_softmax_0125", "topk_softmax_025", "topk_softmax_05"]  # registered normalizer names, or package.module:name of an outside one
 profile = "smoke"  # smoke | quick | paper
 val_fraction = 0.0  # > 0 carves a validation split off the train subset
 mask_padding = False  # variant: mask padding tokens (twenty_news)

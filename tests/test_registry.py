@@ -1,0 +1,67 @@
+"""A normalizer defined outside the library runs end to end — grid, pairing with a committed baseline, report — with no
+edit to the library: by `package.module:name` and by entry point, each from a fresh process (the command line)."""
+import json
+import pandas as pd
+import pytest
+from conftest import cli
+
+OUTSIDE = '''
+import torch
+from sparse_attention_repro.normalizers import register_normalizer
+
+@register_normalizer("relu_attention_test", sums_to_one=False, stackable=True)
+def relu_attention(scores, key_mask=None):
+    "ReLU of the scores over n keys (a test normalizer whose rows do not sum to one)."
+    p = torch.relu(scores) / scores.shape[-1]
+    return p if key_mask is None else p.masked_fill(~key_mask.to(torch.bool), 0.)
+
+@register_normalizer("leaky_mask_test")
+def leaky_mask(scores, key_mask=None):
+    "Softmax that ignores the key mask: must be refused by the conformance suite."
+    return torch.softmax(scores, -1)
+'''
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory, data_root):
+    "A small committed-style baseline: softmax and entmax-1.5, synthetic marker, seeds 0 and 1, smoke size."
+    out = tmp_path_factory.mktemp("baseline") / "base"
+    res = cli("grid", "--profile", "smoke", "--out", out, "--datasets", "synthetic_marker", "--methods", "softmax", "entmax15",
+              "--seeds", "0", "1", "--jobs", "1")
+    assert res.returncode == 0, res.stderr[-2000:]
+    return out
+
+def _outside_module(tmp_path):
+    (tmp_path / "my_norms.py").write_text(OUTSIDE)
+    return {"PYTHONPATH": str(tmp_path)}
+
+def _check_new_folder(out, method):
+    runs = pd.read_csv(out / "runs.csv")
+    assert sorted(zip(runs.method, runs.seed)) == sorted([(method, 0), (method, 1), ("softmax", 0)])
+    assert (runs.status == "ok").all()
+    vs = pd.read_csv(out / "versus_baseline.csv")
+    assert set(vs.baseline) == {"softmax", "entmax15"} and set(vs.method) == {method} and (vs.n == 2).all()
+    text = (out / "versus_baseline.md").read_text()
+    assert "1 of 1 test accuracies equal the committed ones bit for bit" in text, text       # the pairing is exact
+
+def test_module_name_runs_against_the_baseline(baseline, tmp_path, monkeypatch):
+    for k, v in _outside_module(tmp_path).items(): monkeypatch.setenv(k, v)
+    out = tmp_path / "new"
+    res = cli("grid", "--profile", "smoke", "--out", out, "--methods", "my_norms:relu_attention", "--baseline", baseline, "--jobs", "1")
+    assert res.returncode == 0, res.stderr[-2000:]
+    _check_new_folder(out, "relu_attention_test")
+
+def test_entry_point_runs_against_the_baseline(baseline, tmp_path):
+    out = tmp_path / "new"                                   # sparse_attention_examples is installed (README, CI)
+    res = cli("grid", "--profile", "smoke", "--out", out, "--methods", "softpick", "--baseline", baseline, "--jobs", "1")
+    assert res.returncode == 0, res.stderr[-2000:]
+    _check_new_folder(out, "softpick")
+
+def test_nonconforming_normalizer_is_refused(tmp_path, monkeypatch, data_root):
+    for k, v in _outside_module(tmp_path).items(): monkeypatch.setenv(k, v)
+    res = cli("grid", "--profile", "smoke", "--out", tmp_path / "x", "--methods", "my_norms:leaky_mask", "--datasets", "synthetic_marker")
+    assert res.returncode == 2 and "fails the conformance suite" in res.stderr and "key mask:" in res.stderr, res.stderr
+    assert not (tmp_path / "x").exists()
+
+def test_baseline_made_with_other_options_is_refused(baseline, tmp_path):
+    res = cli("grid", "--profile", "smoke", "--out", tmp_path / "x", "--methods", "softpick", "--baseline", baseline, "--lr", "0.003")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "was made with lr=" in res.stderr, res.stderr
