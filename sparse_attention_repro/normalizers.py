@@ -12,7 +12,7 @@ __all__ = ['ORIGINAL_BISECT_STEPS', 'ENTRY_POINT_GROUP', 'softmax', 'SparsemaxFu
 
 # %% ../nbs/00_normalizers.ipynb
 import copy, importlib, importlib.metadata, math, re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable
 import torch
@@ -319,7 +319,7 @@ class NormalizerSpec:
     kernel: bool = False              # a C row kernel serves it on the CPU
     exact_gradient: bool = True       # False: a declared approximate backward
     options: tuple = ()               # keyword options the factory accepts
-    source: str = "sparse_attention_repro"   # where it came from: the library, a module, an entry point
+    source: str = ""                  # the module that registered it (the library's, or an outside package's)
 
     def build(self, num_heads: int = 1, num_models: int | None = None, **options) -> nn.Module:
         "The normalizer module for `num_heads` heads (and a stack of `num_models` models)."
@@ -372,8 +372,10 @@ def register_normalizer(name: str, normalizer=None, *, factory=None, **capabilit
         elif isinstance(obj, type) and issubclass(obj, nn.Module): make = obj
         elif callable(obj): make = _function_factory(name, obj)
         else: raise TypeError(f"register_normalizer({name!r}): give a function, an nn.Module class or factory=, not {type(obj).__name__}")
-        origin = f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', repr(obj))}"
-        spec = _add(NormalizerSpec(name, make, **{k: tuple(v) if k in ("learned", "options") else v for k, v in capabilities.items()}), origin)
+        where = obj if obj is not None else factory
+        origin = f"{getattr(where, '__module__', '')}.{getattr(where, '__qualname__', repr(where))}"
+        caps = {"source": getattr(where, "__module__", None) or "unknown", **capabilities}
+        spec = _add(NormalizerSpec(name, make, **{k: tuple(v) if k in ("learned", "options") else v for k, v in caps.items()}), origin)
         if obj is not None:
             try: obj.__normalizer__ = spec
             except (AttributeError, TypeError): pass
@@ -414,7 +416,9 @@ def registered_normalizers() -> list:
 def _lookup(ref):
     if ref in _REGISTRY: return _REGISTRY[ref]
     for prefix, make in _FAMILIES.items():
-        if ref.startswith(prefix) and ref != prefix: return _add(make(ref), f"family {prefix}")
+        if ref.startswith(prefix) and ref != prefix:
+            spec = make(ref)
+            return _add(spec if spec.source else replace(spec, source=f"family {prefix}<digits>"), f"family {prefix}")
     if ":" in ref: return _import_spec(ref)
     if (ep := _entry_points().get(ref)) is not None:
         try: obj = ep.load()
