@@ -45,7 +45,7 @@ from transformers import AttentionInterface, AutoModelForSequenceClassification,
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from sparse_attention_repro.normalizers import get_normalizer, topk_name, attention_density, keep_count
+from sparse_attention_repro.normalizers import get_normalizer, resolve_normalizer, topk_name, attention_density, keep_count
 from sparse_attention_repro.study import CRISP_CONFIGS
 from pathlib import Path
 from sparse_attention_repro.data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data, resolve_device, autocast, PRECISIONS
@@ -299,15 +299,22 @@ for cfg in (tiny_db_cfg, tiny_bert_cfg):
 # %%
 #| export
 
+def crisp_normalizer(config):
+    "The registry entry a Crisp configuration names when it is not one of the paper's four (e.g. `entmax15`), else None."
+    if config in CRISP_CONFIGS: return None
+    try: return resolve_normalizer(config)
+    except ValueError as e:
+        raise ValueError(f"unknown crisp config {config!r}; choose one of {', '.join(CRISP_CONFIGS)} or a registered normalizer ({e})") from None
+
 def crisp_target(config):
-    "Target mean sparsity of a Crisp configuration (0 for dense)."
-    if config not in CRISP_CONFIGS: raise ValueError(f"unknown crisp config {config!r}; choose one of {', '.join(CRISP_CONFIGS)}")
+    "Target mean sparsity of a Crisp configuration (0 for dense; NaN for a registered normalizer, which sets no target)."
+    if crisp_normalizer(config) is not None: return float("nan")
     return 0.0 if config == "dense" else int(config.split("_")[1]) / 100
 
 def crisp_nominal_sparsity(config, num_layers, spread=0.2):
     "Per-layer nominal sparsity: 0 (dense), the target in every layer (fixed), or the linear schedule (adaptive)."
     t = crisp_target(config)
-    if not config.startswith("adaptive"): return [t] * num_layers
+    if not config.startswith("adaptive") or crisp_normalizer(config) is not None: return [t] * num_layers
     pos = [l / (num_layers - 1) - 0.5 if num_layers > 1 else 0.0 for l in range(num_layers)]
     s = [t + spread * x for x in pos]
     if min(s) < 0 or max(s) > 0.99: raise ValueError(f"spread {spread} puts a layer of {config} outside [0, 0.99]: {s}")
@@ -325,6 +332,7 @@ for c, t in [("adaptive_060", 0.6), ("adaptive_080", 0.8)]:
 test_close(crisp_nominal_sparsity("adaptive_080", 6), [0.7, 0.74, 0.78, 0.82, 0.86, 0.9], eps=1e-12)
 test_fail(lambda: crisp_nominal_sparsity("adaptive_080", 6, spread=0.5), contains="outside")
 test_fail(lambda: crisp_target("fixed_090"), contains="unknown crisp config")
+assert np.isnan(crisp_target("entmax15")) and all(np.isnan(crisp_nominal_sparsity("entmax15", 3)))
 
 
 # %% [markdown]
@@ -367,7 +375,7 @@ def calibrate_keep_ratio(sparsity, lengths):
 def crisp_keep_ratios(config, num_layers, lengths=None, spread=0.2):
     "Per-layer top-k keep ratio (None = dense softmax); adaptive ratios calibrated on `lengths` when given."
     nominal = crisp_nominal_sparsity(config, num_layers, spread)
-    if config == "dense": return [None] * num_layers
+    if config == "dense" or crisp_normalizer(config) is not None: return [None] * num_layers
     if config.startswith("adaptive") and lengths is not None:
         return [calibrate_keep_ratio(s, lengths) for s in nominal]
     return [round(1 - s, 6) for s in nominal]
@@ -404,6 +412,13 @@ test_eq(crisp_keep_ratios("dense", 2), [None, None])
 
 # %%
 #| export
+def _num_heads(module):
+    "Attention heads of a DistilBERT or BERT self-attention module."
+    for k in ("n_heads", "num_attention_heads", "num_heads"):
+        if isinstance(getattr(module, k, None), int): return getattr(module, k)
+    if hasattr(module, "config"): return module.config.num_attention_heads
+    raise TypeError(f"{type(module).__name__}: cannot tell its number of heads")
+
 def apply_crisp(model, config, scope="row", lengths=None, spread=0.2, name=CRISP_ATTENTION):
     "Give every self-attention layer of `model` its Crisp normalizer for `config` and route attention through `name`."
     if scope not in ("row", "head"): raise ValueError(f"scope must be 'row' or 'head', got {scope!r}")
@@ -411,8 +426,10 @@ def apply_crisp(model, config, scope="row", lengths=None, spread=0.2, name=CRISP
     mods = attention_modules(model)
     nominal = crisp_nominal_sparsity(config, len(mods), spread)
     ratios = crisp_keep_ratios(config, len(mods), lengths, spread)
+    spec = crisp_normalizer(config)                                   # a registered normalizer in every layer, or the paper's rule
     for l, (m, s, r) in enumerate(zip(mods, nominal, ratios)):
-        m.crisp_norm = get_normalizer("softmax") if r is None else get_normalizer(topk_name(r), scope=scope)
+        if spec is not None: m.crisp_norm = spec.build(num_heads=_num_heads(m))
+        else: m.crisp_norm = get_normalizer("softmax") if r is None else get_normalizer(topk_name(r), scope=scope)
         m.crisp_layer, m.crisp_nominal, m.crisp_keep_ratio = l, s, r
     model.crisp_setup = dict(config=config, scope=scope, spread=spread, nominal_sparsity=nominal, keep_ratios=ratios,
                              calibrated=bool(lengths is not None and config.startswith("adaptive")))
@@ -475,6 +492,28 @@ test_eq(attention_modules(m)[0].crisp_norm.kwargs, dict(ratio=0.2, scope="head")
 with torch.no_grad(): att = m(ids, attention_mask=am, output_attentions=True).attentions
 assert all(((a[0] > 0).sum(-1) >= 1).all() for a in att)
 test_fail(lambda: apply_crisp(m, "fixed_080", scope="matrix"), contains="scope must be")
+
+# %% [markdown]
+# **Any registered normalizer.** A configuration may also name any normalizer of the registry — study A's
+# `entmax15`, the adaptive entmax, or one registered from outside — which then replaces softmax in every layer (no
+# masking rule, no target sparsity). A learned one gets its parameters per layer and trains with the encoder:
+
+# %%
+from sparse_attention_repro.normalizers import entmax15
+m = apply_crisp(tiny_model(tiny_db_cfg).eval(), "entmax15")
+with torch.no_grad(): att = m(ids, attention_mask=am, output_attentions=True).attentions
+test_eq([a.crisp_norm.name for a in attention_modules(m)], ["entmax15"] * len(attention_modules(m)))
+test_close(att[0].sum(-1), torch.ones_like(att[0].sum(-1)), eps=1e-5)                 # rows are distributions
+test_eq(att[0].masked_select(~am.bool()[:, None, None, :].expand_as(att[0])).abs().sum(), 0)   # padding gets nothing
+seen = []
+hook = attention_modules(m)[0].crisp_norm.register_forward_hook(lambda mod, inp, out: seen.append((inp, out)))
+with torch.no_grad(): m(ids, attention_mask=am)
+hook.remove()
+(scores_, mask_), out_ = seen[0]
+test_close(out_, entmax15(scores_, mask_), eps=1e-6)                                   # the layer's weights are entmax-1.5's
+h = apply_crisp(tiny_model(tiny_db_cfg), "headwise_adaptive_entmax")
+test_eq(sum(p.numel() for n, p in h.named_parameters() if "crisp_norm" in n), len(attention_modules(h)) * _num_heads(attention_modules(h)[0]))
+test_fail(lambda: apply_crisp(tiny_model(tiny_db_cfg), "entmax_2"), contains="unknown crisp config")
 
 # %% [markdown]
 # ## SST-2 and the models

@@ -388,18 +388,23 @@ test_eq(len(paired_tests(None)), 0)
 
 # %%
 #| export
-def crisp_tests(crisp, baseline=CRISP_BASELINE, configs=CRISP_MASKED):
-    "Tidy table: each Crisp config vs `baseline` per split, paired by seed, Holm within `crisp_<split>`."
+def crisp_tests(crisp, baseline=CRISP_BASELINE, configs=CRISP_MASKED, family="crisp"):
+    "Tidy table: each Crisp config vs `baseline` per split, paired by seed, Holm within `<family>_<split>`."
     rows = []
     if crisp is None or len(crisp) == 0: return pd.DataFrame(columns=TEST_COLS)
     for (prof, split), g in crisp.groupby(["profile", "split"], sort=False):
         if baseline not in set(g.config): continue
         for c in configs:
             if c in set(g.config):
-                rows.append(dict(family=f"crisp_{split}", profile=prof, dataset="sst2", method=c, baseline=baseline,
+                rows.append(dict(family=f"{family}_{split}", profile=prof, dataset="sst2", method=c, baseline=baseline,
                                  metric="accuracy", **_compare(g, "config", c, baseline, "accuracy", margin=EQUIVALENCE_MARGINS["crisp"])))
     out = holm(pd.DataFrame(rows), family_cols=("profile", "family")) if rows else pd.DataFrame(columns=TEST_COLS)
     return out[TEST_COLS]
+
+def crisp_normalizer_tests(crisp, baseline=CRISP_BASELINE):
+    "Registered normalizers run as Crisp configurations (e.g. entmax15) vs dense, per split; Holm within `crisp_normalizers_<split>`."
+    if crisp is None or len(crisp) == 0: return pd.DataFrame(columns=TEST_COLS)
+    return crisp_tests(crisp, baseline, [c for c in dict.fromkeys(crisp.config) if c not in CRISP_CONFIGS], family="crisp_normalizers")
 
 
 # %%
@@ -410,6 +415,11 @@ cv = ct[ct.family == "crisp_validation"].set_index("method")
 ps = [sps.ttest_rel(v[c], v.dense).pvalue for c in CRISP_MASKED]
 test_close(cv.loc[list(CRISP_MASKED), "p_holm"].to_numpy(), manual_holm(ps))
 test_close(cv.loc["adaptive_080", "mean_delta"], (v.adaptive_080 - v.dense).mean())
+with_entmax = pd.concat([crisp, crisp[crisp.config == "fixed_080"].assign(config="entmax15")])   # a normalizer run as a config
+test_eq(crisp_tests(with_entmax), ct)                                                            # the paper's family is untouched
+cn = crisp_normalizer_tests(with_entmax)
+test_eq(sorted(cn.family), ["crisp_normalizers_test", "crisp_normalizers_validation"])
+test_close(cn.set_index("family").loc["crisp_normalizers_validation", "mean_delta"], cv.loc["fixed_080", "mean_delta"])
 
 
 # %% [markdown]

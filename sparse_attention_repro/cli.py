@@ -69,7 +69,7 @@ def _crisp_args(sub):
     "`crisp`: the Crisp grid."
     c = sub.add_parser("crisp", help="study B: Crisp configurations x seeds")
     c.add_argument("--profile", default="smoke"); c.add_argument("--out", required=True)
-    c.add_argument("--configs", nargs="+"); c.add_argument("--seeds", nargs="+"); c.add_argument("--model", default="")
+    c.add_argument("--configs", nargs="+", help="dense fixed_080 adaptive_060 adaptive_080 (the paper's), or any registered normalizer, e.g. entmax15"); c.add_argument("--seeds", nargs="+"); c.add_argument("--model", default="")
     c.add_argument("--scope", default="row", help="percentile per query row (row) or per head matrix (head)")
     c.add_argument("--precision", default="fp32", help="fp32 | bf16 (autocast; meant for GPUs)")
     c.add_argument("--train-n", type=int, default=0, help="training sentences (0 = the profile's); for learning curves")
@@ -280,12 +280,13 @@ CRISP_KEYS = ("config", "seed", "split")
 def crisp_tasks(args):
     "Validate the Crisp arguments and return (tasks, options)."
     _check_executor(args)
-    from sparse_attention_repro.crisp import CRISP_CONFIGS, CRISP_PROFILES, sst2_path
+    from sparse_attention_repro.crisp import CRISP_CONFIGS, CRISP_PROFILES, sst2_path, crisp_normalizer
     from sparse_attention_repro.data import DataUnavailableError, PRECISIONS
     if args.profile not in CRISP_PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(CRISP_PROFILES)}")
     configs = _split(args.configs) if args.configs else list(CRISP_CONFIGS)
     for c in configs:
-        if c not in CRISP_CONFIGS: raise UsageError(f"unknown Crisp config {c!r}; choose from {', '.join(CRISP_CONFIGS)}")
+        try: crisp_normalizer(c)                                     # the paper's four, or any registered normalizer
+        except ValueError as e: raise UsageError(str(e)) from None
     if args.scope not in ("row", "head"): raise UsageError(f"--scope must be row or head, got {args.scope!r}")
     seeds = _seeds(args.seeds) if args.seeds else list(CRISP_PROFILES[args.profile]["seeds"])
     if args.precision not in PRECISIONS: raise UsageError(f"--precision must be fp32 or bf16, got {args.precision!r}")

@@ -5,10 +5,10 @@
 # %% auto 0
 __all__ = ['CRISP_ATTENTION', 'SST2_SPLITS', 'SST2_HUB', 'TINY_DISTILBERT', 'CRISP_PROFILES', 'ROW_COLUMNS', 'crisp_key_mask',
            'crisp_attention', 'crisp_mask', 'register_crisp_attention', 'attention_modules', 'use_crisp_attention',
-           'crisp_target', 'crisp_nominal_sparsity', 'measured_sparsity_for_ratio', 'calibrate_keep_ratio',
-           'crisp_keep_ratios', 'apply_crisp', 'crisp_recording', 'crisp_layer_stats', 'sst2_path', 'read_sst2',
-           'minilm_path', 'load_crisp_model', 'encode_sentences', 'collate', 'FinetuneConfig', 'batch_order',
-           'finetune', 'evaluate', 'resolve_finetune', 'run_crisp']
+           'crisp_normalizer', 'crisp_target', 'crisp_nominal_sparsity', 'measured_sparsity_for_ratio',
+           'calibrate_keep_ratio', 'crisp_keep_ratios', 'apply_crisp', 'crisp_recording', 'crisp_layer_stats',
+           'sst2_path', 'read_sst2', 'minilm_path', 'load_crisp_model', 'encode_sentences', 'collate', 'FinetuneConfig',
+           'batch_order', 'finetune', 'evaluate', 'resolve_finetune', 'run_crisp']
 
 # %% ../nbs/04_crisp.ipynb
 import contextlib, json, math, os, time, types
@@ -23,7 +23,7 @@ from transformers import AttentionInterface, AutoModelForSequenceClassification,
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .normalizers import get_normalizer, topk_name, attention_density, keep_count
+from .normalizers import get_normalizer, resolve_normalizer, topk_name, attention_density, keep_count
 from .study import CRISP_CONFIGS
 from pathlib import Path
 from .data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data, resolve_device, autocast, PRECISIONS
@@ -112,15 +112,22 @@ def use_crisp_attention(model, name=CRISP_ATTENTION):
     return model
 
 # %% ../nbs/04_crisp.ipynb
+def crisp_normalizer(config):
+    "The registry entry a Crisp configuration names when it is not one of the paper's four (e.g. `entmax15`), else None."
+    if config in CRISP_CONFIGS: return None
+    try: return resolve_normalizer(config)
+    except ValueError as e:
+        raise ValueError(f"unknown crisp config {config!r}; choose one of {', '.join(CRISP_CONFIGS)} or a registered normalizer ({e})") from None
+
 def crisp_target(config):
-    "Target mean sparsity of a Crisp configuration (0 for dense)."
-    if config not in CRISP_CONFIGS: raise ValueError(f"unknown crisp config {config!r}; choose one of {', '.join(CRISP_CONFIGS)}")
+    "Target mean sparsity of a Crisp configuration (0 for dense; NaN for a registered normalizer, which sets no target)."
+    if crisp_normalizer(config) is not None: return float("nan")
     return 0.0 if config == "dense" else int(config.split("_")[1]) / 100
 
 def crisp_nominal_sparsity(config, num_layers, spread=0.2):
     "Per-layer nominal sparsity: 0 (dense), the target in every layer (fixed), or the linear schedule (adaptive)."
     t = crisp_target(config)
-    if not config.startswith("adaptive"): return [t] * num_layers
+    if not config.startswith("adaptive") or crisp_normalizer(config) is not None: return [t] * num_layers
     pos = [l / (num_layers - 1) - 0.5 if num_layers > 1 else 0.0 for l in range(num_layers)]
     s = [t + spread * x for x in pos]
     if min(s) < 0 or max(s) > 0.99: raise ValueError(f"spread {spread} puts a layer of {config} outside [0, 0.99]: {s}")
@@ -148,12 +155,19 @@ def calibrate_keep_ratio(sparsity, lengths):
 def crisp_keep_ratios(config, num_layers, lengths=None, spread=0.2):
     "Per-layer top-k keep ratio (None = dense softmax); adaptive ratios calibrated on `lengths` when given."
     nominal = crisp_nominal_sparsity(config, num_layers, spread)
-    if config == "dense": return [None] * num_layers
+    if config == "dense" or crisp_normalizer(config) is not None: return [None] * num_layers
     if config.startswith("adaptive") and lengths is not None:
         return [calibrate_keep_ratio(s, lengths) for s in nominal]
     return [round(1 - s, 6) for s in nominal]
 
 # %% ../nbs/04_crisp.ipynb
+def _num_heads(module):
+    "Attention heads of a DistilBERT or BERT self-attention module."
+    for k in ("n_heads", "num_attention_heads", "num_heads"):
+        if isinstance(getattr(module, k, None), int): return getattr(module, k)
+    if hasattr(module, "config"): return module.config.num_attention_heads
+    raise TypeError(f"{type(module).__name__}: cannot tell its number of heads")
+
 def apply_crisp(model, config, scope="row", lengths=None, spread=0.2, name=CRISP_ATTENTION):
     "Give every self-attention layer of `model` its Crisp normalizer for `config` and route attention through `name`."
     if scope not in ("row", "head"): raise ValueError(f"scope must be 'row' or 'head', got {scope!r}")
@@ -161,8 +175,10 @@ def apply_crisp(model, config, scope="row", lengths=None, spread=0.2, name=CRISP
     mods = attention_modules(model)
     nominal = crisp_nominal_sparsity(config, len(mods), spread)
     ratios = crisp_keep_ratios(config, len(mods), lengths, spread)
+    spec = crisp_normalizer(config)                                   # a registered normalizer in every layer, or the paper's rule
     for l, (m, s, r) in enumerate(zip(mods, nominal, ratios)):
-        m.crisp_norm = get_normalizer("softmax") if r is None else get_normalizer(topk_name(r), scope=scope)
+        if spec is not None: m.crisp_norm = spec.build(num_heads=_num_heads(m))
+        else: m.crisp_norm = get_normalizer("softmax") if r is None else get_normalizer(topk_name(r), scope=scope)
         m.crisp_layer, m.crisp_nominal, m.crisp_keep_ratio = l, s, r
     model.crisp_setup = dict(config=config, scope=scope, spread=spread, nominal_sparsity=nominal, keep_ratios=ratios,
                              calibrated=bool(lengths is not None and config.startswith("adaptive")))

@@ -8,14 +8,15 @@ __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'SPARSE_METHODS', 'TOPK_METHODS
            'ABLATION_COLS', 'RECIPE_SEARCH', 'RECIPE_VAL_FRACTION', 'PAPER_LR', 'RECIPE_GRIDS', 'FOLLOW_UPS',
            'CURVE_COLS', 'PAPER_SOFTMAX_ACCURACY', 'DATASET_ORDER', 'VERSUS_COLS', 'load_runs', 'load_crisp',
            'check_results_file', 'paired_stats', 'holm', 'tost_paired', 'equivalence_verdict', 'family_of',
-           'paired_tests', 'crisp_tests', 'seed_deltas', 'single_seed_summary', 'single_pair_exceedance', 'mde_paired',
-           'mde_unpaired', 'discordance_from_deltas', 'power_table', 'accuracy_ci', 'select_topk', 'alpha_long',
-           'pad_attention', 'time_ratios', 'layer_sparsity', 'crisp_learning_curve', 'crisp_by_lr', 'alpha_start_tests',
-           'alpha_start_verdicts', 'prediction_interval', 'verdict', 'fmt_p', 'claims_table', 'ablation_tests',
-           'ablation_expected', 'ablation_family', 'ablation_answer', 'readable_ablation', 'readable_single_seed',
-           'readable_power', 'deviations', 'recipe_curves', 'identical_to_main', 'select_recipes', 'recipe_tests',
-           'tuned_verdicts', 'recipe_budget', 'readable_tests', 'run_description', 'paper_deltas', 'readable_claims',
-           'analyse', 'versus_baseline', 'pairing_check', 'versus_answer', 'readable_versus']
+           'paired_tests', 'crisp_tests', 'crisp_normalizer_tests', 'seed_deltas', 'single_seed_summary',
+           'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas', 'power_table',
+           'accuracy_ci', 'select_topk', 'alpha_long', 'pad_attention', 'time_ratios', 'layer_sparsity',
+           'crisp_learning_curve', 'crisp_by_lr', 'alpha_start_tests', 'alpha_start_verdicts', 'prediction_interval',
+           'verdict', 'fmt_p', 'claims_table', 'ablation_tests', 'ablation_expected', 'ablation_family',
+           'ablation_answer', 'readable_ablation', 'readable_single_seed', 'readable_power', 'deviations',
+           'recipe_curves', 'identical_to_main', 'select_recipes', 'recipe_tests', 'tuned_verdicts', 'recipe_budget',
+           'readable_tests', 'run_description', 'paper_deltas', 'readable_claims', 'analyse', 'versus_baseline',
+           'pairing_check', 'versus_answer', 'readable_versus']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -184,18 +185,23 @@ def paired_tests(runs, metric="accuracy", baseline=BASELINE, methods=SPARSE_METH
     return out[TEST_COLS]
 
 # %% ../nbs/05_stats.ipynb
-def crisp_tests(crisp, baseline=CRISP_BASELINE, configs=CRISP_MASKED):
-    "Tidy table: each Crisp config vs `baseline` per split, paired by seed, Holm within `crisp_<split>`."
+def crisp_tests(crisp, baseline=CRISP_BASELINE, configs=CRISP_MASKED, family="crisp"):
+    "Tidy table: each Crisp config vs `baseline` per split, paired by seed, Holm within `<family>_<split>`."
     rows = []
     if crisp is None or len(crisp) == 0: return pd.DataFrame(columns=TEST_COLS)
     for (prof, split), g in crisp.groupby(["profile", "split"], sort=False):
         if baseline not in set(g.config): continue
         for c in configs:
             if c in set(g.config):
-                rows.append(dict(family=f"crisp_{split}", profile=prof, dataset="sst2", method=c, baseline=baseline,
+                rows.append(dict(family=f"{family}_{split}", profile=prof, dataset="sst2", method=c, baseline=baseline,
                                  metric="accuracy", **_compare(g, "config", c, baseline, "accuracy", margin=EQUIVALENCE_MARGINS["crisp"])))
     out = holm(pd.DataFrame(rows), family_cols=("profile", "family")) if rows else pd.DataFrame(columns=TEST_COLS)
     return out[TEST_COLS]
+
+def crisp_normalizer_tests(crisp, baseline=CRISP_BASELINE):
+    "Registered normalizers run as Crisp configurations (e.g. entmax15) vs dense, per split; Holm within `crisp_normalizers_<split>`."
+    if crisp is None or len(crisp) == 0: return pd.DataFrame(columns=TEST_COLS)
+    return crisp_tests(crisp, baseline, [c for c in dict.fromkeys(crisp.config) if c not in CRISP_CONFIGS], family="crisp_normalizers")
 
 # %% ../nbs/05_stats.ipynb
 def seed_deltas(runs=None, crisp=None, baseline=BASELINE, crisp_baseline=CRISP_BASELINE):

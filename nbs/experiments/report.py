@@ -514,6 +514,22 @@ if lr_check is not None and crisp is not None:
 else: md("The learning-rate check has not been run in this folder.")
 
 # %% [markdown]
+# ### Study A's normalizers in Crisp's regime
+#
+# Any registered normalizer can replace softmax in every layer of the pretrained encoder (`sparse-repro crisp --configs
+# entmax15 ...`). `crisp_normalizers/` holds such runs on the same sentences, seeds and learning rate as the runs above,
+# paired by seed with their dense runs (Holm within this family; equivalence margin ±0.5 pt).
+
+# %%
+cnorm = S.load_crisp(RES / "crisp_normalizers" / "crisp_runs.csv")
+if cnorm is not None and crisp is not None:
+    dense_ = crisp[(crisp.config == S.CRISP_BASELINE) & crisp.train_n.isin(set(cnorm.train_n)) & crisp.lr.isin(set(cnorm.lr))]
+    cnt = S.crisp_normalizer_tests(pd.concat([dense_, cnorm], ignore_index=True))
+    cnt.to_csv(TAB / "crisp_normalizer_tests.csv", index=False)
+    table(S.readable_tests(cnt).drop(columns="dataset").rename(columns={"comparison": "normalizer vs dense"}))
+else: md("No registered normalizer has been run in Crisp's regime in this folder (`crisp_normalizers/`).")
+
+# %% [markdown]
 # ### Per-layer sparsity of the adaptive configs
 
 # %%
