@@ -861,20 +861,26 @@ def _conformance(spec, num_heads, seed):
 
 # %%
 #| export
+ALPHA_MIN, ALPHA_SPAN, ALPHA_MAX = 1.05, 0.90, 1.95      # the adaptive entmax's alpha lives in (1.05, 1.95)
+
+def adaptive_alpha(logit):
+    "The head-wise adaptive entmax's alpha from its logit: alpha = 1.05 + 0.90 * sigmoid(a), in (1.05, 1.95); a = 0 gives 1.5."
+    return ALPHA_MIN + ALPHA_SPAN * torch.sigmoid(logit)
+
 class HeadwiseAdaptiveEntmax(nn.Module):
     """alpha-entmax with one learned alpha per head: alpha = 1.05 + 0.90 * sigmoid(a), a initialised at 0 (alpha 1.5);
     `alpha_start` starts every head elsewhere in (1.05, 1.95) (the start-value control of the learned alpha)."""
     def __init__(self, num_heads, n_iter=30, bisect=False, num_models=None, alpha_start=1.5):
         super().__init__()
-        if not 1.05 < alpha_start < 1.95: raise ValueError(f"alpha_start must lie in (1.05, 1.95), got {alpha_start}")
-        u = (alpha_start - 1.05) / 0.90
+        if not ALPHA_MIN < alpha_start < ALPHA_MAX: raise ValueError(f"alpha_start must lie in (1.05, 1.95), got {alpha_start}")
+        u = (alpha_start - ALPHA_MIN) / ALPHA_SPAN                                       # the logit that gives alpha_start
         self.alpha_logit = nn.Parameter(torch.full((num_heads,) if num_models is None else (num_models, num_heads),
                                                    0.0 if alpha_start == 1.5 else math.log(u / (1 - u))))
         self.n_iter, self.bisect = n_iter, bisect
     @property
     def alpha(self):
         "Current alpha of each head, shape `[H]` (`[M, H]` for a stack of M models)."
-        return 1.05 + 0.90 * torch.sigmoid(self.alpha_logit)
+        return adaptive_alpha(self.alpha_logit)
     def forward(self, scores, key_mask=None):
         "scores `[B, H, T, T]`, or `[M, B, H, T, T]` for a stack of M models."
         a = self.alpha

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from sparse_attention_repro.files import atomic_write_bytes
 
 # %%
 #| export
@@ -96,6 +97,14 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 PRECISIONS = ("fp32", "bf16")
 
+def has_bf16_units(device) -> bool:
+    "Whether `device` multiplies bf16 in hardware: a CUDA GPU that supports it, or a CPU with AVX512-BF16 or AMX-BF16."
+    device = torch.device(device)
+    if device.type == "cuda": return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    try: flags = Path("/proc/cpuinfo").read_text()
+    except OSError: return False
+    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
+
 def autocast(device, precision):
     "bf16 autocast on `device` when `precision` is bf16 (matmuls in bf16; weights, optimizer and normalizers in fp32), else a no-op."
     if precision not in PRECISIONS: raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
@@ -104,6 +113,8 @@ def autocast(device, precision):
 
 # %%
 with autocast(torch.device("cpu"), "bf16"): test_eq((torch.ones(2, 3) @ torch.ones(3, 2)).dtype, torch.bfloat16)
+_flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+test_eq(has_bf16_units("cpu"), "avx512_bf16" in _flags.split() or "amx_bf16" in _flags.split())
 with autocast(torch.device("cpu"), "fp32"): test_eq((torch.ones(2, 3) @ torch.ones(3, 2)).dtype, torch.float32)
 test_fail(lambda: autocast(torch.device("cpu"), "fp16"), contains="fp32 or bf16")
 test_eq(resolve_device("cpu"), torch.device("cpu"))
@@ -185,22 +196,11 @@ finally:
 
 # %%
 #| export
-def _atomic_write(path: Path, write):
-    "Call `write(fileobj)` on a temp file next to `path`, then atomically move it to `path`."
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f: write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp): os.remove(tmp)
-        raise
-
 def save_cached(folder: Path, arrays: dict, meta: dict):
     "Save each array as `folder/<key>.npy`, then `meta.json` (the completion marker)."
-    for k, a in arrays.items(): _atomic_write(folder / f"{k}.npy", lambda f, a=a: np.save(f, a, allow_pickle=False))
+    for k, a in arrays.items(): atomic_write_bytes(folder / f"{k}.npy", lambda f, a=a: np.save(f, a, allow_pickle=False))
     meta = {**meta, "keys": sorted(arrays)}
-    _atomic_write(folder / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
+    atomic_write_bytes(folder / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
 
 def load_cached(folder: Path) -> tuple[dict, dict] | None:
     "Arrays and meta of a complete cache entry, or None when absent or unreadable."
@@ -243,6 +243,8 @@ test_eq(_cache_folder(Path("/c"), "cifar10", "local:jpeg-q75"), Path(f"/c/data-{
 
 # %%
 #| export
+TEST_SEED_OFFSET, VAL_SEED_OFFSET = 10000, 20000   # a seed's test subset comes from seed + 10000; a generated validation set from seed + 20000
+
 def subset_indices(n: int, limit: int | None, seed: int) -> np.ndarray:
     "First `limit` items of `default_rng(seed).permutation(n)` (all `n`, permuted, when `limit` is None)."
     limit = n if limit is None else int(limit)
@@ -327,6 +329,7 @@ test_eq(patchify(torch.zeros(1, 3, 32, 32), 8).shape, (1, 16, 192)); test_eq(pat
 test_eq(patchify(img1, 7)[0, 1, :7], img1[0, 0, 7:14])  # patch 1 = the top row's second patch; its first 7 values = pixel row 0
 test_fail(lambda: patchify(img1, 5), exc=ValueError)
 
+
 # %% [markdown]
 # `unpatchify` puts patches back into images (for pictures of what a model attended to); it inverts `patchify`.
 
@@ -338,6 +341,7 @@ def unpatchify(x: torch.Tensor, channels: int, grid: int) -> torch.Tensor:
     p = int(round((d / channels) ** 0.5))
     if t != grid * grid or channels * p * p != d: raise ValueError(f"cannot unpatchify [{n}, {t}, {d}] as a {grid}x{grid} grid of {channels}-channel patches")
     return x.reshape(n, grid, grid, channels, p, p).permute(0, 3, 1, 4, 2, 5).reshape(n, channels, grid * p, grid * p)
+
 
 # %%
 test_eq(unpatchify(patchify(img1, 7), 1, 4)[:, 0], img1)
@@ -673,8 +677,8 @@ for row, label in zip(ids, y):                        # brute force: find the ma
     pos = [i for i, t in enumerate(row) if t == 1]
     assert len(pos) == 1 and pos[0] < 95
     test_eq(label, row[pos[0] + 1] % 10)
-assert ids[ids != 1].min() >= 2 and ids.max() < 20000
-r = np.random.default_rng(0); ids2 = r.integers(2, 20000, (500, 96)); p2 = r.integers(0, 95, 500)
+assert ids[ids != 1].min() >= 2 and ids.max() < TEXT_VOCAB
+r = np.random.default_rng(0); ids2 = r.integers(2, TEXT_VOCAB, (500, 96)); p2 = r.integers(0, 95, 500)
 test_eq(np.argmax(ids == 1, axis=1), p2)                                # the documented draw order
 test_eq(np.where(ids == 1, ids2, ids), ids2)
 ids12, y12 = make_marker(2000, np.random.default_rng(1), vocab=12)
@@ -712,6 +716,7 @@ def most_frequent_token_accuracy(ids: np.ndarray, y: np.ndarray, design: str = "
     mode = np.array([np.bincount(r[r != MARKER_ID]).argmax() for r in ids])     # per row; ties: the smallest id
     return float(((mode - 2 if design == "balanced" else mode % 10) == y).mean())
 
+
 # %%
 idb, yb = make_balanced_marker(3000, np.random.default_rng(2))
 for row, label in zip(idb[:300], yb[:300]):            # brute force: one marker, the label is the token after it
@@ -722,6 +727,7 @@ for row, label in zip(idb[:300], yb[:300]):            # brute force: one marker
 test_eq(set(yb), set(range(10)))
 sc, sc12 = most_frequent_token_accuracy(idb, yb, "balanced"), most_frequent_token_accuracy(ids12, y12)
 assert abs(sc - 0.10) < 0.02 < sc12 - 0.10, (sc, sc12)   # the shortcut sits at chance here, not on the 12-token variant
+
 
 # %% [markdown]
 # Every marker result is read beside three baselines computed on the same test sequences: chance (10 %), the majority
@@ -735,10 +741,11 @@ def marker_baselines(seeds, train_n: int = 8000, test_n: int = 2000, marker_voca
     for s in seeds:
         make = (lambda n, r: make_marker(n, r, marker_vocab)) if marker_design == "random" else make_balanced_marker
         _, ytr = make(train_n, np.random.default_rng(s))
-        ids, y = make(test_n, np.random.default_rng(s + 10000))
+        ids, y = make(test_n, np.random.default_rng(s + TEST_SEED_OFFSET))
         acc.append((float((y == np.bincount(ytr, minlength=10).argmax()).mean()), most_frequent_token_accuracy(ids, y, marker_design)))
     a = np.array(acc)
     return dict(chance=0.1, majority=float(a[:, 0].mean()), most_frequent_token=float(a[:, 1].mean()))
+
 
 # %%
 mb = marker_baselines([0, 1], train_n=500, test_n=1000, marker_vocab=12)
@@ -907,12 +914,12 @@ def load_dataset(name: str, seed: int, train_limit: int | None, test_limit: int 
         make = ((lambda n, r: make_marker(n, r, marker_vocab)) if marker_design == "random" else make_balanced_marker)
         mk = lambda n, s: _token_split(*make(n, np.random.default_rng(s)), np.arange(n), False)
         vocab = marker_vocab if marker_design == "random" else 2 + MARKER_LABEL_TOKENS
-        return DatasetBundle(name, "tokens", mk(int(train_limit), seed), mk(int(test_limit), seed + 10000),
-                             mk(n_val, seed + 20000) if n_val else None, 10, None, vocab, TEXT_LEN,
+        return DatasetBundle(name, "tokens", mk(int(train_limit), seed), mk(int(test_limit), seed + TEST_SEED_OFFSET),
+                             mk(n_val, seed + VAL_SEED_OFFSET) if n_val else None, 10, None, vocab, TEXT_LEN,
                              "generated" if marker_design == "random" else "generated:balanced")
     arrays, source = full_arrays(name, data_root, cache_dir, download)
     tr_idx, va_idx = train_val_indices(len(arrays["train_y"]), train_limit, seed, val_fraction)
-    te_idx = subset_indices(len(arrays["test_y"]), test_limit, seed + 10000)
+    te_idx = subset_indices(len(arrays["test_y"]), test_limit, seed + TEST_SEED_OFFSET)
     if name == "twenty_news":
         mk = lambda split, i: _token_split(arrays[f"{split}_x"], arrays[f"{split}_y"], i, mask_padding)
         return DatasetBundle(name, "tokens", mk("train", tr_idx), mk("test", te_idx), None if va_idx is None else mk("train", va_idx),
@@ -929,7 +936,7 @@ def load_dataset(name: str, seed: int, train_limit: int | None, test_limit: int 
 
 # %%
 b = load_dataset("synthetic_marker", seed=5, train_limit=300, test_limit=100)
-test_eq((b.kind, b.num_classes, b.vocab_size, b.seq_len, b.input_dim, b.dataset_source, b.val), ("tokens", 10, 20000, 96, None, "generated", None))
+test_eq((b.kind, b.num_classes, b.vocab_size, b.seq_len, b.input_dim, b.dataset_source, b.val), ("tokens", 10, TEXT_VOCAB, 96, None, "generated", None))
 test_eq(b.train.x.shape, (300, 96)); test_eq(b.train.x.dtype, torch.int64); test_eq(b.train.y.dtype, torch.int64)
 test_eq(b.train.x.numpy(), make_marker(300, np.random.default_rng(5))[0])
 test_eq(b.test.x.numpy(), make_marker(100, np.random.default_rng(5 + 10000))[0])

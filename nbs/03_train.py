@@ -18,46 +18,83 @@
 #| export
 import json, time
 from pathlib import Path
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, replace, field, fields
 import numpy as np
 import torch
 import torch.nn.functional as F
 from sklearn.metrics import f1_score
 from tqdm.auto import tqdm
-from sparse_attention_repro.data import load_dataset, resolve_device, autocast, PAPER_SIZES, MAIN_FAMILY
-from sparse_attention_repro.model import CompactClassifier, ClassifierConfig, MaskTape, StackedClassifiers, count_parameters
+from sparse_attention_repro.data import load_dataset, resolve_device, autocast, PAPER_SIZES, MAIN_FAMILY, TEXT_VOCAB, MARKER_DESIGNS, PRECISIONS
+from sparse_attention_repro.model import CompactClassifier, ClassifierConfig, MaskTape, StackedClassifiers, count_parameters, DROPOUT_RNGS
 from sparse_attention_repro.normalizers import resolve_normalizer
-from sparse_attention_repro.runner import save_rows, atomic_write
+from sparse_attention_repro.runner import save_rows
+from sparse_attention_repro.files import atomic_write
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
 
 
+# %% [markdown]
+# **One schema.** `TrainConfig` is the single description of a run's options. A field declared with `option(...)` is
+# also a command-line option of `grid` (`val_fraction` is `--val-fraction`), an entry of the results folder's manifest,
+# and part of the `options` the experiment notebook passes back here — so a new option is one field with its help text
+# and, where needed, its check. `unset` is the command-line value meaning "the profile's" (e.g. `--lr 0`).
+
 # %%
 #| export
+def option(default, help: str, check=None, choices=None, unset=None):
+    "A `TrainConfig` field that is also a command-line option: its help, a check `v -> error text or None`, its choices, its 'unset' value."
+    return field(default=default, metadata=dict(help=help, check=check, choices=choices, unset=unset))
+
 @dataclass
 class TrainConfig:
     "Everything a study A run depends on besides dataset, method and seed (defaults: the paper's main family)."
-    epochs: int = 6
+    epochs: int = option(6, "training epochs (0 = each dataset's paper epochs)", lambda v: None if v >= 0 else "must be >= 1 (or 0 for the paper's)", unset=0)
     train_limit: int = 8000
     test_limit: int = 2000
     batch_size: int = 96
-    lr: float = 1e-3
+    lr: float = option(1e-3, "AdamW learning rate (0 = the protocol's 1e-3)", lambda v: None if 0 <= v < 1 else "must be in (0, 1) (or 0 for the protocol's)", unset=0.0)
     weight_decay: float = 1e-4
     grad_clip: float = 5.0
-    val_fraction: float = 0.0        # > 0: carve a validation split off the train subset (leakage-free selection)
-    mask_padding: bool = False       # variant: mask padding tokens of twenty_news (the paper does not)
-    patch_size: int | None = None    # variant: 4 for 4x4 patches (None = the paper's 7x7 / 8x8)
-    marker_vocab: int = 20000        # variant: a small vocabulary makes the marker task learnable
-    marker_design: str = "random"    # "random" (the paper's ids) | "balanced": label tokens only, in balanced counts (tests selection)
-    jpeg_quality: int = 0            # variant: pass image datasets through a JPEG codec at this quality (0 = off)
-    learned_pad_row: bool = False    # variant: learn the padding embedding (the original keeps it zero and frozen)
-    dropout_rng: str = "torch"       # "torch" (nn.Dropout's masks) | "philox" (faster counter-based masks, see `model`)
-    precision: str = "fp32"          # "fp32" | "bf16": autocast for training and evaluation (bf16 matrix units: CPUs, GPUs)
-    epoch_eval: bool = False         # also evaluate validation and test after every epoch (learning curves; training unchanged)
+    val_fraction: float = option(0.0, "carve a validation split off each train subset (leakage-free selection)",
+                                 lambda v: None if 0 <= v < 1 else "must be in [0, 1)")
+    mask_padding: bool = option(False, "variant: mask twenty_news padding (the paper does not)")
+    patch_size: int | None = option(None, "variant: 4 for 4x4 patches (0 = the paper's 7x7 / 8x8)", lambda v: None if v >= 0 else "must be >= 0", unset=0)
+    marker_vocab: int = option(TEXT_VOCAB, "variant: small vocabulary for a learnable marker task", lambda v: None if v >= 12 else "must be >= 12")
+    marker_design: str = option("random", "random (the paper's ids) | balanced (label tokens only, balanced counts: tests selection)",
+                                choices=MARKER_DESIGNS)
+    jpeg_quality: int = option(0, "variant: pass image datasets through a JPEG codec at this quality (0 = off)",
+                               lambda v: None if 0 <= v <= 100 else "must be in 1..100 (0 = off)")
+    learned_pad_row: bool = option(False, "variant: learn the padding embedding (the original keeps it zero and frozen)")
+    dropout_rng: str = option("torch", "torch (nn.Dropout's masks, the default) | philox (faster counter-based masks)", choices=DROPOUT_RNGS)
+    precision: str = option("fp32", "fp32 (default) | bf16 (autocast: for CPUs with bf16 units and GPUs)", choices=PRECISIONS)
+    epoch_eval: bool = option(False, "evaluate validation and test after every epoch (learning curves; training unchanged)")
     download: bool = False           # fetch the dataset online when no offline copy is found (the source is recorded per row)
     device: str = "auto"             # auto (CUDA when available) | cpu | cuda; recorded per row
     progress: bool = True            # tqdm bar
+
+def run_options() -> list:
+    "The `TrainConfig` fields that are command-line options, in declaration order."
+    return [f for f in fields(TrainConfig) if "help" in f.metadata]
+
+def option_defaults() -> dict:
+    "Each option's command-line default (its 'unset' value where it has one)."
+    return {f.name: f.default if f.metadata["unset"] is None else f.metadata["unset"] for f in run_options()}
+
+def check_options(options: dict):
+    "Raise ValueError with one line for the first bad value of `options` (TrainConfig option names)."
+    known = {f.name: f for f in run_options()}
+    for k, v in options.items():
+        if k not in known: raise ValueError(f"unknown option {k!r}; choose from {', '.join(known)}")
+        m, flag = known[k].metadata, "--" + k.replace("_", "-")
+        if m["choices"] and v not in m["choices"]: raise ValueError(f"unknown {flag} {v!r}; choose one of {', '.join(m['choices'])}")
+        if m["check"] and (msg := m["check"](v)): raise ValueError(f"{flag} {msg}, got {v}")
+
+def config_from_options(options: dict) -> dict:
+    "`options` as TrainConfig overrides: an option at its 'unset' value is left to the profile."
+    check_options(options)
+    unset = {f.name: f.metadata["unset"] for f in run_options()}
+    return {k: v for k, v in options.items() if unset[k] is None or v != unset[k]}
 
 PROFILES = {"smoke": dict(seeds=(0, 1), epochs=1, train_limit=256, test_limit=128),
             "quick": dict(seeds=(0, 1, 2)),
@@ -79,6 +116,16 @@ test_eq((profile_config("paper", "twenty_news").train_limit, profile_config("pap
 test_eq(profile_config("smoke", "cifar10").epochs, 1)
 test_eq(profile_config("quick", "cifar10", val_fraction=0.1).val_fraction, 0.1)
 test_fail(lambda: profile_config("fast", "cifar10"), contains="unknown profile")
+
+# the options: one field each, with the command line's defaults, checks and "unset" values
+test_eq(option_defaults(), dict(epochs=0, lr=0.0, val_fraction=0.0, mask_padding=False, patch_size=0, marker_vocab=20000,
+                                marker_design="random", jpeg_quality=0, learned_pad_row=False, dropout_rng="torch",
+                                precision="fp32", epoch_eval=False))
+test_eq(config_from_options(dict(lr=0.0, epochs=12, patch_size=0, mask_padding=True)), dict(epochs=12, mask_padding=True))
+test_eq(profile_config("paper", "kmnist", **config_from_options(option_defaults())), profile_config("paper", "kmnist"))
+for bad, msg in [(dict(lr=2.0), "--lr must be in (0, 1)"), (dict(precision="fp16"), "unknown --precision 'fp16'; choose one of fp32, bf16"),
+                 (dict(jpeg_quality=101), "--jpeg-quality must be in 1..100"), (dict(batch=3), "unknown option 'batch'")]:
+    test_fail(lambda: check_options(bad), contains=msg)
 
 
 # %% [markdown]
@@ -387,7 +434,8 @@ def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, ro
     if not seeds or any(s < 0 for s in seeds): raise ValueError(f"seeds must be one or more integers >= 0, got {seeds}")
     methods = [resolve_normalizer(m) for m in methods]               # the edge: names become registry entries once
     if threads: torch.set_num_threads(threads)
-    config = profile_config(profile, dataset, **{k: v for k, v in options.items() if not (k in ("lr", "epochs") and not v)})   # 0 = the protocol's
+    run = {k: v for k, v in options.items() if k in option_defaults()}                 # the command-line options (0 = the profile's)
+    config = profile_config(profile, dataset, **config_from_options(run), **{k: v for k, v in options.items() if k not in run})
     rows = []
     def keep(done):
         done = [dict(r, profile=profile) for r in done]

@@ -47,6 +47,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from sparse_attention_repro.normalizers import get_normalizer, resolve_normalizer, topk_name, attention_density, keep_count
 from sparse_attention_repro.study import CRISP_CONFIGS
+from sparse_attention_repro.files import atomic_write
 from pathlib import Path
 from sparse_attention_repro.data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data, resolve_device, autocast, PRECISIONS
 
@@ -230,6 +231,7 @@ def use_crisp_attention(model, name=CRISP_ATTENTION):
         if not hasattr(m, "crisp_record"): m.crisp_record = False
     return model
 
+
 # %%
 from transformers import DistilBertConfig, BertConfig, AutoModelForSequenceClassification
 tiny_db_cfg = DistilBertConfig(vocab_size=100, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64)
@@ -244,6 +246,7 @@ for cfg in (tiny_db_cfg, tiny_bert_cfg):
     test_eq(use_crisp_attention(tiny_model(cfg)).config._attn_implementation, CRISP_ATTENTION)  # or switched later
     test_eq(len(attention_modules(tiny_model(cfg))), 2)
 test_fail(lambda: use_crisp_attention(tiny_model(tiny_db_cfg), "nope"), contains="no attention function registered")
+
 
 # %% [markdown]
 # **Dense equals eager.** With no `crisp_norm` set, the dispatched attention is softmax, so a padded batch must give the
@@ -281,6 +284,7 @@ for cfg in (tiny_db_cfg, tiny_bert_cfg):
     torch.manual_seed(2); test_close(a(ids, attention_mask=am).logits, ref, eps=1e-5)
     use_crisp_attention(b.eval()); a.eval()
     with torch.no_grad(): test_close(b(ids, attention_mask=am).logits, a(ids, attention_mask=am).logits, eps=1e-5)
+
 
 # %% [markdown]
 # ## The four configurations and the adaptive rule
@@ -537,10 +541,7 @@ def _sst2_from_hub(split, path):
     ds = hub_dataset(name, config, split=hub_split)
     text = "sentence" if "sentence" in ds.column_names else "text"
     df = pd.DataFrame({"sentence": [s.replace("\t", " ").strip() for s in ds[text]], "label": ds["label"]})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    df.to_csv(tmp, sep="\t", index=False, quoting=3)
-    os.replace(tmp, path)                                                    # atomic: never a half-written split
+    atomic_write(path, lambda tmp: df.to_csv(tmp, sep="\t", index=False, quoting=3))     # never a half-written split
 
 def sst2_path(split, data_root=None, cache_dir=None, download=False) -> Path:
     "The TSV file of SST-2 `split`: offline copy, else a cached download (made now if `download`); one-line error otherwise."

@@ -27,7 +27,8 @@ import pandas as pd
 import pingouin as pg
 from scipy import stats as sps
 from sparse_attention_repro.normalizers import parse_topk_ratio, parse_alpha_start
-from sparse_attention_repro.study import BASELINE, PAPER_METHODS, CRISP_BASELINE, CRISP_CONFIGS, method_order
+from sparse_attention_repro.study import (BASELINE, PAPER_METHODS, CRISP_BASELINE, CRISP_CONFIGS, method_order, CLAIMS, PAPER_MODEL,
+                                          PAPER_SOFTMAX_ACCURACY, PAPER_CRISP_GAINS, PAPER_CRISP_DENSE)
 from sparse_attention_repro.data import MAIN_FAMILY, PAPER_SIZES
 
 # %%
@@ -487,7 +488,7 @@ test_close(s2.loc[("crisp_validation", "sst2", "adaptive_080"), "mean_delta"], c
 
 # %%
 #| export
-PUBLISHED_CRISP_GAIN = 0.0097   # adaptive_080 vs dense on SST-2 validation, one run each
+PUBLISHED_CRISP_GAIN = PAPER_CRISP_GAINS["adaptive_080"]   # adaptive_080 vs dense on SST-2 validation, one run each
 
 def single_pair_exceedance(crisp, config="adaptive_080", baseline=CRISP_BASELINE, split="validation",
                            gain=PUBLISHED_CRISP_GAIN):
@@ -924,33 +925,6 @@ test_eq(alpha_start_verdicts(_at[_at.start == 1.8]), {"fashion_mnist": "settles"
 
 # %%
 #| export
-PAPER_MODEL = "distilbert-base-uncased"     # the Crisp paper's model: absolute accuracies compare only on it
-CLAIMS = [
-    dict(claim_id="A1", study="A", claim="CIFAR-10: top-k 0.25 beats softmax by +2.63 pt (Holm p = 0.0051)", kind="delta",
-         family="main", dataset="cifar10", method="topk_softmax_025", baseline="softmax", paper_value=0.0263, single_run=False),
-    dict(claim_id="A2", study="A", claim="Fashion-MNIST: top-k 0.125 beats softmax by +2.60 pt (Holm p = 0.0055)",
-         kind="delta", family="main", dataset="fashion_mnist", method="topk_softmax_0125", baseline="softmax",
-         paper_value=0.0260, single_run=False),
-    dict(claim_id="A3", study="A", claim="KMNIST: top-k 0.25 beats softmax by +1.86 pt (Holm p = 0.0381)", kind="delta",
-         family="kmnist", dataset="kmnist", method="topk_softmax_025", baseline="softmax", paper_value=0.0186, single_run=False),
-    dict(claim_id="A4", study="A", claim="20 Newsgroups: all six sparse methods beat softmax after Holm", kind="count",
-         family="main", dataset="twenty_news", method="all sparse", baseline="softmax", paper_value=6, single_run=False),
-    dict(claim_id="A5", study="A", claim="CIFAR-10: HAE ≈ entmax-1.5 (Δ = +0.0015, p = 0.48)", kind="no_difference",
-         family="hae_vs_entmax15:cifar10", dataset="cifar10", method="headwise_adaptive_entmax", baseline="entmax15",
-         paper_value=0.0015, single_run=False),
-    dict(claim_id="A6", study="A", claim="Learned α stays ≈ 1.50–1.52", kind="alpha", family="", dataset="all",
-         method="headwise_adaptive_entmax", baseline="", paper_value=1.51, single_run=False),
-    dict(claim_id="A7", study="A", claim="entmax-1.5 and HAE train ≈ 4× slower than softmax (the paper's GPU)", kind="time_ratio",
-         family="", dataset="main", method="entmax15+headwise_adaptive_entmax", baseline="softmax", paper_value=4.0, single_run=False),
-    dict(claim_id="B1", study="B", claim="adaptive 80% beats dense by +0.97 pt on SST-2 validation", kind="delta",
-         family="crisp_validation", dataset="sst2", method="adaptive_080", baseline="dense", paper_value=0.0097, single_run=True),
-    dict(claim_id="B2", study="B", claim="fixed 80% beats dense by +0.61 pt on SST-2 validation", kind="delta",
-         family="crisp_validation", dataset="sst2", method="fixed_080", baseline="dense", paper_value=0.0061, single_run=True),
-    dict(claim_id="B3", study="B", claim="adaptive 60% beats dense by +0.73 pt on SST-2 validation", kind="delta",
-         family="crisp_validation", dataset="sst2", method="adaptive_060", baseline="dense", paper_value=0.0073, single_run=True),
-    dict(claim_id="B4", study="B", claim="dense DistilBERT reaches 90.62% on SST-2 validation", kind="level",
-         family="crisp_validation", dataset="sst2", method="dense", baseline="", paper_value=0.9062, single_run=True),
-]
 
 
 # %%
@@ -1035,10 +1009,11 @@ def _claim_row(c, tests, crisp, runs, profile):
         lo, hi = (r["pi_low"], r["pi_high"]) if c["single_run"] else (r["ci_low"], r["ci_high"])
         r["verdict"] = verdict(k, c["paper_value"], r["estimate"], lo, hi, r["p_holm"], r["n"], p_tost=r["p_tost"])
     elif k == "count":
-        m = tests[(tests.family == c["family"]) & (tests.dataset == c["dataset"]) & (tests.baseline == c["baseline"])]
+        m = tests[(tests.family == c["family"]) & (tests.dataset == c["dataset"]) & (tests.baseline == c["baseline"])
+                  & tests.method.isin(SPARSE_METHODS)]                         # the paper's arms only, whatever else ran
         n_ok = int(((m.mean_delta > 0) & (m.p_holm < 0.05)).sum()); n_bad = int(((m.mean_delta < 0) & (m.p_holm < 0.05)).sum())
         r.update(estimate=n_ok, n=int(m.n.min()) if len(m) else 0, p_holm=float(m.p_holm.max()) if len(m) else np.nan)
-        r["verdict"] = ("not run" if len(m) < 6 or r["n"] < 2 else "reproduced" if n_ok == 6
+        r["verdict"] = ("not run" if len(m) < len(SPARSE_METHODS) or r["n"] < 2 else "reproduced" if n_ok == len(SPARSE_METHODS)
                         else "not reproduced" if n_bad > 0 or (m.mean_delta <= 0).all() else "inconclusive")
     elif k == "alpha":
         a = runs[runs.method == "headwise_adaptive_entmax"].learned_alpha_mean.dropna() if runs is not None else pd.Series(dtype=float)
@@ -1090,7 +1065,7 @@ def _sentence(r):
             if r["equivalence"].startswith("equivalent") and r["p_holm"] < 0.05: s += ", a small difference that is significant yet inside the margin"
         return s + f" — {v}."
     if k == "count":
-        return f"{r['claim']}: {int(r['estimate'])} of 6 sparse methods are significantly better after Holm ({n} seeds) — {v}."
+        return f"{r['claim']}: {int(r['estimate'])} of {len(SPARSE_METHODS)} sparse methods are significantly better after Holm ({n} seeds) — {v}."
     if k == "time_ratio":
         return (f"{r['claim']}: on our hardware and code the two train {r['estimate']:.2f}× as long as softmax (geometric mean "
                 f"over {n} (dataset, seed) pairs of the main datasets, 95% CI {r['ci_low']:.2f}–{r['ci_high']:.2f}×, pairs range "
@@ -1670,7 +1645,6 @@ test_eq(_tv["A2"], "persists, under 1 pt, +0.5 pt"); test_eq((_tv["A1"], _tv["A3
 
 # %%
 #| export
-PAPER_SOFTMAX_ACCURACY = {"cifar10": 0.38, "fashion_mnist": 0.78, "twenty_news": 0.30, "kmnist": 0.75}
 DATASET_ORDER = ("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker", "kmnist")
 
 def readable_tests(tests):
@@ -1715,7 +1689,7 @@ def paper_deltas(claims=CLAIMS):
 #| export
 def _fmt_value(kind, v):
     if not np.isfinite(v): return "–"
-    return {"delta": f"{100 * v:+.1f} pt", "no_difference": f"{100 * v:+.2f} pt", "count": f"{int(v)} of 6",
+    return {"delta": f"{100 * v:+.1f} pt", "no_difference": f"{100 * v:+.2f} pt", "count": f"{int(v)} of {len(SPARSE_METHODS)}",
             "alpha": f"{v:.3f}", "level": f"{100 * v:.1f}%", "time_ratio": f"{v:.2f}×"}[kind]
 
 def readable_claims(claims):
@@ -1764,7 +1738,8 @@ def analyse(runs=None, crisp=None, discordances=(0.03, 0.06, 0.10)):
     ex = pd.DataFrame([single_pair_exceedance(crisp, c) for c in CRISP_MASKED]) if crisp is not None else \
         pd.DataFrame(columns=list(single_pair_exceedance(None)))
     ci = pd.DataFrame([dict(split=s, **accuracy_ci(a, n)) for s, a, n in
-                       [("paper dense, validation", 0.9062, 872), ("paper adaptive_080, validation", 0.9159, 872)]])
+                       [("paper dense, validation", PAPER_CRISP_DENSE, 872),
+                        ("paper adaptive_080, validation", round(PAPER_CRISP_DENSE + PAPER_CRISP_GAINS["adaptive_080"], 4), 872)]])
     return dict(paired_tests=pt, crisp_tests=ct, single_seed=single_seed_summary(seed_deltas(runs, crisp)),
                 seed_deltas=seed_deltas(runs, crisp), exceedance=ex, power=power_table(discordances=discordances, crisp=crisp),
                 accuracy_ci=ci, selection=select_topk(runs), claims=claims_table(runs, crisp, pt, ct))
@@ -1861,6 +1836,7 @@ ok = vt.p.notna()
 test_close(vt.p_holm[ok].to_numpy(), manual_holm(vt.p[ok].to_numpy()))
 test_close(row.density, runs[(runs.dataset == "cifar10") & (runs.method == "sparsemax")].nonzero_ratio.mean())
 test_eq(paired_tests(pd.concat([runs, new])), paired_tests(runs))                     # the paper's tests ignore the new method
+test_eq(claims_table(pd.concat([runs, new]), crisp), claims_table(runs, crisp))       # ... and so do its claims, numbers and p-values
 pc = pairing_check(runs[runs.method == "softmax"].iloc[:2], runs)
 test_eq(pc.identical.tolist(), [True, True])
 pc = pairing_check(runs[runs.method == "softmax"].iloc[:2].assign(accuracy=lambda d: d.accuracy + 1e-12), runs)

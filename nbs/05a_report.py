@@ -23,7 +23,8 @@ import papermill as pm
 from nbconvert import HTMLExporter
 
 import sparse_attention_repro
-from sparse_attention_repro.runner import scrub_record, experiments_dir, atomic_write, save_rows
+from sparse_attention_repro.runner import scrub_record, experiments_dir, save_rows
+from sparse_attention_repro.files import atomic_write
 
 # %%
 from fastcore.test import test_eq, test_fail

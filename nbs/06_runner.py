@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
+from sparse_attention_repro.files import atomic_write
 
 # %%
 from fastcore.test import test_eq, test_fail
@@ -36,19 +37,6 @@ import tempfile as _tf
 
 # %%
 #| export
-def atomic_write(path, write):
-    "Call `write(tmp_path)` then move the temporary file onto `path` in one step; nothing half-written is ever visible."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f: os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp): os.remove(tmp)
-        raise
-
 def save_rows(rows, path):
     "Write result rows (a list of dicts or a DataFrame) as CSV, atomically."
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
@@ -59,13 +47,7 @@ def save_rows(rows, path):
 d = Path(_tf.mkdtemp())
 save_rows([dict(a=1, b="x"), dict(a=2, b="y")], d / "sub" / "r.csv")
 test_eq(pd.read_csv(d / "sub" / "r.csv").to_dict("list"), {"a": [1, 2], "b": ["x", "y"]})
-def boom(tmp):
-    open(tmp, "w").write("half a row")
-    raise KeyboardInterrupt
-try: atomic_write(d / "sub" / "r.csv", boom)
-except KeyboardInterrupt: pass
-test_eq(pd.read_csv(d / "sub" / "r.csv").a.tolist(), [1, 2])      # the old file is intact ...
-test_eq(sorted(p.name for p in (d / "sub").iterdir()), ["r.csv"])  # ... and no temporary file is left
+test_eq(sorted(p.name for p in (d / "sub").iterdir()), ["r.csv"])  # written through `files.atomic_write`
 
 # %% [markdown]
 # An executed notebook is a record meant to be kept and shared, so it should not name the machine it ran on. Papermill

@@ -67,6 +67,9 @@ def _executor_args(sp):
 
 # %%
 #| export
+FAST_HELP = ("every opt-in speed lever at once: Philox dropout masks, and bf16 autocast where the CPU or GPU has bf16 units; "
+             "the levers are recorded in the manifest and each row; results change run by run, not the conclusions")
+
 def _grid_args(sub):
     "`grid`: the study A grid and its variants."
     g = sub.add_parser("grid", help="study A: every dataset x method x seed of a profile")
@@ -75,18 +78,13 @@ def _grid_args(sub):
     g.add_argument("--datasets", nargs="+"); g.add_argument("--methods", nargs="+"); g.add_argument("--seeds", nargs="+")
     g.add_argument("--plain", action="store_true", help="train each method alone instead of in lock-step (same results, slower)")
     g.add_argument("--stack-seeds", type=int, default=1, help="train this many seeds (all methods) as one stacked model per task: the GPU path")
-    g.add_argument("--val-fraction", type=float, default=0.0, help="carve a validation split off each train subset")
-    g.add_argument("--mask-padding", action="store_true", help="variant: mask twenty_news padding")
-    g.add_argument("--learned-pad-row", action="store_true", help="variant: learn the padding embedding (the original keeps it zero)")
-    g.add_argument("--patch-size", type=int, default=0, help="variant: 4 for 4x4 patches (0 = the paper's)")
-    g.add_argument("--marker-vocab", type=int, default=20000, help="variant: small vocabulary for a learnable marker task")
-    g.add_argument("--jpeg-quality", type=int, default=0, help="variant: pass image datasets through a JPEG codec at this quality (0 = off)")
-    g.add_argument("--marker-design", default="random", help="random (the paper's ids) | balanced (label tokens only, balanced counts: tests selection)")
-    g.add_argument("--dropout-rng", default="torch", help="torch (nn.Dropout's masks, the default) | philox (faster counter-based masks)")
-    g.add_argument("--precision", default="fp32", help="fp32 (default) | bf16 (autocast: for CPUs with bf16 units and GPUs)")
-    g.add_argument("--lr", type=float, default=0.0, help="AdamW learning rate (0 = the protocol's 1e-3)")
-    g.add_argument("--epochs", type=int, default=0, help="training epochs (0 = each dataset's paper epochs)")
-    g.add_argument("--epoch-eval", action="store_true", help="evaluate validation and test after every epoch (learning curves)")
+    from sparse_attention_repro.train import run_options               # the run options are TrainConfig's own fields
+    for f in run_options():
+        default = f.default if f.metadata["unset"] is None else f.metadata["unset"]
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(default, bool): g.add_argument(flag, action="store_true", help=f.metadata["help"])
+        else: g.add_argument(flag, type=type(default), default=default, help=f.metadata["help"])
+    g.add_argument("--fast", action="store_true", help=FAST_HELP)
     g.add_argument("--baseline", default=None, help="a committed results folder (e.g. outputs/paper): train only --methods on its seeds "
                                                     "and options, pair them with its runs and write versus_baseline.md")
     _executor_args(g)
@@ -125,6 +123,7 @@ def _reproduce_args(sub):
     a.add_argument("--profile", default="quick"); a.add_argument("--out", default=None); a.add_argument("--model", default="")
     a.add_argument("--val-fraction", type=float, default=0.1, help="validation split for leakage-free ratio selection")
     a.add_argument("--stack-seeds", type=int, default=1, help="study A: seeds trained as one stacked model per task (the GPU path)")
+    a.add_argument("--fast", action="store_true", help="study A: " + FAST_HELP)
     _executor_args(a)
     return a
 
@@ -136,6 +135,7 @@ def _ablations_args(sub):
     x.add_argument("--profile", default="paper"); x.add_argument("--out", required=True, help="the main results folder")
     x.add_argument("--only", nargs="+", help="ablation names (default: all, in order)"); x.add_argument("--seeds", nargs="+")
     x.add_argument("--stack-seeds", type=int, default=1, help="seeds trained as one stacked model per task (the GPU path)")
+    x.add_argument("--fast", action="store_true", help=FAST_HELP)
     _executor_args(x)
     return x
 
@@ -206,8 +206,10 @@ test_fail(lambda: build_parser().parse_args(["grid", "--out", "x", "--device", "
 # %%
 #| export
 STUDY_A_KEYS = ("dataset", "method", "seed")
-STUDY_A_OPTION_DEFAULTS = dict(learned_pad_row=False, dropout_rng="torch", precision="fp32", lr=0.0, epochs=0, epoch_eval=False,
-                               marker_design="random", jpeg_quality=0)   # options newer than some results folders: absent means this value
+def _option_defaults():
+    "Each run option's command-line default; in a results folder's manifest an option it lacks (newer than the folder) has this value."
+    from sparse_attention_repro.train import option_defaults
+    return option_defaults()
 
 def _check_executor(args):
     if args.executor not in ("local", "dask"): raise UsageError(f"unknown executor {args.executor!r}; choose local or dask")
@@ -236,7 +238,7 @@ def _check_baseline(folder, base, options, datasets, seeds):
     import json
     made = json.loads((Path(folder) / "manifest.json").read_text()).get("study_a")
     if made is None: raise UsageError(f"--baseline {folder} has no study A grid in its manifest.json")
-    made = {**STUDY_A_OPTION_DEFAULTS, **made}
+    made = {**_option_defaults(), **made}
     if diff := [k for k in sorted(options) if made.get(k) != options[k]]:
         raise UsageError(f"--baseline {folder} was made with " + ", ".join(f"{k}={made.get(k)!r} (this grid: {options[k]!r})" for k in diff)
                          + "; give the same options or another baseline")
@@ -249,7 +251,7 @@ def _check_baseline(folder, base, options, datasets, seeds):
 def grid_tasks(args):
     "Validate the grid arguments and return (tasks, options)."
     _check_executor(args)
-    from sparse_attention_repro.train import PROFILES, PAPER_SIZES
+    from sparse_attention_repro.train import PROFILES, PAPER_SIZES, option_defaults, check_options
     from sparse_attention_repro.normalizers import resolve_normalizer
     from sparse_attention_repro.study import PAPER_METHODS, BASELINE
     from sparse_attention_repro.data import load_dataset, DataUnavailableError
@@ -265,21 +267,18 @@ def grid_tasks(args):
     if len(set(methods)) < len(methods): raise UsageError(f"--methods names a method twice: {' '.join(refs)}")
     ref_of = dict(zip(methods, refs))                                   # what a notebook resolves: the name, or package.module:name
     seeds = _seeds(args.seeds) if args.seeds else list(PROFILES[args.profile]["seeds"]) if base is None else sorted(set(base.seed.astype(int)))
-    if args.val_fraction < 0 or args.val_fraction >= 1: raise UsageError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
-    from sparse_attention_repro.data import resolve_device, PRECISIONS
+    from sparse_attention_repro.data import resolve_device
     try: resolve_device(args.device)
     except ValueError as e: raise UsageError(str(e)) from None
-    from sparse_attention_repro.model import DROPOUT_RNGS
-    if args.dropout_rng not in DROPOUT_RNGS: raise UsageError(f"unknown --dropout-rng {args.dropout_rng!r}; choose one of {', '.join(DROPOUT_RNGS)}")
-    if args.precision not in PRECISIONS: raise UsageError(f"--precision must be fp32 or bf16, got {args.precision!r}")
-    if not (args.lr >= 0 and args.lr < 1): raise UsageError(f"--lr must be in (0, 1) (or 0 for the protocol's), got {args.lr}")
-    if not 0 <= args.jpeg_quality <= 100: raise UsageError(f"--jpeg-quality must be in 1..100 (0 = off), got {args.jpeg_quality}")
-    if args.epochs < 0: raise UsageError(f"--epochs must be >= 1 (or 0 for the paper's), got {args.epochs}")
+    run = {k: getattr(args, k) for k in option_defaults()}               # TrainConfig's options, checked by their own rules
+    if getattr(args, "fast", False):                                    # resolved here into the levers themselves
+        if run["dropout_rng"] != "torch" or run["precision"] != "fp32": raise UsageError("--fast sets --dropout-rng and --precision itself; drop them")
+        from sparse_attention_repro.data import has_bf16_units
+        run.update(dropout_rng="philox", precision="bf16" if has_bf16_units(resolve_device(args.device)) else "fp32")
+    try: check_options(run)
+    except ValueError as e: raise UsageError(str(e)) from None
     if args.epoch_eval and args.stack_seeds > 1: raise UsageError("--epoch-eval runs on the lock-step or plain path; drop --stack-seeds")
-    options = dict(profile=args.profile, val_fraction=args.val_fraction, mask_padding=args.mask_padding,
-                   patch_size=args.patch_size, marker_vocab=args.marker_vocab, learned_pad_row=args.learned_pad_row,
-                   dropout_rng=args.dropout_rng, precision=args.precision, lr=args.lr, epochs=args.epochs, epoch_eval=args.epoch_eval,
-                   marker_design=args.marker_design, jpeg_quality=args.jpeg_quality)
+    options = dict(profile=args.profile, **run)
     if base is not None: _check_baseline(args.baseline, base, options, datasets, seeds)
     for d in datasets:                           # data present and readable? (also warms the decode cache once)
         try: load_dataset(d, 0, 1, 1, patch_size=args.patch_size or None, marker_vocab=args.marker_vocab, marker_design=args.marker_design,
@@ -309,7 +308,7 @@ def grid_tasks(args):
                                       ([rows_dir / f"seed{group[0]}" / f"{BASELINE}.csv"] if check else []),
                                       dict(dataset=d, seeds=group, methods=[ref_of[m] for m in todo], threads=threads, rows_dir=str(rows_dir),
                                            lockstep=not args.plain, stack=len(group) > 1, download=args.download,
-                                           device=args.device, **options)))
+                                           device=args.device, profile=args.profile, options=run)))
     return tasks, options
 
 # %%
@@ -321,17 +320,22 @@ test_eq({k: tasks[0].parameters[k] for k in ("dataset", "seeds", "methods", "pro
 test_eq([Path(p).name for p in tasks[0].produces], ["softmax.csv", "entmax15.csv"])
 test_eq(opts["profile"], "smoke"); assert not _out.exists()                    # validated, nothing written
 _ph = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--dropout-rng", "philox"]))
-test_eq((_ph[1]["dropout_rng"], _ph[0][0].parameters["dropout_rng"], opts["dropout_rng"]), ("philox", "philox", "torch"))
+test_eq((_ph[1]["dropout_rng"], _ph[0][0].parameters["options"]["dropout_rng"], opts["dropout_rng"]), ("philox", "philox", "torch"))
 test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--dropout-rng", "mt"])), exc=UsageError, contains="unknown --dropout-rng")
-test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--precision", "fp16"])), exc=UsageError, contains="fp32 or bf16")
+test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--precision", "fp16"])), exc=UsageError, contains="unknown --precision 'fp16'; choose one of fp32, bf16")
 _st = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "0", "1", "2", "3", "4", "--stack-seeds", "2"]))[0]
 test_eq([(t.name, t.parameters["seeds"], t.parameters["stack"], len(t.produces)) for t in _st],
         [("synthetic_marker/seeds0-1", [0, 1], True, 14), ("synthetic_marker/seeds2-3", [2, 3], True, 14), ("synthetic_marker/seed4", [4], False, 7)])
 test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--stack-seeds", "0"])), exc=UsageError, contains="--stack-seeds must be")
 test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--stack-seeds", "2", "--plain"])), exc=UsageError, contains="exclude each other")
 _lr = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--lr", "3e-3", "--epochs", "12", "--epoch-eval"]))
-test_eq([_lr[0][0].parameters[k] for k in ("lr", "epochs", "epoch_eval")], [3e-3, 12, True])
+test_eq([_lr[0][0].parameters["options"][k] for k in ("lr", "epochs", "epoch_eval")], [3e-3, 12, True])
 test_eq([opts[k] for k in ("lr", "epochs", "epoch_eval")], [0.0, 0, False])          # 0: the protocol's values
+from sparse_attention_repro.data import has_bf16_units
+_fast = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--fast", "--device", "cpu"]))
+test_eq((_fast[1]["dropout_rng"], _fast[1]["precision"]), ("philox", "bf16" if has_bf16_units("cpu") else "fp32"))   # the levers, recorded
+test_eq(_fast[0][0].parameters["options"]["dropout_rng"], "philox")
+test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--fast", "--precision", "bf16"])), exc=UsageError, contains="--fast sets")
 for bad, msg in [(["--lr", "-1"], "--lr must be"), (["--lr", "2"], "--lr must be"), (["--epochs", "-3"], "--epochs must be"),
                  (["--epoch-eval", "--stack-seeds", "2"], "--epoch-eval runs on")]:
     test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), *bad])), exc=UsageError, contains=msg)
@@ -342,10 +346,9 @@ for bad, msg in [(["--lr", "-1"], "--lr must be"), (["--lr", "2"], "--lr must be
 
 # %%
 import json, shutil
-from sparse_attention_repro.cli import STUDY_A_OPTION_DEFAULTS
 _base = Path(tempfile.mkdtemp()) / "base"; _base.mkdir()
 shutil.copy(Path(sparse_attention_repro.__file__).parent.parent / "tests" / "fixtures" / "runs.csv", _base / "runs.csv")
-(_base / "manifest.json").write_text(json.dumps({"study_a": dict(profile="smoke", val_fraction=0.0, mask_padding=False, patch_size=0, marker_vocab=20000)}))
+(_base / "manifest.json").write_text(json.dumps({"study_a": dict(profile="smoke", val_fraction=0.0, mask_padding=False, patch_size=0, marker_vocab=20000)}))  # an older manifest
 _vs, _vo = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--methods", "sparsemax", "--baseline", str(_base), "--datasets", "synthetic_marker"]))
 test_eq([(t.name, t.parameters["methods"]) for t in _vs],
         [("synthetic_marker/seed0", ["sparsemax", "softmax"]), ("synthetic_marker/seed1", ["sparsemax"]), ("synthetic_marker/seed2", ["sparsemax"])])
@@ -367,7 +370,7 @@ def cmd_grid(args):
     "Run the study A grid (and, with --baseline, write the comparison with the committed runs); returns the failures."
     tasks, options = grid_tasks(args)
     with results_lock(args.out):
-        check_manifest(args.out, "study_a", options, defaults=STUDY_A_OPTION_DEFAULTS)
+        check_manifest(args.out, "study_a", options, defaults=_option_defaults())
         fails = run_tasks(tasks, Path(args.out) / "runs.csv", STUDY_A_KEYS, Path(args.out) / "rows" / "study_a",
                           jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="study A notebooks",
                           scrub_root=Path(args.out))
@@ -471,10 +474,8 @@ def cmd_reproduce(args):
     args.out = args.out or f"outputs/{args.profile}"
     run = dict(profile=args.profile, out=args.out, seeds=None, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
                download=args.download, device=args.device)
-    grid = argparse.Namespace(**run, datasets=None, methods=None, val_fraction=args.val_fraction, mask_padding=False,
-                              patch_size=0, marker_vocab=20000, learned_pad_row=False, dropout_rng="torch", precision="fp32", plain=False,
-                              lr=0.0, epochs=0, epoch_eval=False, marker_design="random", jpeg_quality=0,
-                              stack_seeds=args.stack_seeds)
+    grid = argparse.Namespace(**run, **{**_option_defaults(), "val_fraction": args.val_fraction}, datasets=None, methods=None,
+                              plain=False, stack_seeds=args.stack_seeds, baseline=None, fast=args.fast)
     crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row", precision="fp32", train_n=0, lr=0.0)
     grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
     fails = {**cmd_grid(grid), **cmd_crisp(crisp)}
@@ -503,7 +504,7 @@ def ablation_grids(args, table=None, folder="ablations", kind="ablation"):
         argv = ["grid", "--profile", args.profile, "--out", str(Path(args.out) / folder / n), *table[n]["options"].split(),
                 "--jobs", str(args.jobs), "--executor", args.executor, "--device", args.device]
         argv += (["--seeds", *args.seeds] if args.seeds else []) + (["--scheduler", args.scheduler] if args.scheduler else [])
-        argv += (["--download"] if args.download else []) + ["--stack-seeds", str(args.stack_seeds)]
+        argv += (["--download"] if args.download else []) + ["--stack-seeds", str(args.stack_seeds)] + (["--fast"] if getattr(args, "fast", False) else [])
         g = build_parser().parse_args(argv)
         grid_tasks(g)
         grids.append((n, g))
@@ -530,6 +531,7 @@ def cmd_recipes(args):
 # %%
 _ab = ablation_grids(build_parser().parse_args(["ablations", "--profile", "smoke", "--out", str(_out), "--only", "learnable_marker,patch4", "--seeds", "0"]))
 test_eq([n for n, _ in _ab], ["learnable_marker", "patch4"])
+test_eq(ablation_grids(build_parser().parse_args(["ablations", "--profile", "smoke", "--out", str(_out), "--only", "patch4", "--fast"]))[0][1].fast, True)
 test_eq((_ab[0][1].marker_vocab, _ab[0][1].datasets, _ab[1][1].patch_size, _ab[1][1].out), (12, ["synthetic_marker"], 4, str(_out / "ablations" / "patch4")))
 test_fail(lambda: ablation_grids(build_parser().parse_args(["ablations", "--out", "x", "--only", "dropout"])), exc=UsageError, contains="unknown ablation")
 from sparse_attention_repro.stats import RECIPE_GRIDS

@@ -32,7 +32,7 @@ from dataclasses import replace
 import pandas as pd
 import torch
 import torch.nn as nn
-from sparse_attention_repro.normalizers import get_normalizer, parse_topk_ratio
+from sparse_attention_repro.normalizers import get_normalizer, parse_topk_ratio, adaptive_alpha, ORIGINAL_BISECT_STEPS
 from sparse_attention_repro.study import PAPER_METHODS, method_order
 from sparse_attention_repro.kernels import use_kernels
 from sparse_attention_repro.train import PAPER_SIZES, PROFILES, profile_config, run_methods, run_stacked, load_run_data, train_model, _new_model
@@ -53,11 +53,11 @@ def _entmax_package(name, num_heads):
     if name == "entmax15": return lambda s: entmax.entmax15(s, dim=-1)
     if name == "headwise_adaptive_entmax":
         logit = torch.zeros(num_heads, requires_grad=True)
-        return lambda s: entmax.entmax_bisect(s, (1.05 + 0.9 * torch.sigmoid(logit)).view(-1, 1, 1), dim=-1)
+        return lambda s: entmax.entmax_bisect(s, adaptive_alpha(logit).view(-1, 1, 1), dim=-1)
     return None
 
-def original_bisect(s, alpha, n_iter=18):
-    "The original study's entmax: 18 bisection steps written with torch operations, differentiated by autograd through the loop."
+def original_bisect(s, alpha, n_iter=ORIGINAL_BISECT_STEPS):
+    "The original study's entmax: its bisection steps written with torch operations, differentiated by autograd through the loop."
     X = s * (alpha - 1)
     max_val = X.max(-1, keepdim=True).values
     tau_lo, dm = max_val - 1, 1 - (1 / s.shape[-1]) ** (alpha - 1)
@@ -74,7 +74,7 @@ def _original(name, num_heads):
     if name == "entmax15": return lambda s: original_bisect(s, torch.tensor(1.5))
     if name == "headwise_adaptive_entmax":
         logit = torch.zeros(num_heads, requires_grad=True)
-        return lambda s: original_bisect(s, (1.05 + 0.9 * torch.sigmoid(logit)).view(-1, 1, 1))
+        return lambda s: original_bisect(s, adaptive_alpha(logit).view(-1, 1, 1))
     if (r := parse_topk_ratio(name)):
         def topk(s):
             k = math.ceil(r * s.shape[-1])
@@ -171,7 +171,7 @@ class OriginalNormalizer(nn.Module):
     def forward(self, scores, key_mask=None):
         if key_mask is not None: raise ValueError("the original code has no key mask")
         if self.name == "headwise_adaptive_entmax":
-            return original_bisect(scores, (1.05 + 0.9 * torch.sigmoid(self.alpha_logit)).view(-1, 1, 1))
+            return original_bisect(scores, adaptive_alpha(self.alpha_logit).view(-1, 1, 1))
         return self.fn(scores)
 
 def _original_rows(ds, methods, seed, cfg, data):

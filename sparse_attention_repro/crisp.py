@@ -25,6 +25,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .normalizers import get_normalizer, resolve_normalizer, topk_name, attention_density, keep_count
 from .study import CRISP_CONFIGS
+from .files import atomic_write
 from pathlib import Path
 from .data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data, resolve_device, autocast, PRECISIONS
 
@@ -217,10 +218,7 @@ def _sst2_from_hub(split, path):
     ds = hub_dataset(name, config, split=hub_split)
     text = "sentence" if "sentence" in ds.column_names else "text"
     df = pd.DataFrame({"sentence": [s.replace("\t", " ").strip() for s in ds[text]], "label": ds["label"]})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    df.to_csv(tmp, sep="\t", index=False, quoting=3)
-    os.replace(tmp, path)                                                    # atomic: never a half-written split
+    atomic_write(path, lambda tmp: df.to_csv(tmp, sep="\t", index=False, quoting=3))     # never a half-written split
 
 def sst2_path(split, data_root=None, cache_dir=None, download=False) -> Path:
     "The TSV file of SST-2 `split`: offline copy, else a cached download (made now if `download`); one-line error otherwise."

@@ -4,13 +4,14 @@
 
 # %% auto 0
 __all__ = ['DATASETS', 'TEXT_VOCAB', 'TEXT_LEN', 'PAD_ID', 'MARKER_ID', 'CACHE_VERSION', 'CIFAR10_CLASSES', 'PAPER_SIZES',
-           'MAIN_FAMILY', 'PRECISIONS', 'NEWS_REMOVE', 'MARKER_DESIGNS', 'MARKER_LABEL_TOKENS', 'Split',
-           'DatasetBundle', 'resolve_device', 'autocast', 'DataUnavailableError', 'resolve_data_root',
-           'resolve_cache_dir', 'skip_unless_data', 'save_cached', 'load_cached', 'subset_indices', 'train_val_indices',
-           'patchify', 'unpatchify', 'read_idx', 'idx_files_present', 'load_idx_folder', 'official_cifar_keys',
-           'decode_cifar_jpeg_tar', 'is_flattened', 'news_texts_from_folder', 'tokenize', 'hash_token', 'encode_text',
-           'encode_news', 'make_marker', 'make_balanced_marker', 'most_frequent_token_accuracy', 'marker_baselines',
-           'source_identity', 'news_home', 'full_arrays', 'jpeg_roundtrip', 'load_dataset']
+           'MAIN_FAMILY', 'PRECISIONS', 'TEST_SEED_OFFSET', 'VAL_SEED_OFFSET', 'NEWS_REMOVE', 'MARKER_DESIGNS',
+           'MARKER_LABEL_TOKENS', 'Split', 'DatasetBundle', 'resolve_device', 'has_bf16_units', 'autocast',
+           'DataUnavailableError', 'resolve_data_root', 'resolve_cache_dir', 'skip_unless_data', 'save_cached',
+           'load_cached', 'subset_indices', 'train_val_indices', 'patchify', 'unpatchify', 'read_idx',
+           'idx_files_present', 'load_idx_folder', 'official_cifar_keys', 'decode_cifar_jpeg_tar', 'is_flattened',
+           'news_texts_from_folder', 'tokenize', 'hash_token', 'encode_text', 'encode_news', 'make_marker',
+           'make_balanced_marker', 'most_frequent_token_accuracy', 'marker_baselines', 'source_identity', 'news_home',
+           'full_arrays', 'jpeg_roundtrip', 'load_dataset']
 
 # %% ../nbs/01_data.ipynb
 import gzip, hashlib, io, json, os, re, shutil, struct, tarfile, tempfile, zlib
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from .files import atomic_write_bytes
 
 # %% ../nbs/01_data.ipynb
 DATASETS = ("cifar10", "fashion_mnist", "kmnist", "twenty_news", "synthetic_marker")
@@ -70,6 +72,14 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 PRECISIONS = ("fp32", "bf16")
 
+def has_bf16_units(device) -> bool:
+    "Whether `device` multiplies bf16 in hardware: a CUDA GPU that supports it, or a CPU with AVX512-BF16 or AMX-BF16."
+    device = torch.device(device)
+    if device.type == "cuda": return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    try: flags = Path("/proc/cpuinfo").read_text()
+    except OSError: return False
+    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
+
 def autocast(device, precision):
     "bf16 autocast on `device` when `precision` is bf16 (matmuls in bf16; weights, optimizer and normalizers in fp32), else a no-op."
     if precision not in PRECISIONS: raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
@@ -99,22 +109,11 @@ def skip_unless_data(present: bool, message: str) -> bool:
     return False
 
 # %% ../nbs/01_data.ipynb
-def _atomic_write(path: Path, write):
-    "Call `write(fileobj)` on a temp file next to `path`, then atomically move it to `path`."
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f: write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp): os.remove(tmp)
-        raise
-
 def save_cached(folder: Path, arrays: dict, meta: dict):
     "Save each array as `folder/<key>.npy`, then `meta.json` (the completion marker)."
-    for k, a in arrays.items(): _atomic_write(folder / f"{k}.npy", lambda f, a=a: np.save(f, a, allow_pickle=False))
+    for k, a in arrays.items(): atomic_write_bytes(folder / f"{k}.npy", lambda f, a=a: np.save(f, a, allow_pickle=False))
     meta = {**meta, "keys": sorted(arrays)}
-    _atomic_write(folder / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
+    atomic_write_bytes(folder / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
 
 def load_cached(folder: Path) -> tuple[dict, dict] | None:
     "Arrays and meta of a complete cache entry, or None when absent or unreadable."
@@ -127,6 +126,8 @@ def _cache_folder(cache: Path, name: str, source: str) -> Path:
     return cache / f"data-{CACHE_VERSION}" / f"{name}__{re.sub(r'[^A-Za-z0-9_.-]', '_', source)}"
 
 # %% ../nbs/01_data.ipynb
+TEST_SEED_OFFSET, VAL_SEED_OFFSET = 10000, 20000   # a seed's test subset comes from seed + 10000; a generated validation set from seed + 20000
+
 def subset_indices(n: int, limit: int | None, seed: int) -> np.ndarray:
     "First `limit` items of `default_rng(seed).permutation(n)` (all `n`, permuted, when `limit` is None)."
     limit = n if limit is None else int(limit)
@@ -350,7 +351,7 @@ def marker_baselines(seeds, train_n: int = 8000, test_n: int = 2000, marker_voca
     for s in seeds:
         make = (lambda n, r: make_marker(n, r, marker_vocab)) if marker_design == "random" else make_balanced_marker
         _, ytr = make(train_n, np.random.default_rng(s))
-        ids, y = make(test_n, np.random.default_rng(s + 10000))
+        ids, y = make(test_n, np.random.default_rng(s + TEST_SEED_OFFSET))
         acc.append((float((y == np.bincount(ytr, minlength=10).argmax()).mean()), most_frequent_token_accuracy(ids, y, marker_design)))
     a = np.array(acc)
     return dict(chance=0.1, majority=float(a[:, 0].mean()), most_frequent_token=float(a[:, 1].mean()))
@@ -482,12 +483,12 @@ def load_dataset(name: str, seed: int, train_limit: int | None, test_limit: int 
         make = ((lambda n, r: make_marker(n, r, marker_vocab)) if marker_design == "random" else make_balanced_marker)
         mk = lambda n, s: _token_split(*make(n, np.random.default_rng(s)), np.arange(n), False)
         vocab = marker_vocab if marker_design == "random" else 2 + MARKER_LABEL_TOKENS
-        return DatasetBundle(name, "tokens", mk(int(train_limit), seed), mk(int(test_limit), seed + 10000),
-                             mk(n_val, seed + 20000) if n_val else None, 10, None, vocab, TEXT_LEN,
+        return DatasetBundle(name, "tokens", mk(int(train_limit), seed), mk(int(test_limit), seed + TEST_SEED_OFFSET),
+                             mk(n_val, seed + VAL_SEED_OFFSET) if n_val else None, 10, None, vocab, TEXT_LEN,
                              "generated" if marker_design == "random" else "generated:balanced")
     arrays, source = full_arrays(name, data_root, cache_dir, download)
     tr_idx, va_idx = train_val_indices(len(arrays["train_y"]), train_limit, seed, val_fraction)
-    te_idx = subset_indices(len(arrays["test_y"]), test_limit, seed + 10000)
+    te_idx = subset_indices(len(arrays["test_y"]), test_limit, seed + TEST_SEED_OFFSET)
     if name == "twenty_news":
         mk = lambda split, i: _token_split(arrays[f"{split}_x"], arrays[f"{split}_y"], i, mask_padding)
         return DatasetBundle(name, "tokens", mk("train", tr_idx), mk("test", te_idx), None if va_idx is None else mk("train", va_idx),

@@ -14,7 +14,8 @@ import papermill as pm
 from nbconvert import HTMLExporter
 
 import sparse_attention_repro
-from .runner import scrub_record, experiments_dir, atomic_write, save_rows
+from .runner import scrub_record, experiments_dir, save_rows
+from .files import atomic_write
 
 # %% ../nbs/05a_report.ipynb
 def _repo_root():
