@@ -45,7 +45,7 @@ from transformers import AttentionInterface, AutoModelForSequenceClassification,
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from sparse_attention_repro.normalizers import get_normalizer, resolve_normalizer, topk_name, attention_density, keep_count
+from sparse_attention_repro.normalizers import get_normalizer, resolve_normalizer, topk_name, attention_density, keep_count, NormalizerConformanceError
 from sparse_attention_repro.study import CRISP_CONFIGS
 from sparse_attention_repro.files import atomic_write
 from pathlib import Path
@@ -307,8 +307,9 @@ def crisp_normalizer(config):
     "The registry entry a Crisp configuration names when it is not one of the paper's four (e.g. `entmax15`), else None."
     if config in CRISP_CONFIGS: return None
     try: return resolve_normalizer(config)
-    except ValueError as e:
-        raise ValueError(f"unknown crisp config {config!r}; choose one of {', '.join(CRISP_CONFIGS)} or a registered normalizer ({e})") from None
+    except NormalizerConformanceError: raise
+    except ValueError:
+        raise ValueError(f"unknown Crisp config {config!r}; choose one of {', '.join(CRISP_CONFIGS)} or a registered normalizer (e.g. entmax15)") from None
 
 def crisp_target(config):
     "Target mean sparsity of a Crisp configuration (0 for dense; NaN for a registered normalizer, which sets no target)."
@@ -335,7 +336,7 @@ for c, t in [("adaptive_060", 0.6), ("adaptive_080", 0.8)]:
         assert all(a < b for a, b in zip(s, s[1:])), "lighter pruning near the input, heavier deeper"
 test_close(crisp_nominal_sparsity("adaptive_080", 6), [0.7, 0.74, 0.78, 0.82, 0.86, 0.9], eps=1e-12)
 test_fail(lambda: crisp_nominal_sparsity("adaptive_080", 6, spread=0.5), contains="outside")
-test_fail(lambda: crisp_target("fixed_090"), contains="unknown crisp config")
+test_fail(lambda: crisp_target("fixed_090"), contains="unknown Crisp config")
 assert np.isnan(crisp_target("entmax15")) and all(np.isnan(crisp_nominal_sparsity("entmax15", 3)))
 
 
@@ -517,7 +518,7 @@ hook.remove()
 test_close(out_, entmax15(scores_, mask_), eps=1e-6)                                   # the layer's weights are entmax-1.5's
 h = apply_crisp(tiny_model(tiny_db_cfg), "headwise_adaptive_entmax")
 test_eq(sum(p.numel() for n, p in h.named_parameters() if "crisp_norm" in n), len(attention_modules(h)) * _num_heads(attention_modules(h)[0]))
-test_fail(lambda: apply_crisp(tiny_model(tiny_db_cfg), "entmax_2"), contains="unknown crisp config")
+test_fail(lambda: apply_crisp(tiny_model(tiny_db_cfg), "entmax_2"), contains="unknown Crisp config")
 
 # %% [markdown]
 # ## SST-2 and the models

@@ -429,7 +429,7 @@ if resolve_data_root() and (resolve_data_root() / "sst2" / "train.tsv").is_file(
     test_eq(crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--train-n", "1200"]))[0][0].parameters["train_n"], 1200)
     test_eq(crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--lr", "2e-5"]))[0][0].parameters["lr"], 2e-5)
     test_fail(lambda: crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--lr", "-1"])), exc=UsageError, contains="--lr must be")
-    test_fail(lambda: crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--configs", "sparse"])), exc=UsageError, contains="unknown crisp config")
+    test_fail(lambda: crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--configs", "sparse"])), exc=UsageError, contains="unknown Crisp config")
     test_eq([t.parameters["config"] for t in crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--configs", "entmax15", "--seeds", "0"]))[0]], ["entmax15"])
 
 # %%

@@ -23,7 +23,7 @@ from transformers import AttentionInterface, AutoModelForSequenceClassification,
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .normalizers import get_normalizer, resolve_normalizer, topk_name, attention_density, keep_count
+from .normalizers import get_normalizer, resolve_normalizer, topk_name, attention_density, keep_count, NormalizerConformanceError
 from .study import CRISP_CONFIGS
 from .files import atomic_write
 from pathlib import Path
@@ -117,8 +117,9 @@ def crisp_normalizer(config):
     "The registry entry a Crisp configuration names when it is not one of the paper's four (e.g. `entmax15`), else None."
     if config in CRISP_CONFIGS: return None
     try: return resolve_normalizer(config)
-    except ValueError as e:
-        raise ValueError(f"unknown crisp config {config!r}; choose one of {', '.join(CRISP_CONFIGS)} or a registered normalizer ({e})") from None
+    except NormalizerConformanceError: raise
+    except ValueError:
+        raise ValueError(f"unknown Crisp config {config!r}; choose one of {', '.join(CRISP_CONFIGS)} or a registered normalizer (e.g. entmax15)") from None
 
 def crisp_target(config):
     "Target mean sparsity of a Crisp configuration (0 for dense; NaN for a registered normalizer, which sets no target)."
