@@ -5,6 +5,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                    'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.OriginalNormalizer.__init__': ( 'bench.html#originalnormalizer.__init__',
                                                                                                             'sparse_attention_repro/bench.py'),
+                                              'sparse_attention_repro.bench.OriginalNormalizer.alpha': ( 'bench.html#originalnormalizer.alpha',
+                                                                                                         'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.OriginalNormalizer.forward': ( 'bench.html#originalnormalizer.forward',
                                                                                                            'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench._entmax_package': ( 'bench.html#_entmax_package',

@@ -108,10 +108,14 @@ class OriginalNormalizer(nn.Module):
         elif name == "sparsemax": import entmax; self.fn = lambda s: entmax.sparsemax(s, dim=-1)
         elif name == "softmax": self.fn = lambda s: torch.softmax(s, -1)
         else: self.fn = _original(name, num_heads)
+    @property
+    def alpha(self):
+        "The adaptive entmax's per-head alpha (what the registry's spec records per epoch)."
+        return adaptive_alpha(self.alpha_logit)
     def forward(self, scores, key_mask=None):
         if key_mask is not None: raise ValueError("the original code has no key mask")
         if self.name == "headwise_adaptive_entmax":
-            return original_bisect(scores, adaptive_alpha(self.alpha_logit).view(-1, 1, 1))
+            return original_bisect(scores, self.alpha.view(-1, 1, 1))
         return self.fn(scores)
 
 def _original_rows(ds, methods, seed, cfg, data):
