@@ -74,8 +74,8 @@ def versus_report(results_dir, baseline_dir) -> Path:
     lines += [f"**Pairing check:** softmax re-run on {len(pc)} (dataset, seed) pair(s); {same} of {len(pc)} test accuracies equal "
               f"the committed ones bit for bit." + ("" if same == len(pc) else " The pairing is **not** exact: read the comparisons as unpaired."), ""]
     for m in sorted(set(t.method)):
-        lines += [f"## {m}", "", S.versus_answer(t, m).to_markdown(index=False), "",
-                  S.readable_versus(t[t.method == m]).to_markdown(index=False), ""]
+        lines += [f"## {m}", "", S.versus_answer(t, m).to_markdown(index=False, disable_numparse=True), "",
+                  S.readable_versus(t[t.method == m]).to_markdown(index=False, disable_numparse=True), ""]
     if not len(t): lines += ["No new method found in this folder (only the baselines' methods)."]
     atomic_write(res / "versus_baseline.md", lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n", encoding="utf-8"))
     save_rows(t, res / "versus_baseline.csv")
