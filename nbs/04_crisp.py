@@ -319,7 +319,7 @@ def crisp_target(config):
 def crisp_nominal_sparsity(config, num_layers, spread=0.2):
     "Per-layer nominal sparsity: 0 (dense), the target in every layer (fixed), or the linear schedule (adaptive)."
     t = crisp_target(config)
-    if not config.startswith("adaptive") or crisp_normalizer(config) is not None: return [t] * num_layers
+    if not config.startswith("adaptive") or config not in CRISP_CONFIGS: return [t] * num_layers        # checked by crisp_target
     pos = [l / (num_layers - 1) - 0.5 if num_layers > 1 else 0.0 for l in range(num_layers)]
     s = [t + spread * x for x in pos]
     if min(s) < 0 or max(s) > 0.99: raise ValueError(f"spread {spread} puts a layer of {config} outside [0, 0.99]: {s}")
@@ -380,7 +380,7 @@ def calibrate_keep_ratio(sparsity, lengths):
 def crisp_keep_ratios(config, num_layers, lengths=None, spread=0.2):
     "Per-layer top-k keep ratio (None = dense softmax); adaptive ratios calibrated on `lengths` when given."
     nominal = crisp_nominal_sparsity(config, num_layers, spread)
-    if config == "dense" or crisp_normalizer(config) is not None: return [None] * num_layers
+    if config == "dense" or config not in CRISP_CONFIGS: return [None] * num_layers          # checked by crisp_target
     if config.startswith("adaptive") and lengths is not None:
         return [calibrate_keep_ratio(s, lengths) for s in nominal]
     return [round(1 - s, 6) for s in nominal]
@@ -419,9 +419,8 @@ test_eq(crisp_keep_ratios("dense", 2), [None, None])
 #| export
 def _num_heads(module):
     "Attention heads of a DistilBERT or BERT self-attention module."
-    for k in ("n_heads", "num_attention_heads", "num_heads"):
+    for k in ("n_heads", "num_attention_heads"):                      # DistilBERT's, BERT's
         if isinstance(getattr(module, k, None), int): return getattr(module, k)
-    if hasattr(module, "config"): return module.config.num_attention_heads
     raise TypeError(f"{type(module).__name__}: cannot tell its number of heads")
 
 def apply_crisp(model, config, scope="row", lengths=None, spread=0.2, name=CRISP_ATTENTION):

@@ -1654,14 +1654,16 @@ def readable_tests(tests):
     t = tests.assign(_d=tests.dataset.map({d: i for i, d in enumerate(DATASET_ORDER)}).fillna(99),
                      _f=tests.baseline != BASELINE,                              # vs softmax first, then HAE vs entmax15
                      _m=tests.method.map(order).fillna(99)).sort_values(["_d", "_f", "_m"], kind="stable")
+    return _readable_rows(t, **({"equivalence (TOST)": [equivalence_verdict(a, b, m) if np.isfinite(m) else "–"
+                                                       for a, b, m in zip(t.p_tost, t.p_holm, t.margin)]}
+                                if "margin" in t and np.isfinite(t.margin.astype(float)).any() else {}), family=t.family)
+
+def _readable_rows(t, **extra):
+    "The rows of a paired-test table `t`, in its order, formatted for reading, with `extra` columns after Holm p."
     return pd.DataFrame({"dataset": t.dataset, "comparison": t.method + " vs " + t.baseline, "n": t.n.astype(int),
                          "Δ (pt)": [f"{100 * v:+.1f}" for v in t.mean_delta],
                          "95% CI (pt)": [f"{100 * a:+.1f} to {100 * b:+.1f}" for a, b in zip(t.ci_low, t.ci_high)],
-                         "p": [fmt_p(v) for v in t.p], "Holm p": [fmt_p(v) for v in t.p_holm],
-                         **({"equivalence (TOST)": [equivalence_verdict(a, b, m) if np.isfinite(m) else "–"
-                                                    for a, b, m in zip(t.p_tost, t.p_holm, t.margin)]}
-                            if "margin" in t and np.isfinite(t.margin.astype(float)).any() else {}),
-                         "family": t.family}).reset_index(drop=True)
+                         "p": [fmt_p(v) for v in t.p], "Holm p": [fmt_p(v) for v in t.p_holm], **extra}).reset_index(drop=True)
 
 def run_description(runs=None, crisp=None):
     "What each study's results are, in words (not profile names): sizes, seeds, model, training sentences."
@@ -1811,12 +1813,8 @@ def versus_answer(t, method, alpha=0.05) -> pd.DataFrame:
 
 def readable_versus(t):
     "A `versus_baseline` table for reading: Δ in points with CI, p and Holm p to two digits, densities in %, time ratio."
-    return pd.DataFrame({"dataset": t.dataset, "comparison": t.method + " vs " + t.baseline, "n": t.n.astype(int),
-                         "Δ (pt)": [f"{100 * v:+.1f}" for v in t.mean_delta],
-                         "95% CI (pt)": [f"{100 * a:+.1f} to {100 * b:+.1f}" for a, b in zip(t.ci_low, t.ci_high)],
-                         "p": [fmt_p(v) for v in t.p], "Holm p": [fmt_p(v) for v in t.p_holm],
-                         "density (%)": [f"{100 * a:.0f} vs {100 * b:.0f}" for a, b in zip(t.density, t.baseline_density)],
-                         "time ratio": [f"{v:.2f}×" for v in t.time_ratio]}).reset_index(drop=True)
+    return _readable_rows(t, **{"density (%)": [f"{100 * a:.0f} vs {100 * b:.0f}" for a, b in zip(t.density, t.baseline_density)],
+                                "time ratio": [f"{v:.2f}×" for v in t.time_ratio]})
 
 # %% [markdown]
 # Checked on the fixture grid: a "new" method that is sparsemax under another name must differ from sparsemax by exactly

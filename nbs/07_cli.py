@@ -78,10 +78,10 @@ def _grid_args(sub):
     g.add_argument("--datasets", nargs="+"); g.add_argument("--methods", nargs="+"); g.add_argument("--seeds", nargs="+")
     g.add_argument("--plain", action="store_true", help="train each method alone instead of in lock-step (same results, slower)")
     g.add_argument("--stack-seeds", type=int, default=1, help="train this many seeds (all methods) as one stacked model per task: the GPU path")
-    from sparse_attention_repro.train import run_options               # the run options are TrainConfig's own fields
+    from sparse_attention_repro.train import run_options, option_defaults    # the run options are TrainConfig's own fields
+    defaults = option_defaults()
     for f in run_options():
-        default = f.default if f.metadata["unset"] is None else f.metadata["unset"]
-        flag = "--" + f.name.replace("_", "-")
+        default, flag = defaults[f.name], "--" + f.name.replace("_", "-")
         if isinstance(default, bool): g.add_argument(flag, action="store_true", help=f.metadata["help"])
         else: g.add_argument(flag, type=type(default), default=default, help=f.metadata["help"])
     g.add_argument("--fast", action="store_true", help=FAST_HELP)

@@ -575,6 +575,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                          'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats._pg_get': ( 'stats.html#_pg_get',
                                                                                         'sparse_attention_repro/stats.py'),
+                                              'sparse_attention_repro.stats._readable_rows': ( 'stats.html#_readable_rows',
+                                                                                               'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats._recipe_grids': ( 'stats.html#_recipe_grids',
                                                                                               'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats._sentence': ( 'stats.html#_sentence',

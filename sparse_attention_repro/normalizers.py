@@ -380,8 +380,7 @@ def register_normalizer(name: str, normalizer=None, *, factory=None, **capabilit
             try: obj.__normalizer__ = spec
             except (AttributeError, TypeError): pass
         return obj if obj is not None else spec
-    if normalizer is None and factory is None: return add              # used as a decorator
-    return add(normalizer) if normalizer is not None else add(None)
+    return add if normalizer is None and factory is None else add(normalizer)      # without either: a decorator
 
 def register_normalizer_family(prefix: str, make):
     "Names `prefix<suffix>` resolve through `make(name) -> NormalizerSpec` (e.g. every `topk_softmax_<digits>`)."
@@ -416,9 +415,7 @@ def registered_normalizers() -> list:
 def _lookup(ref):
     if ref in _REGISTRY: return _REGISTRY[ref]
     for prefix, make in _FAMILIES.items():
-        if ref.startswith(prefix) and ref != prefix:
-            spec = make(ref)
-            return _add(spec if spec.source else replace(spec, source=f"family {prefix}<digits>"), f"family {prefix}")
+        if ref.startswith(prefix) and ref != prefix: return _add(replace(make(ref), source=f"family {prefix}<digits>"), f"family {prefix}")
     if ":" in ref: return _import_spec(ref)
     if (ep := _entry_points().get(ref)) is not None:
         try: obj = ep.load()
