@@ -4,10 +4,11 @@
 
 # %% auto 0
 __all__ = ['DROPOUT_RNGS', 'ClassifierConfig', 'SelfAttention', 'MaskTape', 'MaskDropout', 'draw_mask', 'philox_mask', 'Block',
-           'CompactClassifier', 'count_parameters', 'StackedLinear', 'StackedClassifiers']
+           'CompactClassifier', 'count_parameters', 'StackedLinear', 'StackedLinearLayer', 'StackedLayerNorm',
+           'StackedEmbedding', 'StackedDropout', 'StackedNormalizer', 'StackedClassifiers']
 
 # %% ../nbs/02_model.ipynb
-import math, time
+import copy, math, time
 from dataclasses import dataclass, replace
 import torch
 import numpy as np
@@ -46,11 +47,11 @@ class SelfAttention(nn.Module):
         self.pad_keys, self.last_pad_mass = None, None          # recording only: which keys are padding, the mass they get
 
     def forward(self, x, key_mask=None):
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
+        *lead, T, C = x.shape                                                                    # lead: (B,), or (models, B) in a stack
+        q, k, v = self.qkv(x).view(*lead, T, 3, self.num_heads, self.head_dim).movedim(-3, 0).transpose(-3, -2)  # 3 x (B, H, T, D)
         if self.scale_queries: scores = (q / math.sqrt(self.head_dim)) @ k.transpose(-2, -1)    # (B, H, T, T)
         else: scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
-        mask = None if key_mask is None else key_mask[:, None, None, :]                          # (B, 1, 1, T)
+        mask = None if key_mask is None else key_mask[..., None, None, :]                        # (B, 1, 1, T)
         p = self.normalizer(scores, mask)                                                        # (B, H, T, T)
         if self.record:
             self.last_density = attention_density(p).detach()
@@ -58,7 +59,7 @@ class SelfAttention(nn.Module):
                 on_pad = (p.detach() * self.pad_keys[:, None, None, :]).sum(-1)                    # (B, H, T) mass on padding
                 real_q = (~self.pad_keys).float()[:, None, :]                                      # CLS and real tokens ask
                 self.last_pad_mass = (on_pad[:, :, 0].mean(), ((on_pad * real_q).sum((1, 2)) / (real_q.sum(2) * self.num_heads).squeeze(1)).mean())
-        return self.out((p @ v).transpose(1, 2).reshape(B, T, C))                               # (B, T, C)
+        return self.out((p @ v).transpose(-3, -2).reshape(*lead, T, C))                         # (B, T, C)
 
 # %% ../nbs/02_model.ipynb
 class MaskTape:
@@ -148,11 +149,11 @@ class CompactClassifier(nn.Module):
             pad = torch.cat([torch.zeros_like(x[:, :1], dtype=torch.bool), x == 0], 1)
             for b in self.blocks: b.attn.pad_keys = pad
         h = self.embed(x)                                                     # (B, T, C)
-        h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], 1) + self.pos  # (B, T+1, C)
+        h = torch.cat([self.cls.expand(*h.shape[:-2], 1, -1), h], -2) + self.pos  # (B, T+1, C)
         if key_mask is not None:                                              # CLS is always a valid key
-            key_mask = torch.cat([key_mask.new_ones(key_mask.shape[0], 1), key_mask.bool()], 1)
+            key_mask = torch.cat([key_mask.new_ones(*key_mask.shape[:-1], 1), key_mask.bool()], -1)
         for block in self.blocks: h = block(h, key_mask)
-        return self.head(h[:, 0])                                             # (B, classes)
+        return self.head(h[..., 0, :])                                        # (B, classes)
 
     def set_recording(self, on: bool):
         "Turn recording of attention density (and, on token ids, of the attention mass on padding) on or off in every layer."
@@ -203,6 +204,67 @@ class StackedLinear(torch.autograd.Function):
         else: dw = torch.bmm(g.transpose(1, 2), x)
         return *(t.to(dt) for t, dt in zip((torch.bmm(g, w), dw, g.sum(1)), ctx.dtypes)), None
 
+class StackedLinearLayer(nn.Module):
+    "The `nn.Linear` of every model of a stack as one module: weight `[N, out, in]`; `[N, ..., in]` -> `[N, ..., out]`."
+    def __init__(self, layers, bitwise: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.stack([l.weight.detach() for l in layers]))
+        self.bias = nn.Parameter(torch.stack([l.bias.detach() for l in layers]))
+        self.bitwise = bitwise
+    def forward(self, x):
+        return StackedLinear.apply(x.reshape(x.shape[0], -1, x.shape[-1]), self.weight, self.bias, self.bitwise).view(*x.shape[:-1], self.weight.shape[1])
+
+class StackedLayerNorm(nn.Module):
+    "Each model's own `nn.LayerNorm` (bitwise: one call per model; a shared call sums the affine gradients differently)."
+    def __init__(self, layers, bitwise: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.stack([l.weight.detach() for l in layers]))
+        self.bias = nn.Parameter(torch.stack([l.bias.detach() for l in layers]))
+        self.bitwise = bitwise
+    def forward(self, x):
+        w, b = self.weight, self.bias
+        if self.bitwise: return torch.stack([F.layer_norm(x[i], x.shape[-1:], w[i], b[i]) for i in range(x.shape[0])])
+        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+        return torch.addcmul(b.view(shape), F.layer_norm(x, x.shape[-1:]), w.view(shape))
+
+class StackedEmbedding(nn.Module):
+    "Each model's own token table `[N, vocab, C]`; a zero padding row keeps no gradient unless the models learn it."
+    def __init__(self, layers, learned_pad_row: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.stack([l.weight.detach() for l in layers]))
+        self.learned_pad_row = learned_pad_row
+    def forward(self, x):                                                       # x: [N, B, T] token ids
+        N, V = self.weight.shape[:2]
+        h = F.embedding(x + (torch.arange(N, device=x.device) * V).view(N, 1, 1), self.weight.view(N * V, -1))  # model i's table
+        return h if self.learned_pad_row else h * (x != 0).unsqueeze(-1)        # padding_idx=0: no gradient to row 0
+
+class StackedDropout(nn.Module):
+    "Each seed's next mask, the draw its plain run makes, shared by the seed's methods (`streams`: the stack's generators)."
+    def __init__(self, p: float, rng: str, streams):
+        super().__init__()
+        self.p, self.rng, self.streams = p, rng, streams
+    def forward(self, x):
+        if not self.training or self.p == 0: return x
+        gens, S = self.streams.generators, self.streams.num_seeds
+        if gens is None: raise RuntimeError("set `generators` (one pair per seed) before training the stack")
+        mask = torch.stack([draw_mask(x.shape[1:], self.p, self.rng, x.device, *g) for g in gens])
+        return (x.view(-1, S, *x.shape[1:]) * mask).view(x.shape)
+
+class StackedNormalizer(nn.Module):
+    "One layer's normalizer for every model: each method's module (built for `num_seeds` models) on its seeds' slice of the scores."
+    def __init__(self, specs, num_seeds: int, num_heads: int):
+        super().__init__()
+        self.num_seeds = num_seeds
+        self.groups = nn.ModuleList(spec.build(num_heads=num_heads, num_models=num_seeds) for spec in specs)
+    def forward(self, scores, mask=None):                                       # scores [N, B, H, T, T], mask [S, B, 1, 1, T]
+        S = self.num_seeds
+        outs = [norm(scores[g * S:(g + 1) * S], mask) for g, norm in enumerate(self.groups)]
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+class _Streams:
+    "The dropout generators of a stack's seeds, shared by its dropout modules."
+    def __init__(self, num_seeds): self.num_seeds, self.generators = num_seeds, None
+
 class StackedClassifiers(nn.Module):
     "Models of a methods x seeds grid (built as `CompactClassifier`s, ordered method by method) as one module."
     def __init__(self, models, num_seeds: int, bitwise: bool | None = None):
@@ -214,36 +276,51 @@ class StackedClassifiers(nn.Module):
         self.methods = [models[i].cfg.normalizer for i in range(0, n, num_seeds)]
         if any(m.cfg.normalizer != self.methods[i // num_seeds] for i, m in enumerate(models)):
             raise ValueError("order the models method by method, the seeds within each method")
-        self.names = [k for k, _ in models[0].named_parameters() if ".normalizer." not in k]
         self.order = [[k for k, _ in models[g * num_seeds].named_parameters()] for g in range(self.num_methods)]
-        self.params = nn.ParameterDict({k.replace(".", "__"): nn.Parameter(torch.stack([m.get_parameter(k).detach() for m in models]))
-                                        for k in self.names})
-        self.normalizers = nn.ModuleList()                          # [method][layer], learned ones with one entry per seed
-        for g, spec in enumerate(self.methods):
-            layers = nn.ModuleList(spec.build(num_heads=cfg.num_heads, num_models=num_seeds).to(self.p("pos").device)
-                                   for _ in range(cfg.num_layers))
-            with torch.no_grad():
-                for l, norm in enumerate(layers):
-                    for k, q in norm.named_parameters():
-                        q.copy_(torch.stack([models[g * num_seeds + s].blocks[l].attn.normalizer.get_parameter(k) for s in range(num_seeds)]))
-            self.normalizers.append(layers)
-        self.generators = None          # per seed: (CPU generator, device generator) for the dropout masks
+        self._streams = _Streams(num_seeds)
+        self.model = copy.deepcopy(models[0])            # the plain module tree and forward, its leaves swapped for stacked ones
+        self._stack_leaves(models)
 
-    def p(self, name): return self.params[name.replace(".", "__")]
-    def _norm_param(self, g, name):
-        return self.normalizers[g][int(name.split(".")[1])].get_parameter(name.split(".normalizer.")[1])
+    def _stack_leaves(self, models):
+        "Replace each leaf of `self.model` by the stacked leaf holding every model's copy of it."
+        device, swapped = next(models[0].parameters()).device, []
+        for name, mod in list(models[0].named_modules()):
+            if any(name.startswith(s + ".") for s in swapped): continue
+            parts = [m.get_submodule(name) for m in models]
+            if isinstance(mod, nn.Linear): new = StackedLinearLayer(parts, self.bitwise)
+            elif isinstance(mod, nn.LayerNorm): new = StackedLayerNorm(parts, self.bitwise)
+            elif isinstance(mod, nn.Embedding): new = StackedEmbedding(parts, self.cfg.learned_pad_row)
+            elif isinstance(mod, MaskDropout): new = StackedDropout(mod.p, mod.rng, self._streams)
+            elif name.endswith(".normalizer"):
+                new = StackedNormalizer(self.methods, self.num_seeds, self.cfg.num_heads).to(device)
+                with torch.no_grad():                       # learned ones: one entry per seed, from each model
+                    for g, norm in enumerate(new.groups):
+                        for k, q in norm.named_parameters():
+                            q.copy_(torch.stack([p.get_parameter(k) for p in parts[g * self.num_seeds:(g + 1) * self.num_seeds]]))
+            else:                                           # a container: stack its own parameters (cls, pos)
+                for k, _ in mod.named_parameters(recurse=False):
+                    setattr(self.model.get_submodule(name), k, nn.Parameter(torch.stack([p.get_parameter(k).detach() for p in parts])))
+                continue
+            parent, _, leaf = name.rpartition(".")
+            setattr(self.model.get_submodule(parent), leaf, new); swapped.append(name)
 
-    def linear(self, x, name):
-        "Each model's own `nn.Linear` called `name`: `[N, ..., in]` -> `[N, ..., out]`."
-        w, b = self.p(name + ".weight"), self.p(name + ".bias")
-        return StackedLinear.apply(x.reshape(x.shape[0], -1, x.shape[-1]), w, b, self.bitwise).view(*x.shape[:-1], w.shape[1])
+    @property
+    def generators(self): return self._streams.generators
+    @generators.setter
+    def generators(self, gens):
+        "Per seed: (CPU generator, device generator) for the dropout masks."
+        self._streams.generators = gens
 
-    def layer_norm(self, x, name):
-        "Each model's own `nn.LayerNorm` (bitwise: one call per model; a shared call sums the affine gradients differently)."
-        w, b = self.p(name + ".weight"), self.p(name + ".bias")
-        if self.bitwise: return torch.stack([F.layer_norm(x[i], x.shape[-1:], w[i], b[i]) for i in range(x.shape[0])])
-        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
-        return torch.addcmul(b.view(shape), F.layer_norm(x, x.shape[-1:]), w.view(shape))
+    def parameter_of(self, i, name):
+        "Model i's parameter `name` (its plain name) in the stack: (stacked tensor, index of model i in it)."
+        g, s = divmod(i, self.num_seeds)
+        if ".normalizer." not in name: return self.model.get_parameter(name), i
+        layer, attr = name.split(".normalizer.")
+        return self.model.get_parameter(f"{layer}.normalizer.groups.{g}.{attr}"), s
+
+    def forward(self, x, key_mask=None):
+        "Each seed's batch `x` `[S, B, ...]` (and `key_mask` `[S, B, T]`) -> every model's logits `[N, B, classes]`."
+        return self.model(x.expand(self.num_methods, *x.shape).reshape(-1, *x.shape[1:]), key_mask)
 
     def losses(self, logits, y):
         "Each model's mean cross-entropy `[N]` on its seed's labels `y` `[S, B]` (bitwise: one call per model)."
@@ -252,66 +329,35 @@ class StackedClassifiers(nn.Module):
         y = y.expand(self.num_methods, *y.shape).reshape(N * B)
         return F.cross_entropy(logits.reshape(N * B, -1), y, reduction="none").view(N, B).mean(1)
 
-    def dropout(self, x):
-        "Each seed's next mask, the draw its plain run makes, shared by the seed's methods."
-        if not self.training or self.cfg.dropout == 0: return x
-        if self.generators is None: raise RuntimeError("set `generators` (one pair per seed) before training the stack")
-        mask = torch.stack([draw_mask(x.shape[1:], self.cfg.dropout, self.cfg.dropout_rng, x.device, *g) for g in self.generators])
-        return (x.view(self.num_methods, self.num_seeds, *x.shape[1:]) * mask).view(x.shape)
-
-    def attention(self, x, layer, key_mask):
-        N, B, T, C = x.shape
-        H, S = self.cfg.num_heads, self.num_seeds
-        q, k, v = self.linear(x, f"blocks.{layer}.attn.qkv").view(N, B, T, 3, H, C // H).permute(3, 0, 1, 4, 2, 5)  # 3 x [N, B, H, T, D]
-        scores = (q / math.sqrt(C // H)) @ k.transpose(-2, -1)                                                      # [N, B, H, T, T]
-        mask = None if key_mask is None else key_mask[:, :, None, None, :]                                          # [S, B, 1, 1, T]
-        outs = [norms[layer](scores[g * S:(g + 1) * S], mask) @ v[g * S:(g + 1) * S] for g, norms in enumerate(self.normalizers)]
-        return self.linear((torch.cat(outs) if len(outs) > 1 else outs[0]).transpose(2, 3).reshape(N, B, T, C), f"blocks.{layer}.attn.out")
-
-    def forward(self, x, key_mask=None):
-        "Each seed's batch `x` `[S, B, ...]` (and `key_mask` `[S, B, T]`) -> every model's logits `[N, B, classes]`."
-        cfg, M, S = self.cfg, self.num_methods, self.num_seeds
-        N, per_model = M * S, lambda t: t.expand(M, *t.shape).reshape(M * S, *t.shape[1:])
-        if cfg.input_dim: h = self.linear(per_model(x), "embed")
-        else:
-            rows = x[None] + (torch.arange(N, device=x.device) * cfg.vocab_size).view(M, S, 1, 1)      # model i's table
-            h = F.embedding(rows.view(N, *x.shape[1:]), self.p("embed.weight").view(N * cfg.vocab_size, -1))
-            if not cfg.learned_pad_row: h = h * per_model(x != 0).unsqueeze(-1)       # padding_idx=0: no gradient to row 0
-        B = h.shape[1]
-        h = torch.cat([self.p("cls").expand(N, B, 1, -1), h], 2) + self.p("pos")
-        if key_mask is not None: key_mask = torch.cat([key_mask.new_ones(S, B, 1), key_mask.bool()], 2)
-        for l in range(cfg.num_layers):
-            h = self.layer_norm(h + self.dropout(self.attention(h, l, key_mask)), f"blocks.{l}.ln1")
-            z = self.linear(self.dropout(F.gelu(self.linear(h, f"blocks.{l}.mlp.0"))), f"blocks.{l}.mlp.3")
-            h = self.layer_norm(h + self.dropout(z), f"blocks.{l}.ln2")
-        return self.linear(h[:, :, 0], "head")
-
     @torch.no_grad()
     def clip_grad_norms_(self, max_norm: float):
         "`clip_grad_norm_` of every model: the norm over its own gradients, taken in its plain order; its own coefficient."
-        S, totals = self.num_seeds, []
-        norms = {k: torch.linalg.vector_norm(self.p(k).grad.flatten(1), 2, dim=1) for k in self.names}
-        for g, layers in enumerate(self.normalizers):
-            per = [torch.linalg.vector_norm(self._norm_param(g, k).grad.flatten(1), 2, dim=1) if ".normalizer." in k
-                   else norms[k][g * S:(g + 1) * S] for k in self.order[g]]
-            totals.append(torch.linalg.vector_norm(torch.stack(per, 1), 2, dim=1))                          # [S]
+        S, norms, totals = self.num_seeds, {}, []
+        for g in range(self.num_methods):
+            per = []
+            for k in self.order[g]:
+                t, j = self.parameter_of(g * S, k)
+                if ".normalizer." in k: per.append(torch.linalg.vector_norm(t.grad.flatten(1), 2, dim=1))            # [S]
+                else:
+                    if k not in norms: norms[k] = torch.linalg.vector_norm(t.grad.flatten(1), 2, dim=1)          # [N]
+                    per.append(norms[k][j:j + S])
+            totals.append(torch.linalg.vector_norm(torch.stack(per, 1), 2, dim=1))                              # [S]
         total = torch.cat(totals)
         coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-        for k in self.names: self.p(k).grad.mul_(coef.view(-1, *(1,) * (self.p(k).dim() - 1)))
-        for g, layers in enumerate(self.normalizers):
-            for q in layers.parameters(): q.grad.mul_(coef[g * S:(g + 1) * S].view(-1, *(1,) * (q.dim() - 1)))
+        for k, q in self.model.named_parameters():
+            c = coef if ".groups." not in k else coef[int(k.split(".groups.")[1].split(".")[0]) * S:][:S]
+            q.grad.mul_(c.view(-1, *(1,) * (q.dim() - 1)))
         return total
 
     def model_learned(self, i) -> dict:
         "Recorded parameters of model i's normalizer (its spec's `learned`), each a list of per-layer tensors; {} when none."
         g, s = divmod(i, self.num_seeds)
-        return {k: [getattr(n, k)[s].detach() for n in self.normalizers[g]] for k in self.methods[g].learned}
+        return {k: [getattr(b.attn.normalizer.groups[g], k)[s].detach() for b in self.model.blocks] for k in self.methods[g].learned}
 
     @torch.no_grad()
     def write_back(self, models):
         "Copy each model's slice of the stack into its `CompactClassifier` (to evaluate, save or inspect it)."
-        S = self.num_seeds
         for i, m in enumerate(models):
-            for k in self.order[i // S]:
-                src = self._norm_param(i // S, k)[i % S] if ".normalizer." in k else self.p(k)[i]
-                m.get_parameter(k).copy_(src)
+            for k, q in m.named_parameters():
+                t, j = self.parameter_of(i, k)
+                q.copy_(t[j])
