@@ -18,7 +18,7 @@
 #| export
 import json, time
 from pathlib import Path
-from dataclasses import dataclass, replace, field, fields
+from dataclasses import dataclass, replace
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -29,23 +29,21 @@ from sparse_attention_repro.model import CompactClassifier, ClassifierConfig, Ma
 from sparse_attention_repro.normalizers import resolve_normalizer
 from sparse_attention_repro.runner import save_rows
 from sparse_attention_repro.files import atomic_write
+from sparse_attention_repro.options import option, option_defaults, config_from_options
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
+from sparse_attention_repro.options import check_options
 
 
 # %% [markdown]
-# **One schema.** `TrainConfig` is the single description of a run's options. A field declared with `option(...)` is
-# also a command-line option of `grid` (`val_fraction` is `--val-fraction`), an entry of the results folder's manifest,
-# and part of the `options` the experiment notebook passes back here — so a new option is one field with its help text
-# and, where needed, its check. `unset` is the command-line value meaning "the profile's" (e.g. `--lr 0`).
+# **One schema.** `TrainConfig` is the single description of a study A run's options. A field declared with
+# `options.option(...)` is also a command-line option of `grid` (`val_fraction` is `--val-fraction`), an entry of the
+# results folder's manifest, and part of the `options` the experiment notebook passes back here — so a new option is one
+# field with its help text and, where needed, its check (see `options`).
 
 # %%
 #| export
-def option(default, help: str, check=None, choices=None, unset=None):
-    "A `TrainConfig` field that is also a command-line option: its help, a check `v -> error text or None`, its choices, its 'unset' value."
-    return field(default=default, metadata=dict(help=help, check=check, choices=choices, unset=unset))
-
 @dataclass
 class TrainConfig:
     "Everything a study A run depends on besides dataset, method and seed (defaults: the paper's main family)."
@@ -73,29 +71,6 @@ class TrainConfig:
     device: str = "auto"             # auto (CUDA when available) | cpu | cuda; recorded per row
     progress: bool = True            # tqdm bar
 
-def run_options() -> list:
-    "The `TrainConfig` fields that are command-line options, in declaration order."
-    return [f for f in fields(TrainConfig) if "help" in f.metadata]
-
-def option_defaults() -> dict:
-    "Each option's command-line default (its 'unset' value where it has one)."
-    return {f.name: f.default if f.metadata["unset"] is None else f.metadata["unset"] for f in run_options()}
-
-def check_options(options: dict):
-    "Raise ValueError with one line for the first bad value of `options` (TrainConfig option names)."
-    known = {f.name: f for f in run_options()}
-    for k, v in options.items():
-        if k not in known: raise ValueError(f"unknown option {k!r}; choose from {', '.join(known)}")
-        m, flag = known[k].metadata, "--" + k.replace("_", "-")
-        if m["choices"] and v not in m["choices"]: raise ValueError(f"unknown {flag} {v!r}; choose one of {', '.join(m['choices'])}")
-        if m["check"] and (msg := m["check"](v)): raise ValueError(f"{flag} {msg}, got {v}")
-
-def config_from_options(options: dict) -> dict:
-    "`options` as TrainConfig overrides: an option at its 'unset' value is left to the profile."
-    check_options(options)
-    unset = {f.name: f.metadata["unset"] for f in run_options()}
-    return {k: v for k, v in options.items() if unset[k] is None or v != unset[k]}
-
 PROFILES = {"smoke": dict(seeds=(0, 1), epochs=1, train_limit=256, test_limit=128),
             "quick": dict(seeds=(0, 1, 2)),
             "paper": dict(seeds=tuple(range(10)))}
@@ -118,14 +93,14 @@ test_eq(profile_config("quick", "cifar10", val_fraction=0.1).val_fraction, 0.1)
 test_fail(lambda: profile_config("fast", "cifar10"), contains="unknown profile")
 
 # the options: one field each, with the command line's defaults, checks and "unset" values
-test_eq(option_defaults(), dict(epochs=0, lr=0.0, val_fraction=0.0, mask_padding=False, patch_size=0, marker_vocab=20000,
+test_eq(option_defaults(TrainConfig), dict(epochs=0, lr=0.0, val_fraction=0.0, mask_padding=False, patch_size=0, marker_vocab=20000,
                                 marker_design="random", jpeg_quality=0, learned_pad_row=False, dropout_rng="torch",
                                 precision="fp32", epoch_eval=False))
-test_eq(config_from_options(dict(lr=0.0, epochs=12, patch_size=0, mask_padding=True)), dict(epochs=12, mask_padding=True))
-test_eq(profile_config("paper", "kmnist", **config_from_options(option_defaults())), profile_config("paper", "kmnist"))
+test_eq(config_from_options(TrainConfig, dict(lr=0.0, epochs=12, patch_size=0, mask_padding=True)), dict(epochs=12, mask_padding=True))
+test_eq(profile_config("paper", "kmnist", **config_from_options(TrainConfig, option_defaults(TrainConfig))), profile_config("paper", "kmnist"))
 for bad, msg in [(dict(lr=2.0), "--lr must be in (0, 1)"), (dict(precision="fp16"), "unknown --precision 'fp16'; choose one of fp32, bf16"),
                  (dict(jpeg_quality=101), "--jpeg-quality must be in 1..100"), (dict(batch=3), "unknown option 'batch'")]:
-    test_fail(lambda: check_options(bad), contains=msg)
+    test_fail(lambda: check_options(TrainConfig, bad), contains=msg)
 
 
 # %% [markdown]
@@ -434,8 +409,8 @@ def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, ro
     if not seeds or any(s < 0 for s in seeds): raise ValueError(f"seeds must be one or more integers >= 0, got {seeds}")
     methods = [resolve_normalizer(m) for m in methods]               # the edge: names become registry entries once
     if threads: torch.set_num_threads(threads)
-    run = {k: v for k, v in options.items() if k in option_defaults()}                 # the command-line options (0 = the profile's)
-    config = profile_config(profile, dataset, **config_from_options(run), **{k: v for k, v in options.items() if k not in run})
+    run = {k: v for k, v in options.items() if k in option_defaults(TrainConfig)}      # the command-line options (0 = the profile's)
+    config = profile_config(profile, dataset, **config_from_options(TrainConfig, run), **{k: v for k, v in options.items() if k not in run})
     rows = []
     def keep(done):
         done = [dict(r, profile=profile) for r in done]

@@ -11,6 +11,7 @@ __all__ = ['FAST_HELP', 'STUDY_A_KEYS', 'CRISP_KEYS', 'COMMANDS', 'UsageError', 
 import argparse, os, sys
 from pathlib import Path
 from .runner import NotebookTask, run_tasks, check_manifest, results_lock, experiments_dir
+from .options import add_option_arguments, option_defaults, check_options
 
 # %% ../nbs/07_cli.ipynb
 class UsageError(ValueError):
@@ -51,12 +52,8 @@ def _grid_args(sub):
     g.add_argument("--datasets", nargs="+"); g.add_argument("--methods", nargs="+"); g.add_argument("--seeds", nargs="+")
     g.add_argument("--plain", action="store_true", help="train each method alone instead of in lock-step (same results, slower)")
     g.add_argument("--stack-seeds", type=int, default=1, help="train this many seeds (all methods) as one stacked model per task: the GPU path")
-    from sparse_attention_repro.train import run_options, option_defaults    # the run options are TrainConfig's own fields
-    defaults = option_defaults()
-    for f in run_options():
-        default, flag = defaults[f.name], "--" + f.name.replace("_", "-")
-        if isinstance(default, bool): g.add_argument(flag, action="store_true", help=f.metadata["help"])
-        else: g.add_argument(flag, type=type(default), default=default, help=f.metadata["help"])
+    from sparse_attention_repro.train import TrainConfig
+    add_option_arguments(g, TrainConfig)                                       # the run options are TrainConfig's own fields
     g.add_argument("--fast", action="store_true", help=FAST_HELP)
     g.add_argument("--baseline", default=None, help="a committed results folder (e.g. outputs/paper): train only --methods on its seeds "
                                                     "and options, pair them with its runs and write versus_baseline.md")
@@ -68,10 +65,8 @@ def _crisp_args(sub):
     c = sub.add_parser("crisp", help="study B: Crisp configurations x seeds")
     c.add_argument("--profile", default="smoke"); c.add_argument("--out", required=True)
     c.add_argument("--configs", nargs="+", help="dense fixed_080 adaptive_060 adaptive_080 (the paper's), or any registered normalizer, e.g. entmax15"); c.add_argument("--seeds", nargs="+"); c.add_argument("--model", default="")
-    c.add_argument("--scope", default="row", help="percentile per query row (row) or per head matrix (head)")
-    c.add_argument("--precision", default="fp32", help="fp32 | bf16 (autocast; meant for GPUs)")
-    c.add_argument("--train-n", type=int, default=0, help="training sentences (0 = the profile's); for learning curves")
-    c.add_argument("--lr", type=float, default=0.0, help="AdamW peak learning rate (0 = the profile's)")
+    from sparse_attention_repro.crisp import FinetuneConfig
+    add_option_arguments(c, FinetuneConfig)                                    # the run options are FinetuneConfig's own fields
     _executor_args(c)
     return c
 
@@ -160,11 +155,6 @@ def build_parser():
 
 # %% ../nbs/07_cli.ipynb
 STUDY_A_KEYS = ("dataset", "method", "seed")
-def _option_defaults():
-    "Each run option's command-line default; in a results folder's manifest an option it lacks (newer than the folder) has this value."
-    from sparse_attention_repro.train import option_defaults
-    return option_defaults()
-
 def _check_executor(args):
     if args.executor not in ("local", "dask"): raise UsageError(f"unknown executor {args.executor!r}; choose local or dask")
     if args.scheduler and args.executor != "dask": raise UsageError("--scheduler needs --executor dask")
@@ -184,9 +174,10 @@ def _baseline_runs(folder):
 def _check_baseline(folder, base, options, datasets, seeds):
     "Refuse, in one line, a baseline made with other options or lacking a requested (dataset, seed)."
     import json
+    from sparse_attention_repro.train import TrainConfig
     made = json.loads((Path(folder) / "manifest.json").read_text()).get("study_a")
     if made is None: raise UsageError(f"--baseline {folder} has no study A grid in its manifest.json")
-    made = {**_option_defaults(), **made}
+    made = {**option_defaults(TrainConfig), **made}
     if diff := [k for k in sorted(options) if made.get(k) != options[k]]:
         raise UsageError(f"--baseline {folder} was made with " + ", ".join(f"{k}={made.get(k)!r} (this grid: {options[k]!r})" for k in diff)
                          + "; give the same options or another baseline")
@@ -198,7 +189,7 @@ def _check_baseline(folder, base, options, datasets, seeds):
 def grid_tasks(args):
     "Validate the grid arguments and return (tasks, options)."
     _check_executor(args)
-    from sparse_attention_repro.train import PROFILES, PAPER_SIZES, option_defaults, check_options
+    from sparse_attention_repro.train import PROFILES, PAPER_SIZES, TrainConfig
     from sparse_attention_repro.normalizers import resolve_normalizer
     from sparse_attention_repro.study import PAPER_METHODS, BASELINE
     from sparse_attention_repro.data import load_dataset, DataUnavailableError
@@ -217,12 +208,12 @@ def grid_tasks(args):
     from sparse_attention_repro.data import resolve_device
     try: resolve_device(args.device)
     except ValueError as e: raise UsageError(str(e)) from None
-    run = {k: getattr(args, k) for k in option_defaults()}               # TrainConfig's options, checked by their own rules
+    run = {k: getattr(args, k) for k in option_defaults(TrainConfig)}    # TrainConfig's options, checked by their own rules
     if getattr(args, "fast", False):                                    # resolved here into the levers themselves
         if run["dropout_rng"] != "torch" or run["precision"] != "fp32": raise UsageError("--fast sets --dropout-rng and --precision itself; drop them")
         from sparse_attention_repro.data import has_bf16_units
         run.update(dropout_rng="philox", precision="bf16" if has_bf16_units(resolve_device(args.device)) else "fp32")
-    try: check_options(run)
+    try: check_options(TrainConfig, run)
     except ValueError as e: raise UsageError(str(e)) from None
     if args.epoch_eval and args.stack_seeds > 1: raise UsageError("--epoch-eval runs on the lock-step or plain path; drop --stack-seeds")
     options = dict(profile=args.profile, **run)
@@ -261,9 +252,10 @@ def grid_tasks(args):
 # %% ../nbs/07_cli.ipynb
 def cmd_grid(args):
     "Run the study A grid (and, with --baseline, write the comparison with the committed runs); returns the failures."
+    from sparse_attention_repro.train import TrainConfig
     tasks, options = grid_tasks(args)
     with results_lock(args.out):
-        check_manifest(args.out, "study_a", options, defaults=_option_defaults())
+        check_manifest(args.out, "study_a", options, defaults=option_defaults(TrainConfig))
         fails = run_tasks(tasks, Path(args.out) / "runs.csv", STUDY_A_KEYS, Path(args.out) / "rows" / "study_a",
                           jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="study A notebooks",
                           scrub_root=Path(args.out))
@@ -279,20 +271,18 @@ CRISP_KEYS = ("config", "seed", "split")
 def crisp_tasks(args):
     "Validate the Crisp arguments and return (tasks, options)."
     _check_executor(args)
-    from sparse_attention_repro.crisp import CRISP_CONFIGS, CRISP_PROFILES, sst2_path, crisp_normalizer
-    from sparse_attention_repro.data import DataUnavailableError, PRECISIONS
+    from sparse_attention_repro.crisp import CRISP_CONFIGS, CRISP_PROFILES, FinetuneConfig, sst2_path, crisp_normalizer
+    from sparse_attention_repro.data import DataUnavailableError
     if args.profile not in CRISP_PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(CRISP_PROFILES)}")
     configs = _split(args.configs) if args.configs else list(CRISP_CONFIGS)
     for c in configs:
         try: crisp_normalizer(c)                                     # the paper's four, or any registered normalizer
         except ValueError as e: raise UsageError(str(e)) from None
-    if args.scope not in ("row", "head"): raise UsageError(f"--scope must be row or head, got {args.scope!r}")
     seeds = _seeds(args.seeds) if args.seeds else list(CRISP_PROFILES[args.profile]["seeds"])
-    if args.precision not in PRECISIONS: raise UsageError(f"--precision must be fp32 or bf16, got {args.precision!r}")
-    if args.train_n < 0: raise UsageError(f"--train-n must be >= 0, got {args.train_n}")
-    if not 0 <= args.lr < 1: raise UsageError(f"--lr must be in (0, 1) (or 0 for the profile's), got {args.lr}")
-    options = dict(profile=args.profile, model=args.model or "", scope=args.scope, precision=args.precision, train_n=args.train_n,
-                   lr=args.lr)
+    run = {k: getattr(args, k) for k in option_defaults(FinetuneConfig)}   # FinetuneConfig's options, checked by their own rules
+    try: check_options(FinetuneConfig, run)
+    except ValueError as e: raise UsageError(str(e)) from None
+    options = dict(profile=args.profile, model=args.model or "", **run)
     for split in ("train", "validation", "test"):  # SST-2 present (or downloaded now), before any notebook starts
         try: sst2_path(split, download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e)) from None
@@ -300,8 +290,8 @@ def crisp_tasks(args):
     threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
     rows = lambda c, s: (out / "rows" / "crisp" / c / f"seed{s}.csv").resolve()
     tasks = [NotebookTask(f"{c}/seed{s}", nb, out / "notebooks" / "crisp" / c / f"seed{s}.ipynb", [rows(c, s)],
-                          dict(config=c, seed=s, threads=threads, rows_path=str(rows(c, s)), download=args.download,
-                               device=args.device, **options))
+                          dict(config=c, seed=s, profile=args.profile, model=args.model or "", threads=threads, rows_path=str(rows(c, s)),
+                               download=args.download, device=args.device, options=run))
              for c in configs for s in seeds]
     return tasks, options
 
@@ -310,7 +300,8 @@ def cmd_crisp(args):
     "Run the Crisp grid; returns the failures."
     tasks, options = crisp_tasks(args)
     with results_lock(args.out):
-        check_manifest(args.out, "crisp", options, defaults=dict(precision="fp32", train_n=0, lr=0.0))
+        from sparse_attention_repro.crisp import FinetuneConfig
+        check_manifest(args.out, "crisp", options, defaults=option_defaults(FinetuneConfig))
         return run_tasks(tasks, Path(args.out) / "crisp_runs.csv", CRISP_KEYS, Path(args.out) / "rows" / "crisp",
                          jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="Crisp notebooks",
                          scrub_root=Path(args.out))
@@ -335,12 +326,14 @@ def cmd_site(args):
 # %% ../nbs/07_cli.ipynb
 def cmd_reproduce(args):
     "Study A grid, Crisp grid and the report into one folder."
+    from sparse_attention_repro.train import TrainConfig
+    from sparse_attention_repro.crisp import FinetuneConfig
     args.out = args.out or f"outputs/{args.profile}"
     run = dict(profile=args.profile, out=args.out, seeds=None, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
                download=args.download, device=args.device)
-    grid = argparse.Namespace(**run, **{**_option_defaults(), "val_fraction": args.val_fraction}, datasets=None, methods=None,
+    grid = argparse.Namespace(**run, **{**option_defaults(TrainConfig), "val_fraction": args.val_fraction}, datasets=None, methods=None,
                               plain=False, stack_seeds=args.stack_seeds, baseline=None, fast=args.fast)
-    crisp = argparse.Namespace(**run, configs=None, model=args.model, scope="row", precision="fp32", train_n=0, lr=0.0)
+    crisp = argparse.Namespace(**run, configs=None, model=args.model, **option_defaults(FinetuneConfig))
     grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
     fails = {**cmd_grid(grid), **cmd_crisp(crisp)}
     cmd_report(argparse.Namespace(results=args.out))

@@ -26,6 +26,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .normalizers import get_normalizer, resolve_normalizer, topk_name, attention_density, keep_count, NormalizerConformanceError
 from .study import CRISP_CONFIGS
 from .files import atomic_write
+from .options import option, option_defaults, config_from_options
 from pathlib import Path
 from .data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data, resolve_device, autocast, PRECISIONS
 
@@ -287,21 +288,23 @@ def collate(id_lists, pad_id=0):
 @dataclass
 class FinetuneConfig:
     "Fine-tuning and evaluation settings of one Crisp run."
-    lr: float = 2e-5                  # AdamW peak learning rate
+    lr: float = option(2e-5, "AdamW peak learning rate (0 = the profile's)", lambda v: None if 0 <= v < 1 else "must be in (0, 1) (or 0 for the profile's)", unset=0.0)
     batch_size: int = 32              # training batch size
     epochs: int = 3                   # passes over the training subset
     max_length: int = 64              # word pieces per sentence incl. [CLS]/[SEP]
     warmup_ratio: float = 0.1         # fraction of steps with linear warm-up
     weight_decay: float = 0.01        # AdamW weight decay (not on biases / LayerNorm)
     grad_clip: float = 1.0            # gradient-norm clip
-    train_n: int | None = None        # training sentences (seeded subset); None = all 67349
+    train_n: int | None = option(None, "training sentences, a seeded subset (0 = the profile's; the paper's is all 67349); for learning curves",
+                                 lambda v: None if v >= 0 else "must be >= 0", unset=0)
     eval_n: int | None = None         # first eval_n of each eval split; None = all (872 / 1821)
     eval_batch_size: int = 128        # evaluation batch size
     spread: float = 0.2               # adaptive schedule: sparsity spread from first to last layer
     calib_n: int = 5000               # training sentences whose lengths calibrate adaptive keep ratios
     group_by_length: bool = True      # batches of similar length (less padding, same loss)
     device: str = "auto"              # auto (CUDA when available) | cpu | cuda
-    precision: str = "fp32"           # fp32 | bf16 (autocast; for GPUs and CPUs with bf16 units; normalizers run in fp32)
+    precision: str = option("fp32", "fp32 | bf16 (autocast; for GPUs and CPUs with bf16 units; normalizers run in fp32)", choices=PRECISIONS)
+    scope: str = option("row", "percentile per query row (row) or per head matrix (head)", choices=("row", "head"))
     progress: bool = True             # tqdm progress bar
 
 def batch_order(lengths, batch_size, generator, group_by_length=True, chunk=50):
@@ -326,7 +329,6 @@ def _param_groups(model, weight_decay):
 def finetune(model, id_lists, labels, cfg: FinetuneConfig, seed=0, pad_id=0):
     "Fine-tune `model` on tokenised sentences; returns dict(status, train_seconds, losses, steps)."
     from tqdm.auto import tqdm
-    if cfg.precision not in PRECISIONS: raise ValueError(f"precision must be fp32 or bf16, got {cfg.precision!r}")
     device = resolve_device(cfg.device)
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
@@ -387,9 +389,11 @@ ROW_COLUMNS = ("config", "seed", "model_name", "profile", "split", "n_eval", "ac
                "batch_size", "max_length", "scope", "status", "error", "device", "precision")
 
 def resolve_finetune(profile, **overrides):
-    "The profile's FinetuneConfig with `overrides` applied (unknown names and wrong types rejected)."
+    "The profile's FinetuneConfig with `overrides` applied: options checked by their own rules (at their 'unset' value left to the profile), other unknown names and wrong types rejected."
     if profile not in CRISP_PROFILES: raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(CRISP_PROFILES)}")
     base = CRISP_PROFILES[profile]["finetune"]
+    run = {k: v for k, v in overrides.items() if k in option_defaults(FinetuneConfig)}
+    overrides = {**{k: v for k, v in overrides.items() if k not in run}, **config_from_options(FinetuneConfig, run)}
     fields = asdict(base)
     bad = sorted(set(overrides) - set(fields))
     if bad: raise ValueError(f"unknown override(s) {bad}; valid: {sorted(fields)}")
@@ -400,7 +404,7 @@ def resolve_finetune(profile, **overrides):
     return replace(base, **overrides)
 
 # %% ../nbs/04_crisp.ipynb
-def run_crisp(config, seed, profile, model=None, data_root=None, scope="row", threads=0, download=False, **overrides) -> list[dict]:
+def run_crisp(config, seed, profile, model=None, data_root=None, threads=0, download=False, **overrides) -> list[dict]:
     "Fine-tune and evaluate one Crisp configuration for one seed; one row per eval split (validation, test)."
     crisp_target(config)
     cfg = resolve_finetune(profile, **overrides)
@@ -413,14 +417,14 @@ def run_crisp(config, seed, profile, model=None, data_root=None, scope="row", th
     tr = train.iloc[subset_indices(len(train), cfg.train_n, seed)]
     tr_ids = encode_sentences(tok, tr.sentence, cfg.max_length)
     lengths = [len(x) for x in tr_ids[: cfg.calib_n]]
-    apply_crisp(net, config, scope=scope, lengths=lengths, spread=cfg.spread)
+    apply_crisp(net, config, scope=cfg.scope, lengths=lengths, spread=cfg.spread)
     fit = finetune(net, tr_ids, tr.label.to_numpy(), cfg, seed=seed, pad_id=pad)
     rows = []
     for split, df in evals.items():
         df = df if cfg.eval_n is None else df.iloc[: cfg.eval_n]
         row = dict(config=config, seed=seed, model_name=recorded, profile=profile, split=split, n_eval=len(df),
                    target_sparsity=crisp_target(config), train_seconds=round(fit["train_seconds"], 2), train_n=len(tr),
-                   epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, max_length=cfg.max_length, scope=scope,
+                   epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, max_length=cfg.max_length, scope=cfg.scope,
                    status=fit["status"], error="", accuracy=float("nan"), sparsity_mean=float("nan"),
                    sparsity_per_layer="[]", attention_entropy=float("nan"),
                    device=next(net.parameters()).device.type, precision=cfg.precision)

@@ -57,7 +57,7 @@ def test_crisp_cli_survives_sigkill(tmp_path, sst2_root):
 def test_crisp_cli_bad_input(tmp_path):
     from conftest import cli
     for args, msg in [(["--configs", "sparse_090"], "unknown Crisp config"), (["--profile", "huge"], "unknown profile"),
-                      (["--seeds", "-1"], "seeds must be >= 0"), (["--scope", "matrix"], "--scope must be row or head")]:
+                      (["--seeds", "-1"], "seeds must be >= 0"), (["--scope", "matrix"], "unknown --scope 'matrix'; choose one of row, head")]:
         res = cli("crisp", "--out", tmp_path / "out", *args)
         assert res.returncode == 2 and res.stderr.count("\n") == 1 and msg in res.stderr, res.stderr
     assert not (tmp_path / "out").exists()

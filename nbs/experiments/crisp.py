@@ -14,14 +14,11 @@ config: str = "dense"  # dense | fixed_080 | adaptive_060 | adaptive_080
 seed: int = 0  # seed of the training subset, the classifier head, dropout and the data order
 profile: str = "smoke"  # smoke | quick | paper
 model: str = ""  # empty: the profile model; else minilm | tiny-distilbert | distilbert-base-uncased | a local folder
-scope: str = "row"  # percentile scope of the top-k mask: row | head
 threads: int = 0  # torch CPU threads, 0 keeps the torch default
 rows_path: str = "crisp_rows.csv"  # the result rows (one per eval split) are written here as CSV
 download: bool = False  # fetch SST-2 from the Hugging Face hub when no offline copy is found
 device: str = "auto"  # auto (CUDA when available, else CPU) | cpu | cuda
-precision: str = "fp32"  # fp32 | bf16 (autocast)
-train_n: int = 0  # training sentences; 0 keeps the profile's
-lr: float = 0.0  # AdamW peak learning rate; 0 keeps the profile's
+options: dict = {}  # FinetuneConfig options by field name (learning rate, training sentences, precision, scope); sparse-repro crisp passes its command-line options here
 
 # %%
 import pandas as pd
@@ -29,8 +26,7 @@ from sparse_attention_repro.crisp import run_crisp
 from sparse_attention_repro.runner import save_rows
 
 # %%
-rows = run_crisp(config, seed, profile, model=model or None, scope=scope, threads=threads, download=download,
-                 device=device, precision=precision, **({"train_n": train_n} if train_n else {}), **({"lr": lr} if lr else {}))
+rows = run_crisp(config, seed, profile, model=model or None, threads=threads, download=download, device=device, **options)
 
 # %%
 pd.DataFrame(rows)[["config", "split", "n_eval", "accuracy", "sparsity_mean", "attention_entropy", "train_seconds", "status"]]
