@@ -58,10 +58,9 @@ test_eq(sorted(p.name for p in (d / "sub").iterdir()), ["r.csv"])  # written thr
 
 # %%
 #| export
-import nbformat
-
 def scrub_record(nb_path, root):
     "Rewrite the executed notebook `nb_path` so that paths under `root` are relative to it and papermill's paths are bare names."
+    import nbformat                                   # here, not at import: the command line's errors stay quick
     nb = nbformat.read(nb_path, as_version=4)
     meta = nb.metadata.get("papermill", {})
     for k in ("input_path", "output_path"):
@@ -74,6 +73,7 @@ def scrub_record(nb_path, root):
 
 
 # %%
+import nbformat
 nb = nbformat.v4.new_notebook(metadata={"papermill": {"input_path": "/x/nbs/experiments/a.ipynb", "output_path": f"{d}/nbs/a.ipynb"}})
 nb.cells = [nbformat.v4.new_code_cell(f'rows_dir = "{d}/rows/a/seed0"\nout = "{d}"', outputs=[
     nbformat.v4.new_output("stream", name="stderr", text="/usr/lib/python3/site-packages/tqdm/auto.py:21: TqdmWarning"),

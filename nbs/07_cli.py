@@ -176,11 +176,15 @@ def _bench_args(sub):
 
 # %%
 #| export
-def build_parser():
-    "The `sparse-repro` argument parser: one sub-command per task."
+SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "report": _report_args, "site": _site_args, "reproduce": _reproduce_args,
+               "ablations": _ablations_args, "recipes": _recipes_args, "follow-ups": _recipes_args, "attention-maps": _maps_args,
+               "bench": _bench_args}
+
+def build_parser(command=None):
+    "The `sparse-repro` argument parser: one sub-command per task (only `command`'s, when it names one: its options may import the library)."
     p = _Parser(prog="sparse-repro", description="Reproduce Canay (2026) and Crisp Attention with papermill-executed notebooks.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add in (_grid_args, _crisp_args, _report_args, _site_args, _reproduce_args, _ablations_args, _recipes_args, _maps_args, _bench_args): add(sub)
+    for add in [SUBCOMMANDS[command]] if command in SUBCOMMANDS else dict.fromkeys(SUBCOMMANDS.values()): add(sub)
     return p
 
 # %%
@@ -190,6 +194,10 @@ test_eq(build_parser().parse_args(["crisp", "--out", "x", "--precision", "bf16"]
 test_eq(build_parser().parse_args(["reproduce"]).val_fraction, 0.1)
 test_fail(lambda: build_parser().parse_args(["grid"]), exc=UsageError, contains="--out")
 test_fail(lambda: build_parser().parse_args(["grid", "--out", "x", "--device", "tpu"]), exc=UsageError, contains="invalid choice")
+test_eq(build_parser("report").parse_args(["report", "--results", "r"]).results, "r")      # only the command asked for is built
+test_eq(list(build_parser("report")._subparsers._group_actions[0].choices), ["report"])
+test_eq(list(build_parser("follow-ups")._subparsers._group_actions[0].choices), ["recipes", "follow-ups"])
+test_eq(list(build_parser("nonsense")._subparsers._group_actions[0].choices), list(SUBCOMMANDS))
 
 # %% [markdown]
 # ## Study A grid
@@ -649,7 +657,8 @@ COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "site": 
 def main(argv=None):
     "Entry point of `sparse-repro`; returns the exit status."
     try:
-        args = build_parser().parse_args(argv)
+        argv = sys.argv[1:] if argv is None else list(argv)
+        args = build_parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
         fails = COMMANDS[args.command](args)
     except UsageError as e:
         print(f"sparse-repro: error: {e}", file=sys.stderr); return 2

@@ -22,10 +22,9 @@ def save_rows(rows, path):
     atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
 
 # %% ../nbs/06_runner.ipynb
-import nbformat
-
 def scrub_record(nb_path, root):
     "Rewrite the executed notebook `nb_path` so that paths under `root` are relative to it and papermill's paths are bare names."
+    import nbformat                                   # here, not at import: the command line's errors stay quick
     nb = nbformat.read(nb_path, as_version=4)
     meta = nb.metadata.get("papermill", {})
     for k in ("input_path", "output_path"):

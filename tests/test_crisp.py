@@ -54,10 +54,15 @@ def test_crisp_cli_survives_sigkill(tmp_path, sst2_root):
     assert len(killed) == 8 and not killed.duplicated(["config", "seed", "split"]).any()
     pd.testing.assert_frame_equal(killed[cols], pd.read_csv(tmp_path / "clean" / "crisp_runs.csv")[cols])
 
-def test_crisp_cli_bad_input(tmp_path):
+def test_crisp_cli_bad_input(tmp_path, capsys):
+    "The `sparse-repro` script once, then the same entry point (`cli.main`) in process: status 2, one line, nothing written."
     from conftest import cli
+    from sparse_attention_repro.cli import main
+    res = cli("crisp", "--out", tmp_path / "out", "--scope", "matrix")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "unknown --scope 'matrix'; choose one of row, head" in res.stderr, res.stderr
     for args, msg in [(["--configs", "sparse_090"], "unknown Crisp config"), (["--profile", "huge"], "unknown profile"),
-                      (["--seeds", "-1"], "seeds must be >= 0"), (["--scope", "matrix"], "unknown --scope 'matrix'; choose one of row, head")]:
-        res = cli("crisp", "--out", tmp_path / "out", *args)
-        assert res.returncode == 2 and res.stderr.count("\n") == 1 and msg in res.stderr, res.stderr
+                      (["--seeds", "-1"], "seeds must be >= 0"), (["--lr", "2"], "--lr must be in (0, 1)"), (["--train-n", "-5"], "--train-n must be >= 0")]:
+        assert main(["crisp", "--out", str(tmp_path / "out"), *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and msg in err, err
     assert not (tmp_path / "out").exists()

@@ -86,10 +86,13 @@ def test_fast_options_are_recorded_and_kept(smoke, tmp_path):
     (["--seeds", "-3"], "seeds must be >= 0"),
     (["--methods", "topk_softmax_0"], "must be in (0, 1]"),
 ])
-def test_bad_arguments(tmp_path, args, message):
-    res = cli("grid", "--out", tmp_path / "out", *args)
-    assert res.returncode == 2
-    assert res.stderr.count("\n") == 1 and message in res.stderr, res.stderr
+def test_bad_arguments(tmp_path, args, message, capsys):
+    """In process through `cli.main` (the code behind the `sparse-repro` script; the script itself is run by the tests
+    around): status 2, one line on stderr, nothing written."""
+    from sparse_attention_repro.cli import main
+    assert main(["grid", "--out", str(tmp_path / "out"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "out").exists()
 
 def test_missing_data_is_one_line(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ import json
 import pandas as pd
 import pytest
 from conftest import cli
+from sparse_attention_repro.study import PAPER_METHODS
 
 OUTSIDE = '''
 import torch
@@ -22,39 +23,30 @@ def leaky_mask(scores, key_mask=None):
 '''
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory, data_root):
-    "A small committed-style baseline: softmax and entmax-1.5, synthetic marker, seeds 0 and 1, smoke size."
-    out = tmp_path_factory.mktemp("baseline") / "base"
-    res = cli("grid", "--profile", "smoke", "--out", out, "--datasets", "synthetic_marker", "--methods", "softmax", "entmax15",
-              "--seeds", "0", "1", "--jobs", "1")
-    assert res.returncode == 0, res.stderr[-2000:]
-    return out
+def baseline(smoke_results):
+    "A committed-style baseline: the seven paper methods of `reproduce --profile smoke` (conftest), seeds 0 and 1."
+    return smoke_results
 
 def _outside_module(tmp_path):
     (tmp_path / "my_norms.py").write_text(OUTSIDE)
     return {"PYTHONPATH": str(tmp_path)}
 
-def _check_new_folder(out, method):
-    runs = pd.read_csv(out / "runs.csv")
-    assert sorted(zip(runs.method, runs.seed)) == sorted([(method, 0), (method, 1), ("softmax", 0)])
-    assert (runs.status == "ok").all()
-    vs = pd.read_csv(out / "versus_baseline.csv")
-    assert set(vs.baseline) == {"softmax", "entmax15"} and set(vs.method) == {method} and (vs.n == 2).all()
-    text = (out / "versus_baseline.md").read_text()
-    assert "1 of 1 test accuracies equal the committed ones bit for bit" in text, text       # the pairing is exact
-
-def test_module_name_runs_against_the_baseline(baseline, tmp_path, monkeypatch):
+def test_outside_methods_run_against_the_baseline(baseline, tmp_path, monkeypatch):
+    """One fresh process: a normalizer by `package.module:name` and one by entry point (`sparse_attention_examples`,
+    installed as the README says) train on the baseline's seeds and options, pair with its runs and get their report."""
     for k, v in _outside_module(tmp_path).items(): monkeypatch.setenv(k, v)
     out = tmp_path / "new"
-    res = cli("grid", "--profile", "smoke", "--out", out, "--methods", "my_norms:relu_attention", "--baseline", baseline, "--jobs", "1")
+    res = cli("grid", "--profile", "smoke", "--out", out, "--methods", "my_norms:relu_attention", "softpick", "--baseline", baseline,
+              "--datasets", "synthetic_marker", "--jobs", "1")
     assert res.returncode == 0, res.stderr[-2000:]
-    _check_new_folder(out, "relu_attention_test")
-
-def test_entry_point_runs_against_the_baseline(baseline, tmp_path):
-    out = tmp_path / "new"                                   # sparse_attention_examples is installed (README, CI)
-    res = cli("grid", "--profile", "smoke", "--out", out, "--methods", "softpick", "--baseline", baseline, "--jobs", "1")
-    assert res.returncode == 0, res.stderr[-2000:]
-    _check_new_folder(out, "softpick")
+    runs = pd.read_csv(out / "runs.csv")
+    new = [(m, s) for m in ("relu_attention_test", "softpick") for s in (0, 1)]
+    assert sorted(zip(runs.method, runs.seed)) == sorted(new + [("softmax", 0)]) and (runs.status == "ok").all()
+    assert (runs.val_n > 0).all()                                   # the baseline's options: its validation split too
+    vs = pd.read_csv(out / "versus_baseline.csv")
+    assert set(vs.baseline) == set(PAPER_METHODS) and set(vs.method) == {"relu_attention_test", "softpick"} and (vs.n == 2).all()
+    text = (out / "versus_baseline.md").read_text()
+    assert "1 of 1 test accuracies equal the committed ones bit for bit" in text, text       # the pairing is exact
 
 def test_nonconforming_normalizer_is_refused(tmp_path, monkeypatch, data_root):
     for k, v in _outside_module(tmp_path).items(): monkeypatch.setenv(k, v)
