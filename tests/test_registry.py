@@ -31,7 +31,6 @@ def _outside_module(tmp_path):
     (tmp_path / "my_norms.py").write_text(OUTSIDE)
     return {"PYTHONPATH": str(tmp_path)}
 
-@pytest.mark.xdist_group("smoke")                # shares the smoke folder's pytest-xdist worker
 def test_outside_methods_run_against_the_baseline(baseline, tmp_path, monkeypatch):
     """One fresh process: a normalizer by `package.module:name` and one by entry point (`sparse_attention_examples`,
     installed as the README says) train on the baseline's seeds and options, pair with its runs and get their report."""
@@ -55,7 +54,6 @@ def test_nonconforming_normalizer_is_refused(tmp_path, monkeypatch, data_root):
     assert res.returncode == 2 and "fails the conformance suite" in res.stderr and "key mask:" in res.stderr, res.stderr
     assert not (tmp_path / "x").exists()
 
-@pytest.mark.xdist_group("smoke")
 def test_baseline_made_with_other_options_is_refused(baseline, tmp_path):
     res = cli("grid", "--profile", "smoke", "--out", tmp_path / "x", "--methods", "softpick", "--baseline", baseline, "--lr", "0.003")
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "was made with lr=" in res.stderr, res.stderr
