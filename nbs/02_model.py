@@ -426,23 +426,23 @@ class StackedLinear(torch.autograd.Function):
         else: dw = torch.bmm(g.transpose(1, 2), x)
         return *(t.to(dt) for t, dt in zip((torch.bmm(g, w), dw, g.sum(1)), ctx.dtypes)), None
 
-class StackedLinearLayer(nn.Module):
-    "The `nn.Linear` of every model of a stack as one module: weight `[N, out, in]`; `[N, ..., in]` -> `[N, ..., out]`."
+def stacked_parameter(modules, name):
+    "Parameter `name` of every module in `modules`, stacked on a leading model axis, as one new parameter."
+    return nn.Parameter(torch.stack([m.get_parameter(name).detach() for m in modules]))
+
+class _StackedAffine(nn.Module):
+    "A stacked leaf with each model's `weight` and `bias` (linear layers and layer norms)."
     def __init__(self, layers, bitwise: bool):
         super().__init__()
-        self.weight = nn.Parameter(torch.stack([l.weight.detach() for l in layers]))
-        self.bias = nn.Parameter(torch.stack([l.bias.detach() for l in layers]))
-        self.bitwise = bitwise
+        self.weight, self.bias, self.bitwise = stacked_parameter(layers, "weight"), stacked_parameter(layers, "bias"), bitwise
+
+class StackedLinearLayer(_StackedAffine):
+    "The `nn.Linear` of every model of a stack as one module: weight `[N, out, in]`; `[N, ..., in]` -> `[N, ..., out]`."
     def forward(self, x):
         return StackedLinear.apply(x.reshape(x.shape[0], -1, x.shape[-1]), self.weight, self.bias, self.bitwise).view(*x.shape[:-1], self.weight.shape[1])
 
-class StackedLayerNorm(nn.Module):
+class StackedLayerNorm(_StackedAffine):
     "Each model's own `nn.LayerNorm` (bitwise: one call per model; a shared call sums the affine gradients differently)."
-    def __init__(self, layers, bitwise: bool):
-        super().__init__()
-        self.weight = nn.Parameter(torch.stack([l.weight.detach() for l in layers]))
-        self.bias = nn.Parameter(torch.stack([l.bias.detach() for l in layers]))
-        self.bitwise = bitwise
     def forward(self, x):
         w, b = self.weight, self.bias
         if self.bitwise: return torch.stack([F.layer_norm(x[i], x.shape[-1:], w[i], b[i]) for i in range(x.shape[0])])
@@ -453,8 +453,7 @@ class StackedEmbedding(nn.Module):
     "Each model's own token table `[N, vocab, C]`; a zero padding row keeps no gradient unless the models learn it."
     def __init__(self, layers, learned_pad_row: bool):
         super().__init__()
-        self.weight = nn.Parameter(torch.stack([l.weight.detach() for l in layers]))
-        self.learned_pad_row = learned_pad_row
+        self.weight, self.learned_pad_row = stacked_parameter(layers, "weight"), learned_pad_row
     def forward(self, x):                                                       # x: [N, B, T] token ids
         N, V = self.weight.shape[:2]
         h = F.embedding(x + (torch.arange(N, device=x.device) * V).view(N, 1, 1), self.weight.view(N * V, -1))  # model i's table
@@ -521,7 +520,7 @@ class StackedClassifiers(nn.Module):
                             q.copy_(torch.stack([p.get_parameter(k) for p in parts[g * self.num_seeds:(g + 1) * self.num_seeds]]))
             else:                                           # a container: stack its own parameters (cls, pos)
                 for k, _ in mod.named_parameters(recurse=False):
-                    setattr(self.model.get_submodule(name), k, nn.Parameter(torch.stack([p.get_parameter(k).detach() for p in parts])))
+                    setattr(self.model.get_submodule(name), k, stacked_parameter(parts, k))
                 continue
             parent, _, leaf = name.rpartition(".")
             setattr(self.model.get_submodule(parent), leaf, new); swapped.append(name)
