@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.metrics import f1_score
 from tqdm.auto import tqdm
 from sparse_attention_repro.data import load_dataset, resolve_device, autocast, PAPER_SIZES, MAIN_FAMILY, TEXT_VOCAB, MARKER_DESIGNS, PRECISIONS
 from sparse_attention_repro.model import CompactClassifier, ClassifierConfig, MaskTape, StackedClassifiers, count_parameters, DROPOUT_RNGS
@@ -111,6 +110,29 @@ for bad, msg in [(dict(lr=2.0), "--lr must be in (0, 1)"), (dict(precision="fp16
 
 # %%
 #| export
+def macro_f1(y: np.ndarray, pred: np.ndarray) -> float:
+    "F1 averaged over the classes present in `y` or `pred` (scikit-learn's `f1_score(average='macro', zero_division=0)`)."
+    labels = np.union1d(y, pred)
+    k = int(labels.max()) + 1
+    tp = np.bincount(y[y == pred], minlength=k)[labels].astype(np.float64)
+    support = (np.bincount(y, minlength=k) + np.bincount(pred, minlength=k))[labels]     # 2 tp + fp + fn, never 0
+    return float(np.mean(2 * tp / support))
+
+# %% [markdown]
+# Checked against scikit-learn (imported here only: it costs every training process over a second) on random
+# predictions, including classes that never occur and ones only predicted:
+
+# %%
+from sklearn.metrics import f1_score
+_rng = np.random.default_rng(0)
+for _ in range(300):
+    n, k = int(_rng.integers(1, 400)), int(_rng.integers(2, 12))
+    y_ = _rng.integers(0, k, n); p_ = np.where(_rng.random(n) < _rng.random(), y_, _rng.integers(0, k, n))
+    test_eq(macro_f1(y_, p_), float(f1_score(y_, p_, average="macro", zero_division=0)))
+test_eq(macro_f1(np.array([0, 0, 1]), np.array([0, 0, 2])), (1 + 0 + 0) / 3)            # class 2 only predicted, class 1 only true
+
+# %%
+#| export
 @torch.no_grad()
 def evaluate(model, split, batch_size=500, precision="fp32"):
     "Accuracy, macro-F1, loss, nonzero_ratio and seconds of one pass of `model` over `split`."
@@ -134,7 +156,7 @@ def evaluate(model, split, batch_size=500, precision="fp32"):
     seconds = time.perf_counter() - t0
     model.set_recording(False)
     n, y = len(split.y), split.y.cpu().numpy()
-    return dict(accuracy=float((pred == y).mean()), macro_f1=float(f1_score(y, pred, average="macro", zero_division=0)),
+    return dict(accuracy=float((pred == y).mean()), macro_f1=macro_f1(y, pred),
                 loss=float(loss) / n, nonzero_ratio=float(density) / n, seconds=seconds,
                 pad_attention=None if pad_mass is None else [dict(cls=round(float(c) / n, 6), tokens=round(float(t) / n, 6)) for c, t in pad_mass])
 
@@ -428,29 +450,32 @@ def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, ro
 
 # %% [markdown]
 # A small real run: 1200 Fashion-MNIST images, 3 epochs. Softmax learns (well above the 10% of chance), the same seed
-# reproduces the result bit for bit on CPU, and top-k 0.25 keeps $\lceil 0.25 \cdot 17\rceil = 5$ of 17 keys.
+# reproduces the result bit for bit on CPU, and top-k 0.25 keeps $\lceil 0.25 \cdot 17\rceil = 5$ of 17 keys. The
+# opt-in paths (Philox masks, bf16 autocast) are checked on one epoch each: they learn (twice chance already), repeat
+# themselves, and differ from the default path.
 
 # %%
 cfg = TrainConfig(epochs=3, train_limit=1200, test_limit=300, progress=False)
 data = load_dataset("fashion_mnist", 0, 1200, 300)
 r1 = run_one("fashion_mnist", "softmax", 0, cfg, data)
-r2 = run_one("fashion_mnist", "softmax", 0, cfg, data)
 assert r1["accuracy"] > 0.4, r1
-test_eq((r1["accuracy"], r1["test_loss"]), (r2["accuracy"], r2["test_loss"]))
 test_eq((r1["param_count"], r1["train_n"], r1["test_n"], r1["status"]), (104_970, 1200, 300, "ok"))
 test_close(r1["nonzero_ratio"], 1.0)
-rp = [run_one("fashion_mnist", "softmax", 0, replace(cfg, dropout_rng="philox"), data) for _ in range(2)]
-test_eq(rp[0]["accuracy"], rp[1]["accuracy"]); assert rp[0]["accuracy"] > 0.4 and rp[0]["test_loss"] != r1["test_loss"]
-rb16 = run_one("fashion_mnist", "entmax15", 0, replace(cfg, precision="bf16"), data)   # bf16 autocast: learns, differs
-assert rb16["accuracy"] > 0.4 and rb16["test_loss"] != run_one("fashion_mnist", "entmax15", 0, cfg, data)["test_loss"]
-rk = run_one("fashion_mnist", "topk_softmax_025", 0, cfg, data)
-test_close(rk["nonzero_ratio"], 5 / 17, eps=1e-6)
 test_eq(r1["device"], "cuda" if torch.cuda.is_available() else "cpu")             # "auto", the default, recorded per row
 rc = run_one("fashion_mnist", "softmax", 0, replace(cfg, device="cpu"), data)
 test_eq(rc["device"], "cpu")
-if not torch.cuda.is_available(): test_eq(rc["accuracy"], r1["accuracy"])              # "auto" is the CPU here: the same run
+if not torch.cuda.is_available(): test_eq((rc["accuracy"], rc["test_loss"]), (r1["accuracy"], r1["test_loss"]))  # "auto" is the CPU: the same run
 else: assert rc["accuracy"] > 0.4, rc                                                # on a GPU machine: a real CPU run that learns
 test_fail(lambda: run_one("fashion_mnist", "softmax", 0, replace(cfg, device="tpu"), data), contains="unknown device")
+
+c1 = replace(cfg, epochs=1)
+r1_one = run_one("fashion_mnist", "softmax", 0, c1, data)
+rp = [run_one("fashion_mnist", "softmax", 0, replace(c1, dropout_rng="philox"), data) for _ in range(2)]
+test_eq(rp[0]["accuracy"], rp[1]["accuracy"]); assert rp[0]["accuracy"] > 0.2 and rp[0]["test_loss"] != r1_one["test_loss"]
+rb16 = run_one("fashion_mnist", "entmax15", 0, replace(c1, precision="bf16"), data)   # bf16 autocast: learns, differs
+assert rb16["accuracy"] > 0.2 and rb16["test_loss"] != run_one("fashion_mnist", "entmax15", 0, c1, data)["test_loss"]
+rk = run_one("fashion_mnist", "topk_softmax_025", 0, c1, data)
+test_close(rk["nonzero_ratio"], 5 / 17, eps=1e-6)
 
 # %% [markdown]
 # The adaptive entmax logs its $\alpha$ per head after each epoch (starting at 1.5), and a diverging run is recorded, not raised:
@@ -547,8 +572,8 @@ test_eq(rec["accuracy"].tolist(), [r["accuracy"] for r in run_methods("fashion_m
 # of a 1-epoch run; a choice of training length can then be read off one long run.
 
 # %%
-dv = load_dataset("fashion_mnist", 0, 600, 300, val_fraction=0.25)
-c_one, c_two = replace(cfg, epochs=1, train_limit=600), replace(cfg, epochs=2, train_limit=600)
+dv = load_dataset("fashion_mnist", 0, 384, 300, val_fraction=0.25)
+c_one, c_two = replace(cfg, epochs=1, train_limit=384), replace(cfg, epochs=2, train_limit=384)
 one = run_methods("fashion_mnist", ["softmax", "headwise_adaptive_entmax"], 0, c_one, dv)
 two = run_methods("fashion_mnist", ["softmax", "headwise_adaptive_entmax"], 0, c_two, dv)
 curves = run_methods("fashion_mnist", ["softmax", "headwise_adaptive_entmax"], 0, replace(c_two, epoch_eval=True), dv)
@@ -568,8 +593,8 @@ test_fail(lambda: run_stacked("fashion_mnist", ["softmax"], [0, 1], replace(c_tw
 
 # %%
 from sparse_attention_repro.study import PAPER_METHODS
-c2 = replace(cfg, epochs=2, train_limit=600)
-d2 = load_dataset("fashion_mnist", 0, 600, 300)
+c2 = replace(cfg, epochs=2, train_limit=288)
+d2 = load_dataset("fashion_mnist", 0, 288, 300)
 alone, res_alone = [], []
 for m in PAPER_METHODS:                      # as a plain run does: build from the seed, then train
     alone.append(_new_model(d2, m, 0)); res_alone.append(train_model(alone[-1], d2.train, c2, 0))
@@ -624,8 +649,8 @@ def _stacked(dataset, methods, seeds, cfg, datas, spoil=None):
     return built, dict(zip(keys, train_stacked([built[k] for k in keys], [d.train for d in datas], cfg, seeds, gens)))
 
 three = ["softmax", "headwise_adaptive_entmax", "topk_softmax_025"]
-for ds, kw in [("fashion_mnist", {}), ("twenty_news", dict(mask_padding=True))]:
-    c3 = replace(cfg, epochs=2, train_limit=300, **kw)
+for ds, kw in [("twenty_news", dict(mask_padding=True, train_limit=96)), ("fashion_mnist", dict(train_limit=192))]:
+    c3 = replace(cfg, epochs=2, test_limit=96, **kw)
     datas = [load_run_data(ds, s, c3) for s in (0, 1)]
     built, res = _stacked(ds, three, [0, 1], c3, datas)
     for s, d in zip((0, 1), datas):

@@ -1,14 +1,11 @@
-"""Study B end to end: the papermill experiment notebook on the smoke profile, and repeatability of `run_crisp`."""
+"""Study B end to end: the papermill experiment notebook of the smoke reproduce run, and repeatability of `run_crisp`."""
 import json, math, os
 from pathlib import Path
 
 import pandas as pd
-import papermill as pm
 import pytest
 
 from sparse_attention_repro.crisp import ROW_COLUMNS, run_crisp
-
-NB = Path(__file__).resolve().parent.parent / "nbs" / "experiments" / "crisp.ipynb"
 
 @pytest.fixture(scope="module")
 def sst2_root():
@@ -19,14 +16,14 @@ def sst2_root():
         pytest.skip(msg)
     return root
 
-def test_experiment_notebook_smoke(tmp_path, sst2_root):
-    rows_path = tmp_path / "rows.csv"
-    pm.execute_notebook(str(NB), str(tmp_path / "crisp_out.ipynb"), cwd=str(tmp_path), progress_bar=False,
-                        parameters=dict(config="fixed_080", seed=0, profile="smoke", threads=1, rows_path=str(rows_path)))
-    df = pd.read_csv(rows_path)
-    assert tuple(df.columns) == ROW_COLUMNS
-    assert df.split.tolist() == ["validation", "test"]
-    assert (df.status == "ok").all() and (df.config == "fixed_080").all()
+def test_experiment_notebook_smoke(smoke_results, sst2_root):
+    "The Crisp experiment notebook as papermill ran it in `reproduce --profile smoke` (conftest): fixed 80 %, seed 0."
+    assert (smoke_results / "notebooks" / "crisp" / "fixed_080" / "seed0.ipynb").exists()
+    all_rows = pd.read_csv(smoke_results / "crisp_runs.csv")
+    assert tuple(all_rows.columns) == ROW_COLUMNS
+    df = all_rows[(all_rows.config == "fixed_080") & (all_rows.seed == 0)]
+    assert sorted(df.split) == ["test", "validation"]
+    assert (df.status == "ok").all() and (df.profile == "smoke").all()
     assert df.accuracy.between(0, 1).all() and df.accuracy.map(math.isfinite).all()
     assert (df.model_name == "tiny-distilbert(random)").all()
     assert all(len(json.loads(s)) == 2 for s in df.sparsity_per_layer)
