@@ -13,9 +13,9 @@ __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'SPARSE_METHODS', 'TOPK_METHODS
            'crisp_learning_curve', 'crisp_by_lr', 'alpha_start_tests', 'alpha_start_verdicts', 'prediction_interval',
            'verdict', 'fmt_p', 'claims_table', 'ablation_tests', 'ablation_expected', 'ablation_family',
            'ablation_answer', 'readable_ablation', 'readable_single_seed', 'readable_power', 'deviations',
-           'recipe_curves', 'identical_to_main', 'select_recipes', 'recipe_tests', 'tuned_verdicts', 'recipe_budget',
-           'readable_tests', 'run_description', 'paper_deltas', 'readable_claims', 'analyse', 'versus_baseline',
-           'pairing_check', 'versus_answer', 'readable_versus']
+           'recipe_curves', 'identical_to_main', 'select_recipes', 'recipe_tests', 'gain_verdict', 'tuned_verdicts',
+           'recipe_budget', 'crisp_lr_verdicts', 'readable_tests', 'run_description', 'paper_deltas', 'readable_claims',
+           'analyse', 'versus_baseline', 'pairing_check', 'versus_answer', 'readable_versus']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -547,7 +547,7 @@ def _sentence(r):
     "A sentence a reader can quote."
     v, k, n = r["verdict"], r["kind"], r["n"]
     if v == "not run": return f"{r['claim']}: not run — no matched seeds in these results."
-    if v == "not comparable":
+    if v == "not comparable" and k != "time_ratio":
         return (f"{r['claim']}: our dense runs average {100 * r['estimate']:.2f}% on a different model/training set, "
                 f"so the paper's absolute number cannot be checked here — not comparable.")
     if k in ("delta", "no_difference"):
@@ -847,10 +847,14 @@ def recipe_tests(curves, search=None, baseline=BASELINE):
     if not rows: return pd.DataFrame(columns=cols)
     out = holm(pd.DataFrame(rows))
     eq = [equivalence_verdict(a, b, EQUIVALENCE_MARGINS["recipe"]) for a, b in zip(out.p_tost, out.p_holm)]
-    out["verdict"] = [("persists, under 1 pt" if e.startswith("equivalent") else "persists") if g > 0 and ph < 0.05 else
-                      "reversed" if g < 0 and ph < 0.05 else "gone" if e.startswith("equivalent") else "undecided"
-                      for g, ph, e in zip(out.gain, out.p_holm, eq)]
+    out["verdict"] = [gain_verdict(g, ph, e, "under 1 pt") for g, ph, e in zip(out.gain, out.p_holm, eq)]
     return out[cols]
+
+def gain_verdict(gain, p_holm, equivalence, margin_words) -> str:
+    "A gain read again in another setting: persists (and within the margin), reversed, gone (equivalent to none) or undecided."
+    eq = equivalence.startswith("equivalent")
+    if gain > 0 and p_holm < 0.05: return f"persists, {margin_words}" if eq else "persists"
+    return "reversed" if gain < 0 and p_holm < 0.05 else "gone" if eq else "undecided"
 
 # %% ../nbs/05_stats.ipynb
 def tuned_verdicts(claims, rt):
@@ -885,6 +889,17 @@ def recipe_budget(curves, baseline=BASELINE):
             rows.append(dict(dataset=ds, epoch=int(ep), method=m, lr=lr, baseline_lr=best[baseline], n=st["n"],
                              gain=st["mean_delta"], ci_low=st["ci_low"], ci_high=st["ci_high"]))
     return pd.DataFrame(rows, columns=["dataset", "epoch", "method", "lr", "baseline_lr", "n", "gain", "ci_low", "ci_high"])
+
+# %% ../nbs/05_stats.ipynb
+def crisp_lr_verdicts(claims, by_lr, main_lr) -> dict:
+    "Per Crisp gain claim: its validation reading at each learning rate of `by_lr` other than `main_lr` ('at lr 2e-05: reversed, -3.2 pt')."
+    out = {}
+    for c in claims.itertuples():
+        if c.study != "B" or c.kind != "delta": continue
+        m = by_lr[(by_lr.method == c.method) & (by_lr.split == "validation") & ~np.isclose(by_lr.lr.astype(float), main_lr)]
+        if len(m): out[c.claim_id] = "; ".join(f"at lr {r.lr:g}: {gain_verdict(r.mean_delta, r.p_holm, r.equivalence, 'under 0.5 pt')}, "
+                                               f"{100 * r.mean_delta:+.1f} pt" for r in m.itertuples())
+    return out
 
 # %% ../nbs/05_stats.ipynb
 DATASET_ORDER = ("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker", "kmnist")
