@@ -28,7 +28,7 @@ from sparse_attention_repro.model import CompactClassifier, ClassifierConfig, Ma
 from sparse_attention_repro.normalizers import resolve_normalizer
 from sparse_attention_repro.runner import save_rows
 from sparse_attention_repro.files import atomic_write
-from sparse_attention_repro.options import option, option_defaults, config_from_options
+from sparse_attention_repro.options import option, option_defaults, config_from_options, run_options
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
@@ -344,12 +344,13 @@ def _row(dataset, method, seed, config, data, model, result: TrainResult, lockst
     row = dict(dataset=dataset, method=method, seed=seed, accuracy=np.nan, macro_f1=np.nan, test_loss=np.nan,
                nonzero_ratio=np.nan, learned_alpha_mean=np.nan, train_seconds=result.seconds, mask_seconds=result.mask_seconds,
                inference_seconds=np.nan,
-               param_count=count_parameters(model), epochs=config.epochs, train_n=len(data.train.y), test_n=len(data.test.y),
+               param_count=count_parameters(model), train_n=len(data.train.y), test_n=len(data.test.y),
                val_n=0 if data.val is None else len(data.val.y), val_accuracy=np.nan, val_macro_f1=np.nan,
                dataset_source=data.dataset_source, status=result.status, error="", lockstep_size=lockstep_size,
                device=str(next(model.parameters()).device.type),
-               learned_history=json.dumps(result.learned_history) if result.learned_history else "", lr=config.lr,
-               epoch_metrics=json.dumps(result.epoch_metrics) if result.epoch_metrics else "")
+               learned_history=json.dumps(result.learned_history) if result.learned_history else "",
+               epoch_metrics=json.dumps(result.epoch_metrics) if result.epoch_metrics else "",
+               **{f.name: getattr(config, f.name) for f in run_options(TrainConfig)})          # every option (epochs, lr, variants)
     if result.status != "ok":
         row["error"] = "training loss became NaN/inf"
         return row
@@ -461,6 +462,7 @@ r1 = run_one("fashion_mnist", "softmax", 0, cfg, data)
 assert r1["accuracy"] > 0.4, r1
 test_eq((r1["param_count"], r1["train_n"], r1["test_n"], r1["status"]), (104_970, 1200, 300, "ok"))
 test_close(r1["nonzero_ratio"], 1.0)
+test_eq({f.name: r1[f.name] for f in run_options(TrainConfig)}, {f.name: getattr(cfg, f.name) for f in run_options(TrainConfig)})  # every option, per row
 test_eq(r1["device"], "cuda" if torch.cuda.is_available() else "cpu")             # "auto", the default, recorded per row
 rc = run_one("fashion_mnist", "softmax", 0, replace(cfg, device="cpu"), data)
 test_eq(rc["device"], "cpu")

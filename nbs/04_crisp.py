@@ -48,7 +48,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from sparse_attention_repro.normalizers import get_normalizer, resolve_normalizer, topk_name, attention_density, keep_count, NormalizerConformanceError
 from sparse_attention_repro.study import CRISP_CONFIGS
 from sparse_attention_repro.files import atomic_write
-from sparse_attention_repro.options import option, option_defaults, config_from_options
+from sparse_attention_repro.options import option, option_defaults, config_from_options, run_options
 from pathlib import Path
 from sparse_attention_repro.data import resolve_data_root, resolve_cache_dir, subset_indices, DataUnavailableError, skip_unless_data, resolve_device, autocast, PRECISIONS
 
@@ -863,8 +863,8 @@ CRISP_PROFILES = {
 }
 
 ROW_COLUMNS = ("config", "seed", "model_name", "profile", "split", "n_eval", "accuracy", "sparsity_mean",
-               "sparsity_per_layer", "target_sparsity", "attention_entropy", "train_seconds", "train_n", "epochs", "lr",
-               "batch_size", "max_length", "scope", "status", "error", "device", "precision")
+               "sparsity_per_layer", "target_sparsity", "attention_entropy", "train_seconds", "epochs", "batch_size",
+               "max_length", "status", "error", "device") + tuple(f.name for f in run_options(FinetuneConfig))   # + every option
 
 def resolve_finetune(profile, **overrides):
     "The profile's FinetuneConfig with `overrides` applied: options checked by their own rules (at their 'unset' value left to the profile), other unknown names and wrong types rejected."
@@ -922,11 +922,11 @@ def run_crisp(config, seed, profile, model=None, data_root=None, threads=0, down
     for split, df in evals.items():
         df = df if cfg.eval_n is None else df.iloc[: cfg.eval_n]
         row = dict(config=config, seed=seed, model_name=recorded, profile=profile, split=split, n_eval=len(df),
-                   target_sparsity=crisp_target(config), train_seconds=round(fit["train_seconds"], 2), train_n=len(tr),
-                   epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, max_length=cfg.max_length, scope=cfg.scope,
+                   target_sparsity=crisp_target(config), train_seconds=round(fit["train_seconds"], 2),
+                   epochs=cfg.epochs, batch_size=cfg.batch_size, max_length=cfg.max_length,
                    status=fit["status"], error="", accuracy=float("nan"), sparsity_mean=float("nan"),
-                   sparsity_per_layer="[]", attention_entropy=float("nan"),
-                   device=next(net.parameters()).device.type, precision=cfg.precision)
+                   sparsity_per_layer="[]", attention_entropy=float("nan"), device=next(net.parameters()).device.type,
+                   **{f.name: getattr(cfg, f.name) for f in run_options(FinetuneConfig)} | dict(train_n=len(tr)))  # the options; train_n as drawn
         if fit["status"] == "ok":
             ev = evaluate(net, encode_sentences(tok, df.sentence, cfg.max_length), df.label.to_numpy(),
                           cfg.eval_batch_size, pad, cfg.precision)

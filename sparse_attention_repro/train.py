@@ -20,7 +20,7 @@ from .model import CompactClassifier, ClassifierConfig, MaskTape, StackedClassif
 from .normalizers import resolve_normalizer
 from .runner import save_rows
 from .files import atomic_write
-from .options import option, option_defaults, config_from_options
+from .options import option, option_defaults, config_from_options, run_options
 
 # %% ../nbs/03_train.ipynb
 @dataclass
@@ -238,12 +238,13 @@ def _row(dataset, method, seed, config, data, model, result: TrainResult, lockst
     row = dict(dataset=dataset, method=method, seed=seed, accuracy=np.nan, macro_f1=np.nan, test_loss=np.nan,
                nonzero_ratio=np.nan, learned_alpha_mean=np.nan, train_seconds=result.seconds, mask_seconds=result.mask_seconds,
                inference_seconds=np.nan,
-               param_count=count_parameters(model), epochs=config.epochs, train_n=len(data.train.y), test_n=len(data.test.y),
+               param_count=count_parameters(model), train_n=len(data.train.y), test_n=len(data.test.y),
                val_n=0 if data.val is None else len(data.val.y), val_accuracy=np.nan, val_macro_f1=np.nan,
                dataset_source=data.dataset_source, status=result.status, error="", lockstep_size=lockstep_size,
                device=str(next(model.parameters()).device.type),
-               learned_history=json.dumps(result.learned_history) if result.learned_history else "", lr=config.lr,
-               epoch_metrics=json.dumps(result.epoch_metrics) if result.epoch_metrics else "")
+               learned_history=json.dumps(result.learned_history) if result.learned_history else "",
+               epoch_metrics=json.dumps(result.epoch_metrics) if result.epoch_metrics else "",
+               **{f.name: getattr(config, f.name) for f in run_options(TrainConfig)})          # every option (epochs, lr, variants)
     if result.status != "ok":
         row["error"] = "training loss became NaN/inf"
         return row
