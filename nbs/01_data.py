@@ -1127,6 +1127,30 @@ with tempfile.TemporaryDirectory() as dh:
         test_eq(arrs[f"{split}_x"], encode_news(ref.data)); test_eq(arrs[f"{split}_y"], ref.target)
         print(split, "parity with fetch_20newsgroups: OK,", len(ref.data), "documents")
 
+# %% [markdown]
+# **The words behind the ids.** Token ids are hashes, so a picture of where attention goes on a document needs the
+# words themselves: `news_words` re-reads the chosen rows' texts from the offline archive and tokenizes them as
+# `encode_text` did, so word *j* is the token at position *j* (key *j* + 1, after the CLS token).
+
+# %%
+#| export
+def news_words(split: str, idx, data_root=None, cache_dir=None) -> list[list[str]]:
+    "The words of rows `idx` of the 20 Newsgroups `split` (offline archive), position by position as their token ids."
+    root, cache = resolve_data_root(data_root), resolve_cache_dir(cache_dir)
+    tar = None if root is None else root / "20newsgroups/20news-bydate.tar.gz"
+    if tar is None or not tar.is_file():
+        raise DataUnavailableError(f"twenty_news: the words need the offline archive ({_HINTS['twenty_news'].split(', or pass')[0]})")
+    texts, _, _ = news_texts_from_folder(news_home(tar, cache) / f"20news-bydate-{split}")
+    return [tokenize(texts[int(i)])[:TEXT_LEN] for i in idx]
+
+# %%
+if resolve_data_root() is not None and (resolve_data_root() / "20newsgroups/20news-bydate.tar.gz").is_file():
+    _arrs, _ = full_arrays("twenty_news")
+    _idx = subset_indices(len(_arrs["test_y"]), 1500, 0 + TEST_SEED_OFFSET)[:3]
+    for _w, _ids in zip(news_words("test", _idx), _arrs["test_x"][_idx]):
+        test_eq([hash_token(t) for t in _w], _ids[:len(_w)].tolist()); assert (_ids[len(_w):] == PAD_ID).all()
+test_fail(lambda: news_words("test", [0], data_root=Path(tempfile.mkdtemp())), contains="20news-bydate.tar.gz")
+
 # %%
 #| slow
 empty_train = int((arrs["train_x"] == 0).all(1).sum()); empty_test = int((arrs["test_x"] == 0).all(1).sum())

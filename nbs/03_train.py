@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 from sparse_attention_repro.data import load_dataset, resolve_device, autocast, PAPER_SIZES, MAIN_FAMILY, TEXT_VOCAB, MARKER_DESIGNS, PRECISIONS
+from sparse_attention_repro.data import full_arrays, news_words, subset_indices, TEST_SEED_OFFSET
 from sparse_attention_repro.model import CompactClassifier, ClassifierConfig, MaskTape, StackedClassifiers, count_parameters, DROPOUT_RNGS
 from sparse_attention_repro.normalizers import resolve_normalizer
 from sparse_attention_repro.runner import save_rows
@@ -511,7 +512,8 @@ test_eq(evaluate(_new_model(data, "softmax", 0), data.test)["pad_attention"], No
 # The picture readers look for first: for a trained model, the weights of the CLS query over the keys in each layer
 # (averaged over heads), read off the normalizer's output with a forward hook, so the model itself is not touched.
 # `attention_maps` trains one seed's methods with the protocol (the same runs as the grid's, so their accuracies can be
-# checked against committed results) and keeps the maps of a few test examples, saved atomically as one `.npz`.
+# checked against committed results) and keeps the maps of a few test examples, saved atomically as one `.npz` (for
+# 20 Newsgroups with the examples' words, `data.news_words`).
 
 # %%
 #| export
@@ -537,6 +539,9 @@ def attention_maps(dataset: str, seed: int, methods, config: TrainConfig, exampl
     preds = np.stack([m(x.to(dev), None if mask is None else mask.to(dev)).argmax(-1).cpu().numpy() for m in models])
     rec = dict(dataset=np.array(dataset), seed=np.array(seed), methods=np.array(list(methods)), maps=maps, inputs=x.numpy(),
                labels=data.test.y[:examples].numpy(), predictions=preds, accuracy=np.array([r["accuracy"] for r in rows]))
+    if dataset == "twenty_news":                                          # the words behind the ids, position by position
+        n_test = len(full_arrays(dataset, download=config.download)[0]["test_y"])
+        rec["words"] = np.array([" ".join(w) for w in news_words("test", subset_indices(n_test, config.test_limit, seed + TEST_SEED_OFFSET)[:examples])])
     if out is not None:
         def write(tmp):
             with open(tmp, "wb") as f: np.savez_compressed(f, **rec)
@@ -566,6 +571,11 @@ assert ((rec["maps"][1] > 0).sum(-1) >= 5).all() and ((rec["maps"][1] > 0).sum(-
 saved = np.load(_npz)
 test_eq(saved["maps"], rec["maps"]); test_eq(saved["methods"].tolist(), ["softmax", "topk_softmax_025"])
 test_eq(rec["accuracy"].tolist(), [r["accuracy"] for r in run_methods("fashion_mnist", ["softmax", "topk_softmax_025"], 0, c_maps)])
+# on 20 Newsgroups the record also holds each example's words, position by position as its token ids
+from sparse_attention_repro.data import hash_token
+rec_n = attention_maps("twenty_news", 0, ["softmax"], replace(cfg, epochs=1, train_limit=96, test_limit=50), examples=2)
+test_eq(rec_n["maps"].shape, (1, 2, 2, 97))
+for w, ids in zip(rec_n["words"], rec_n["inputs"]): test_eq([hash_token(t) for t in w.split()], ids[ids != 0].tolist())
 
 # %% [markdown]
 # **Learning curves leave training untouched.** With `epoch_eval` every epoch ends with an evaluation on the validation

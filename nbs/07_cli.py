@@ -150,7 +150,7 @@ def _maps_args(sub):
     "`attention-maps`: one seed's methods trained, the CLS attention of a few test items saved for the report."
     a = sub.add_parser("attention-maps", help="train one seed's methods and save where the CLS token looks on a few test items")
     a.add_argument("--out", required=True, help="results folder: maps go to <out>/attention_maps/<dataset>.npz")
-    a.add_argument("--datasets", nargs="+", help="default: fashion_mnist cifar10"); a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--datasets", nargs="+", help="image datasets or twenty_news (default: fashion_mnist cifar10)"); a.add_argument("--seed", type=int, default=0)
     a.add_argument("--examples", type=int, default=4, help="test items per dataset"); a.add_argument("--profile", default="paper")
     a.add_argument("--download", action="store_true", help="fetch missing datasets from their official online sources")
     a.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -562,9 +562,9 @@ def cmd_attention_maps(args):
     from sparse_attention_repro.study import PAPER_METHODS, BASELINE
     if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
     datasets = _split(args.datasets) if args.datasets else ["fashion_mnist", "cifar10"]
-    images = [d for d in PAPER_SIZES if d not in ("twenty_news", "synthetic_marker")]
+    real = [d for d in PAPER_SIZES if d != "synthetic_marker"]
     for d in datasets:
-        if d not in images: raise UsageError(f"attention maps are drawn over image patches: choose from {', '.join(images)}, not {d!r}")
+        if d not in real: raise UsageError(f"attention maps are drawn over image patches or 20 Newsgroups words: choose from {', '.join(real)}, not {d!r}")
     if args.seed < 0 or args.examples < 1: raise UsageError(f"--seed must be >= 0 and --examples >= 1, got {args.seed} and {args.examples}")
     if args.threads < 1: raise UsageError(f"--threads must be >= 1, got {args.threads}")
     import torch, pandas as pd
@@ -689,7 +689,7 @@ for argv, msg in [(("grid", "--out", tmp, "--methods", "softmaxx"), "unknown nor
                   (("grid", "--out", tmp, "--executor", "ray"), "unknown executor"),
                   (("grid", "--out", tmp, "--jobs", "0"), "--jobs must be >= 1"),
                   (("report", "--results", tmp + "/nope"), "does not exist"),
-                  (("attention-maps", "--out", tmp, "--datasets", "twenty_news"), "drawn over image patches"),
+                  (("attention-maps", "--out", tmp, "--datasets", "synthetic_marker"), "drawn over image patches or 20 Newsgroups words"),
                   (("attention-maps", "--out", tmp, "--examples", "0"), "--examples >= 1"),
                   (("bench", "kernels"), "invalid choice"),
                   (("bench", "grid", "--datasets", "mnist"), "unknown dataset"),

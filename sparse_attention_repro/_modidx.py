@@ -230,6 +230,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                         'sparse_attention_repro/data.py'),
                                              'sparse_attention_repro.data.news_texts_from_folder': ( 'data.html#news_texts_from_folder',
                                                                                                      'sparse_attention_repro/data.py'),
+                                             'sparse_attention_repro.data.news_words': ( 'data.html#news_words',
+                                                                                         'sparse_attention_repro/data.py'),
                                              'sparse_attention_repro.data.official_cifar_keys': ( 'data.html#official_cifar_keys',
                                                                                                   'sparse_attention_repro/data.py'),
                                              'sparse_attention_repro.data.patchify': ( 'data.html#patchify',

@@ -11,7 +11,7 @@ __all__ = ['DATASETS', 'TEXT_VOCAB', 'TEXT_LEN', 'PAD_ID', 'MARKER_ID', 'CACHE_V
            'idx_files_present', 'load_idx_folder', 'official_cifar_keys', 'decode_cifar_jpeg_tar', 'is_flattened',
            'news_texts_from_folder', 'tokenize', 'hash_token', 'encode_text', 'encode_news', 'make_marker',
            'make_balanced_marker', 'most_frequent_token_accuracy', 'marker_baselines', 'source_identity', 'news_home',
-           'full_arrays', 'jpeg_roundtrip', 'load_dataset']
+           'full_arrays', 'jpeg_roundtrip', 'load_dataset', 'news_words']
 
 # %% ../nbs/01_data.ipynb
 import gzip, hashlib, io, json, os, re, shutil, struct, tarfile, tempfile, zlib
@@ -498,3 +498,13 @@ def load_dataset(name: str, seed: int, train_limit: int | None, test_limit: int 
     tr, te = mk("train", tr_idx), mk("test", te_idx)
     return DatasetBundle(name, "image", tr, te, None if va_idx is None else mk("train", va_idx),
                          10, tr.x.shape[-1], None, tr.x.shape[1], source + (f"+jpeg-q{jpeg_quality}" if jpeg_quality else ""))
+
+# %% ../nbs/01_data.ipynb
+def news_words(split: str, idx, data_root=None, cache_dir=None) -> list[list[str]]:
+    "The words of rows `idx` of the 20 Newsgroups `split` (offline archive), position by position as their token ids."
+    root, cache = resolve_data_root(data_root), resolve_cache_dir(cache_dir)
+    tar = None if root is None else root / "20newsgroups/20news-bydate.tar.gz"
+    if tar is None or not tar.is_file():
+        raise DataUnavailableError(f"twenty_news: the words need the offline archive ({_HINTS['twenty_news'].split(', or pass')[0]})")
+    texts, _, _ = news_texts_from_folder(news_home(tar, cache) / f"20news-bydate-{split}")
+    return [tokenize(texts[int(i)])[:TEXT_LEN] for i in idx]

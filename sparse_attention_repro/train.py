@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 from .data import load_dataset, resolve_device, autocast, PAPER_SIZES, MAIN_FAMILY, TEXT_VOCAB, MARKER_DESIGNS, PRECISIONS
+from .data import full_arrays, news_words, subset_indices, TEST_SEED_OFFSET
 from .model import CompactClassifier, ClassifierConfig, MaskTape, StackedClassifiers, count_parameters, DROPOUT_RNGS
 from .normalizers import resolve_normalizer
 from .runner import save_rows
@@ -355,6 +356,9 @@ def attention_maps(dataset: str, seed: int, methods, config: TrainConfig, exampl
     preds = np.stack([m(x.to(dev), None if mask is None else mask.to(dev)).argmax(-1).cpu().numpy() for m in models])
     rec = dict(dataset=np.array(dataset), seed=np.array(seed), methods=np.array(list(methods)), maps=maps, inputs=x.numpy(),
                labels=data.test.y[:examples].numpy(), predictions=preds, accuracy=np.array([r["accuracy"] for r in rows]))
+    if dataset == "twenty_news":                                          # the words behind the ids, position by position
+        n_test = len(full_arrays(dataset, download=config.download)[0]["test_y"])
+        rec["words"] = np.array([" ".join(w) for w in news_words("test", subset_indices(n_test, config.test_limit, seed + TEST_SEED_OFFSET)[:examples])])
     if out is not None:
         def write(tmp):
             with open(tmp, "wb") as f: np.savez_compressed(f, **rec)

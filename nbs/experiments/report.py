@@ -321,7 +321,8 @@ else:
 # For a few test images of seed 0 (`sparse-repro attention-maps --out <results>`, the same training as the grid's seed 0),
 # the last layer's CLS attention over the 4×4 grid of patches (7×7 pixels for Fashion-MNIST, 8×8 for CIFAR-10), averaged
 # over heads, drawn over the image on one colour scale per image, so a spread-out map looks pale and a peaked one bright.
-# Each panel's title gives the method and its prediction (✓ right, ✗ wrong).
+# Each panel's title gives the method and its prediction (✓ right, ✗ wrong). For two 20 Newsgroups documents, a table per
+# document lists the words that receive the most weight (padding is unmasked, as in the paper's runs).
 
 # %%
 from sparse_attention_repro.data import unpatchify
@@ -329,6 +330,24 @@ map_files = sorted((RES / "attention_maps").glob("*.npz")) if (RES / "attention_
 for f in map_files:
     rec = np.load(f)
     ds, methods, maps = str(rec["dataset"]), [str(m) for m in rec["methods"]], rec["maps"]              # maps [M, n, L, T]
+    if "words" in rec.files:                                               # 20 Newsgroups: the words the CLS token reads most
+        short = lambda m: m.replace("headwise_adaptive_entmax", "HAE").replace("topk_softmax_", "top-k ")
+        for i, text in enumerate(rec["words"]):
+            words, T = str(text).split(), maps.shape[-1] - 1
+            md(f"**{ds}, seed {int(rec['seed'])}, test document {i + 1}** (label {int(rec['labels'][i])}, {len(words)} words, "
+               f"{T - len(words)} padding positions): the last layer's CLS weights, averaged over heads — the six words with the "
+               "most weight, the weight on padding, and how many keys get any weight.")
+            rows_ = []
+            for j, m in enumerate(methods):
+                w = maps[j, i, -1, 1:]                                            # keys 1..T: word positions, then padding
+                top = np.argsort(-w[:len(words)], kind="stable")[:6]
+                rows_.append({"method": short(m), "prediction": "✓" if rec["predictions"][j, i] == rec["labels"][i] else "✗",
+                              "most-attended words (weight %)": ", ".join(f"{words[k]} ({100 * w[k]:.0f})" for k in top if w[k] > 0),
+                              "on padding (%)": f"{100 * w[len(words):].sum():.0f}", "keys with weight": int((maps[j, i, -1] > 0).sum())})
+            table(pd.DataFrame(rows_))
+        acc = ", ".join(f"{m} {100 * a:.1f}%" for m, a in zip(methods, rec["accuracy"]))
+        md(f"{ds}, seed {int(rec['seed'])}, test accuracy of these models: {acc}.")
+        continue
     if rec["inputs"].ndim != 3 or rec["inputs"].shape[1] != 16: md(f"_{ds}: maps over tokens are not drawn here._"); continue
     x = torch.from_numpy(rec["inputs"]); ch = 3 if x.shape[-1] == 192 else 1
     imgs = unpatchify(x, ch, 4).permute(0, 2, 3, 1).numpy()                                           # [n, H, W, C]
