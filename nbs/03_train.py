@@ -59,7 +59,7 @@ class TrainConfig:
     mask_padding: bool = option(False, "variant: mask twenty_news padding (the paper does not)")
     patch_size: int | None = option(None, "variant: 4 for 4x4 patches (0 = the paper's 7x7 / 8x8)", lambda v: None if v >= 0 else "must be >= 0", unset=0)
     marker_vocab: int = option(TEXT_VOCAB, "variant: small vocabulary for a learnable marker task", lambda v: None if v >= 12 else "must be >= 12")
-    marker_design: str = option("random", "random (the paper's ids) | balanced (label tokens only, balanced counts: tests selection)",
+    marker_design: str = option("random", "random (the paper's ids) | balanced (label tokens only, balanced counts) | label_once (the label token once, after the marker, among fillers)",
                                 choices=MARKER_DESIGNS)
     jpeg_quality: int = option(0, "variant: pass image datasets through a JPEG codec at this quality (0 = off)",
                                lambda v: None if 0 <= v <= 100 else "must be in 1..100 (0 = off)")

@@ -5,13 +5,14 @@
 # %% auto 0
 __all__ = ['DATASETS', 'TEXT_VOCAB', 'TEXT_LEN', 'PAD_ID', 'MARKER_ID', 'CACHE_VERSION', 'CIFAR10_CLASSES', 'PAPER_SIZES',
            'MAIN_FAMILY', 'PRECISIONS', 'TEST_SEED_OFFSET', 'VAL_SEED_OFFSET', 'NEWS_REMOVE', 'MARKER_DESIGNS',
-           'MARKER_LABEL_TOKENS', 'Split', 'DatasetBundle', 'resolve_device', 'has_bf16_units', 'autocast',
-           'DataUnavailableError', 'resolve_data_root', 'resolve_cache_dir', 'skip_unless_data', 'save_cached',
-           'load_cached', 'subset_indices', 'train_val_indices', 'patchify', 'unpatchify', 'read_idx',
+           'MARKER_LABEL_TOKENS', 'MARKER_FILLERS', 'Split', 'DatasetBundle', 'resolve_device', 'has_bf16_units',
+           'autocast', 'DataUnavailableError', 'resolve_data_root', 'resolve_cache_dir', 'skip_unless_data',
+           'save_cached', 'load_cached', 'subset_indices', 'train_val_indices', 'patchify', 'unpatchify', 'read_idx',
            'idx_files_present', 'load_idx_folder', 'official_cifar_keys', 'decode_cifar_jpeg_tar', 'is_flattened',
            'news_texts_from_folder', 'tokenize', 'hash_token', 'encode_text', 'encode_news', 'make_marker',
-           'make_balanced_marker', 'most_frequent_token_accuracy', 'marker_baselines', 'source_identity', 'news_home',
-           'full_arrays', 'jpeg_roundtrip', 'load_dataset', 'news_words']
+           'make_balanced_marker', 'make_label_once_marker', 'marker_generator', 'most_frequent_token_accuracy',
+           'marker_baselines', 'source_identity', 'news_home', 'full_arrays', 'jpeg_roundtrip', 'load_dataset',
+           'news_words']
 
 # %% ../nbs/01_data.ipynb
 import gzip, hashlib, io, json, os, re, shutil, struct, tarfile, tempfile, zlib
@@ -324,8 +325,9 @@ def make_marker(n: int, rng: np.random.Generator, vocab: int = TEXT_VOCAB, seq_l
     return ids, ids[rows, p + 1] % 10
 
 # %% ../nbs/01_data.ipynb
-MARKER_DESIGNS = ("random", "balanced")
-MARKER_LABEL_TOKENS = 10                   # balanced design: ids 2..11 are the label tokens
+MARKER_DESIGNS = ("random", "balanced", "label_once")
+MARKER_LABEL_TOKENS = 10                   # balanced and label_once designs: ids 2..11 are the label tokens
+MARKER_FILLERS = 50                        # label_once design: ids 12..61 fill the other positions
 
 def make_balanced_marker(n: int, rng: np.random.Generator, seq_len: int = TEXT_LEN) -> tuple[np.ndarray, np.ndarray]:
     "int64 ids `[n, seq_len]` of label tokens 2..11 in balanced counts, marker id 1 at `p < seq_len-1`, labels `ids[p+1] - 2`."
@@ -339,17 +341,33 @@ def make_balanced_marker(n: int, rng: np.random.Generator, seq_len: int = TEXT_L
     ids[rows, p] = MARKER_ID
     return ids, ids[rows, p + 1] - 2
 
+def make_label_once_marker(n: int, rng: np.random.Generator, seq_len: int = TEXT_LEN) -> tuple[np.ndarray, np.ndarray]:
+    "int64 ids `[n, seq_len]` of filler tokens 12..61, marker id 1 at `p < seq_len-1` and the label token `2 + y` right after it, only there."
+    ids = rng.integers(2 + MARKER_LABEL_TOKENS, 2 + MARKER_LABEL_TOKENS + MARKER_FILLERS, size=(n, seq_len))
+    p = rng.integers(0, seq_len - 1, size=n)
+    y = rng.integers(0, MARKER_LABEL_TOKENS, size=n)
+    rows = np.arange(n)
+    ids[rows, p], ids[rows, p + 1] = MARKER_ID, 2 + y
+    return ids, y
+
+def marker_generator(design: str, vocab: int = TEXT_VOCAB):
+    "`make(n, rng) -> (ids, labels)` of a marker design, and the vocabulary size its model needs."
+    if design not in MARKER_DESIGNS: raise ValueError(f"marker_design must be one of {', '.join(MARKER_DESIGNS)}, got {design!r}")
+    if design == "random": return (lambda n, r: make_marker(n, r, vocab)), vocab
+    if design == "balanced": return make_balanced_marker, 2 + MARKER_LABEL_TOKENS
+    return make_label_once_marker, 2 + MARKER_LABEL_TOKENS + MARKER_FILLERS
+
 def most_frequent_token_accuracy(ids: np.ndarray, y: np.ndarray, design: str = "random") -> float:
     "Accuracy of the shortcut that ignores the marker: the sequence's most frequent non-marker token, read as a label."
     mode = np.array([np.bincount(r[r != MARKER_ID]).argmax() for r in ids])     # per row; ties: the smallest id
-    return float(((mode - 2 if design == "balanced" else mode % 10) == y).mean())
+    return float(((mode % 10 if design == "random" else (mode - 2) % 10) == y).mean())
 
 # %% ../nbs/01_data.ipynb
 def marker_baselines(seeds, train_n: int = 8000, test_n: int = 2000, marker_vocab: int = TEXT_VOCAB, marker_design: str = "random") -> dict:
     "Mean over `seeds` of the marker task's chance, majority-class and most-frequent-token accuracies on each seed's test set."
     acc = []
     for s in seeds:
-        make = (lambda n, r: make_marker(n, r, marker_vocab)) if marker_design == "random" else make_balanced_marker
+        make = marker_generator(marker_design, marker_vocab)[0]
         _, ytr = make(train_n, np.random.default_rng(s))
         ids, y = make(test_n, np.random.default_rng(s + TEST_SEED_OFFSET))
         acc.append((float((y == np.bincount(ytr, minlength=10).argmax()).mean()), most_frequent_token_accuracy(ids, y, marker_design)))
@@ -479,13 +497,11 @@ def load_dataset(name: str, seed: int, train_limit: int | None, test_limit: int 
         n_val = round(val_fraction * int(train_limit)) if val_fraction > 0 else 0
         if not 0 <= val_fraction < 1 or (val_fraction > 0 and n_val < 1):
             raise ValueError(f"val_fraction must be in [0, 1) and give a non-empty validation split, got {val_fraction}")
-        if marker_design not in MARKER_DESIGNS: raise ValueError(f"marker_design must be one of {', '.join(MARKER_DESIGNS)}, got {marker_design!r}")
-        make = ((lambda n, r: make_marker(n, r, marker_vocab)) if marker_design == "random" else make_balanced_marker)
+        make, vocab = marker_generator(marker_design, marker_vocab)
         mk = lambda n, s: _token_split(*make(n, np.random.default_rng(s)), np.arange(n), False)
-        vocab = marker_vocab if marker_design == "random" else 2 + MARKER_LABEL_TOKENS
         return DatasetBundle(name, "tokens", mk(int(train_limit), seed), mk(int(test_limit), seed + TEST_SEED_OFFSET),
                              mk(n_val, seed + VAL_SEED_OFFSET) if n_val else None, 10, None, vocab, TEXT_LEN,
-                             "generated" if marker_design == "random" else "generated:balanced")
+                             "generated" if marker_design == "random" else f"generated:{marker_design}")
     arrays, source = full_arrays(name, data_root, cache_dir, download)
     tr_idx, va_idx = train_val_indices(len(arrays["train_y"]), train_limit, seed, val_fraction)
     te_idx = subset_indices(len(arrays["test_y"]), test_limit, seed + TEST_SEED_OFFSET)
