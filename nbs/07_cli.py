@@ -545,7 +545,9 @@ test_fail(lambda: ablation_grids(build_parser().parse_args(["recipes", "--out", 
 from sparse_attention_repro.stats import FOLLOW_UPS
 _fu = ablation_grids(build_parser().parse_args(["follow-ups", "--profile", "smoke", "--out", str(_out), "--seeds", "0"]), FOLLOW_UPS, "follow_ups")
 test_eq([(n, g.methods, g.out) for n, g in _fu],
-        [("alpha_start", ["headwise_adaptive_entmax_start12", "headwise_adaptive_entmax_start18"], str(_out / "follow_ups" / "alpha_start"))])
+        [("alpha_start", ["headwise_adaptive_entmax_start12", "headwise_adaptive_entmax_start18"], str(_out / "follow_ups" / "alpha_start")),
+         ("selection_marker", None, str(_out / "follow_ups" / "selection_marker"))])          # None: every paper method
+test_eq((_fu[1][1].marker_design, _fu[1][1].epoch_eval, _fu[1][1].val_fraction), ("label_once", True, 0.25))
 assert not _out.exists()
 
 # %% [markdown]

@@ -721,6 +721,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                               'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.recipe_tests': ( 'stats.html#recipe_tests',
                                                                                              'sparse_attention_repro/stats.py'),
+                                              'sparse_attention_repro.stats.run_curves': ( 'stats.html#run_curves',
+                                                                                           'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.run_description': ( 'stats.html#run_description',
                                                                                                 'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.seed_deltas': ( 'stats.html#seed_deltas',

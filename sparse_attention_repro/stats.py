@@ -12,7 +12,7 @@ __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'SPARSE_METHODS', 'TOPK_METHODS
            'power_table', 'accuracy_ci', 'select_topk', 'alpha_long', 'pad_attention', 'time_ratios', 'layer_sparsity',
            'crisp_learning_curve', 'crisp_by_lr', 'alpha_start_tests', 'alpha_start_verdicts', 'prediction_interval',
            'verdict', 'fmt_p', 'claims_table', 'ablation_tests', 'ablation_expected', 'ablation_family',
-           'ablation_answer', 'readable_ablation', 'readable_single_seed', 'readable_power', 'deviations',
+           'ablation_answer', 'readable_ablation', 'readable_single_seed', 'readable_power', 'deviations', 'run_curves',
            'recipe_curves', 'identical_to_main', 'select_recipes', 'recipe_tests', 'gain_verdict', 'tuned_verdicts',
            'recipe_budget', 'crisp_lr_verdicts', 'readable_tests', 'run_description', 'paper_deltas', 'readable_claims',
            'analyse', 'versus_baseline', 'pairing_check', 'versus_answer', 'readable_versus']
@@ -770,22 +770,28 @@ RECIPE_GRIDS = _recipe_grids()
 FOLLOW_UPS = {   # follow-up experiments, each a grid into `<results>/follow_ups/<name>` on the main runs' seeds
     "alpha_start": dict(options="--datasets fashion_mnist twenty_news --methods headwise_adaptive_entmax_start12 headwise_adaptive_entmax_start18",
                         question="Does the learned α settle near 1.51 from any start, or stay where it starts?"),
+    "selection_marker": dict(options="--datasets synthetic_marker --marker-design label_once --epoch-eval --val-fraction 0.25",
+                             question="On a marker task whose one informative token must be picked out of 97, does any normalizer find it faster or better?"),
 }
 
 # %% ../nbs/05_stats.ipynb
 CURVE_COLS = ["dataset", "method", "seed", "lr", "epoch", "val_accuracy", "val_loss", "test_accuracy", "test_loss"]
 
-def recipe_curves(results_dir):
-    "Long table of the learning curves of every grid under `results_dir/recipes/` (empty when there is none)."
+def run_curves(runs) -> pd.DataFrame:
+    "Long table of the learning curves (`epoch_metrics`) of the rows of `runs`: one row per (dataset, method, seed, lr, epoch)."
     out = []
-    for f in sorted(Path(results_dir, "recipes").glob("*/runs.csv")):
-        r = load_runs(f)
-        if r is None or "epoch_metrics" not in r: continue
-        for row in r.itertuples():
+    if runs is not None and "epoch_metrics" in runs:
+        for row in runs.itertuples():
             if isinstance(row.epoch_metrics, str) and row.epoch_metrics:
                 out += [dict(dataset=row.dataset, method=row.method, seed=int(row.seed), lr=float(row.lr), **e)
                         for e in json.loads(row.epoch_metrics)]
-    return pd.DataFrame(out, columns=CURVE_COLS).drop_duplicates(["dataset", "method", "seed", "lr", "epoch"], keep="last")
+    return pd.DataFrame(out, columns=CURVE_COLS)
+
+def recipe_curves(results_dir):
+    "Long table of the learning curves of every grid under `results_dir/recipes/` (empty when there is none)."
+    frames = [run_curves(load_runs(f)) for f in sorted(Path(results_dir, "recipes").glob("*/runs.csv"))]
+    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=CURVE_COLS)
+    return out.drop_duplicates(["dataset", "method", "seed", "lr", "epoch"], keep="last")
 
 # %% ../nbs/05_stats.ipynb
 def identical_to_main(curves, runs):
