@@ -547,7 +547,7 @@ _fu = ablation_grids(build_parser().parse_args(["follow-ups", "--profile", "smok
 test_eq([(n, g.methods, g.out) for n, g in _fu],
         [("alpha_start", ["headwise_adaptive_entmax_start12", "headwise_adaptive_entmax_start18"], str(_out / "follow_ups" / "alpha_start")),
          ("selection_marker", None, str(_out / "follow_ups" / "selection_marker"))])          # None: every paper method
-test_eq((_fu[1][1].marker_design, _fu[1][1].epoch_eval, _fu[1][1].val_fraction), ("label_once", True, 0.25))
+test_eq((_fu[1][1].marker_design, _fu[1][1].epochs, _fu[1][1].epoch_eval, _fu[1][1].val_fraction), ("label_once", 3, True, 0.25))
 assert not _out.exists()
 
 # %% [markdown]

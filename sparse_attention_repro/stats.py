@@ -770,7 +770,7 @@ RECIPE_GRIDS = _recipe_grids()
 FOLLOW_UPS = {   # follow-up experiments, each a grid into `<results>/follow_ups/<name>` on the main runs' seeds
     "alpha_start": dict(options="--datasets fashion_mnist twenty_news --methods headwise_adaptive_entmax_start12 headwise_adaptive_entmax_start18",
                         question="Does the learned α settle near 1.51 from any start, or stay where it starts?"),
-    "selection_marker": dict(options="--datasets synthetic_marker --marker-design label_once --epoch-eval --val-fraction 0.25",
+    "selection_marker": dict(options="--datasets synthetic_marker --marker-design label_once --epochs 3 --epoch-eval --val-fraction 0.25",
                              question="On a marker task whose one informative token must be picked out of 97, does any normalizer find it faster or better?"),
 }
 
