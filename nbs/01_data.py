@@ -1179,7 +1179,8 @@ def news_words(split: str, idx, data_root=None, cache_dir=None) -> list[list[str
     return [tokenize(texts[int(i)])[:TEXT_LEN] for i in idx]
 
 # %%
-if resolve_data_root() is not None and (resolve_data_root() / "20newsgroups/20news-bydate.tar.gz").is_file():
+if skip_unless_data(resolve_data_root() is not None and (resolve_data_root() / "20newsgroups/20news-bydate.tar.gz").is_file(),
+                    "20 Newsgroups word checks: set SPARSE_REPRO_DATA to the offline data folder"):
     _arrs, _ = full_arrays("twenty_news")
     _idx = subset_indices(len(_arrs["test_y"]), 1500, 0 + TEST_SEED_OFFSET)[:3]
     for _w, _ids in zip(news_words("test", _idx), _arrs["test_x"][_idx]):

@@ -42,6 +42,12 @@ def save(fig, name):
 
 def md(s): display(Markdown(s))
 
+def short(m):
+    "A method's name for titles and tables: HAE for the head-wise adaptive entmax, top-k with its ratio."
+    from sparse_attention_repro.normalizers import parse_topk_ratio
+    m = str(m).replace("headwise_adaptive_entmax", "HAE")
+    return f"top-k {parse_topk_ratio(m):g}" if m.startswith("topk_softmax_") else m
+
 def legend_outside(ax, title=None):
     "Move an axes' legend to the right of the plot, clear of the data."
     if ax.get_legend() is not None: sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), frameon=False, title=title)
@@ -232,7 +238,7 @@ if sm is not None and len(sm):
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     for m in [m for m in S.PAPER_METHODS if m in set(cv.method)]:
         mean = cv[cv.method == m].groupby("epoch").test_accuracy.mean()
-        ax.plot(mean.index, 100 * mean.values, marker="o", ms=3, label=m.replace("headwise_adaptive_entmax", "HAE").replace("topk_softmax_", "top-k "))
+        ax.plot(mean.index, 100 * mean.values, marker="o", ms=3, label=short(m))
     ax.axhline(100 * b["chance"], color="0.5", ls=":", lw=1); ax.axhline(100 * b["most_frequent_token"], color="C3", ls="--", lw=1)
     ax.set_xlabel("epoch"); ax.set_ylabel("mean test accuracy (%)"); ax.set_xticks(sorted(set(cv.epoch))); legend_outside(ax)
     save(fig, "selection_marker")
@@ -312,8 +318,6 @@ if rerun is not None and runs is not None and not sel.val_selected.notna().any()
        f"({len(rerun)} of the {total} runs re-run so far: " + ", ".join(f"{d} {int(c)}" for d, c in rerun.groupby("dataset").size().items()) + ").")
     sel = S.select_topk(rerun[rerun.groupby("dataset").method.transform("size") == 10 * len(S.PAPER_METHODS)])   # complete datasets
 if len(sel) and sel.val_selected.notna().any():
-    from sparse_attention_repro.normalizers import parse_topk_ratio
-    short = lambda m: f"top-k {parse_topk_ratio(str(m)):g}"
     table(pd.DataFrame({"dataset": sel.dataset, "ratio chosen on validation": sel.val_selected.map(short),
                         "its test gain over softmax (pt)": (100 * sel.val_selected_delta).map("{:+.1f}".format),
                         "ratio chosen on test (the paper's way)": sel.test_selected.map(short),
@@ -376,7 +380,6 @@ for f in map_files:
     rec = np.load(f)
     ds, methods, maps = str(rec["dataset"]), [str(m) for m in rec["methods"]], rec["maps"]              # maps [M, n, L, T]
     if "words" in rec.files:                                               # 20 Newsgroups: the words the CLS token reads most
-        short = lambda m: m.replace("headwise_adaptive_entmax", "HAE").replace("topk_softmax_", "top-k ")
         for i, text in enumerate(rec["words"]):
             words, T = str(text).split(), maps.shape[-1] - 1
             md(f"**{ds}, seed {int(rec['seed'])}, test document {i + 1}** (label {int(rec['labels'][i])}, {len(words)} words, "
@@ -407,7 +410,7 @@ for f in map_files:
             ax.imshow(imgs[i].mean(-1), cmap="gray", extent=(0, 4, 4, 0))
             ax.imshow(w, cmap="magma", alpha=0.6, extent=(0, 4, 4, 0), vmin=0, vmax=top)
             ok = "✓" if rec["predictions"][j, i] == rec["labels"][i] else "✗"
-            ax.set_title(f"{m.replace('headwise_adaptive_entmax', 'HAE').replace('topk_softmax_', 'top-k ')} {ok}", fontsize=7)
+            ax.set_title(f"{short(m)} {ok}", fontsize=7)
     for ax in np.ravel(axes): ax.set_xticks([]); ax.set_yticks([])
     fig.suptitle(f"{ds}, seed {int(rec['seed'])}: CLS attention over patches, last layer", fontsize=10)
     save(fig, f"attention_maps_{ds}")
@@ -576,7 +579,7 @@ else: md("_No `crisp_runs.csv`: Study B figures skipped._")
 
 # %%
 if crisp_lr is not None:
-    cb = crisp_lr
+    cb = crisp_lr                                                            # computed with the claims above
     cb.to_csv(TAB / "crisp_by_lr.csv", index=False)
     pt_ = lambda v: f"{100 * v:+.1f}" if np.isfinite(v) else "–"
     table(pd.DataFrame({"learning rate": cb.lr.map("{:g}".format), "split": cb.split, "config vs dense": cb.method + " vs dense",
