@@ -493,3 +493,63 @@ void philox_bits(uint32_t* out, long first, long count, long k0, long k1) {
 void philox_dropout(float* out, long first, long count, long k0, long k1, long keep_below, float scale) {
     PHILOX_FOR_EACH(out[i - first] = (long)d < keep_below ? scale : 0.0f);
 }
+
+/* Dropout masks bit for bit as torch draws them with `torch.empty(n).bernoulli_(p)` on a CPU where its element loop
+   serves (no MKL path: AMD CPUs, builds without MKL): element i takes the next two 32-bit words a, b of the
+   generator's MT19937 stream (Matsumoto & Nishimura, 1998), u = ((a << 32 | b) & (2^53 - 1)) * 2^-53, and is `scale`
+   where u < p, else 0. `state` is the generator's `get_state()` bytes (int64 seed, int32 left, int32 seeded,
+   uint64 next, then the 624 state words as uint64), advanced in place: `set_state` afterwards leaves the generator
+   where bernoulli_ would have. Torch draws word `next` after a twist when `left` counts down to 0; here `avail` =
+   left - 1 words remain from `pos` = next. The stream is sequential, so one thread fills the whole mask. */
+#define MT_N 624
+#define MT_M 397
+
+static inline uint32_t mt_mix(uint32_t a, uint32_t b, uint32_t m) {
+    uint32_t y = (a & 0x80000000u) | (b & 0x7fffffffu);
+    return m ^ (y >> 1) ^ (-(y & 1u) & 0x9908b0dfu);
+}
+
+static void mt_twist(uint32_t* s) {                                  /* the standard loop, split where it wraps */
+    for (int i = 0; i < MT_N - MT_M; i++) s[i] = mt_mix(s[i], s[i + 1], s[i + MT_M]);
+    for (int i = MT_N - MT_M; i < MT_N - 1; i++) s[i] = mt_mix(s[i], s[i + 1], s[i + MT_M - MT_N]);
+    s[MT_N - 1] = mt_mix(s[MT_N - 1], s[0], s[MT_M - 1]);
+}
+
+static void mt_temper(const uint32_t* s, uint32_t* t) {
+    for (int i = 0; i < MT_N; i++) {
+        uint32_t y = s[i];
+        y ^= y >> 11; y ^= (y << 7) & 0x9d2c5680u; y ^= (y << 15) & 0xefc60000u; y ^= y >> 18;
+        t[i] = y;
+    }
+}
+
+void mt_bernoulli(float* out, long count, unsigned char* state, double p, float scale) {
+    int32_t left; uint64_t next, words[MT_N];
+    memcpy(&left, state + 8, 4); memcpy(&next, state + 16, 8); memcpy(words, state + 24, sizeof words);
+    uint32_t s[MT_N], t[MT_N];
+    for (int i = 0; i < MT_N; i++) s[i] = (uint32_t)words[i];
+    long pos = (long)next, avail = left - 1;
+    mt_temper(s, t);
+    const uint64_t mask53 = (1ULL << 53) - 1;
+    for (long i = 0; i < count;) {
+        if (avail == 0) { mt_twist(s); mt_temper(s, t); pos = 0; avail = MT_N; }
+        if (avail >= 2) {                                            /* whole pairs inside this block */
+            long pairs = avail / 2 < count - i ? avail / 2 : count - i;
+            const uint32_t* w = t + pos;
+            for (long j = 0; j < pairs; j++) {
+                uint64_t v = (((uint64_t)w[2 * j] << 32) | w[2 * j + 1]) & mask53;
+                out[i + j] = (double)v * 0x1p-53 < p ? scale : 0.0f;
+            }
+            pos += 2 * pairs; avail -= 2 * pairs; i += pairs;
+        } else {                                                     /* a pair across a twist */
+            uint32_t a = t[pos];
+            mt_twist(s); mt_temper(s, t); pos = 0; avail = MT_N;
+            uint64_t v = (((uint64_t)a << 32) | t[0]) & mask53;
+            out[i++] = (double)v * 0x1p-53 < p ? scale : 0.0f;
+            pos = 1; avail = MT_N - 1;
+        }
+    }
+    left = (int32_t)(avail + 1); next = (uint64_t)pos;
+    for (int i = 0; i < MT_N; i++) words[i] = s[i];
+    memcpy(state + 8, &left, 4); memcpy(state + 16, &next, 8); memcpy(state + 24, words, sizeof words);
+}

@@ -41,6 +41,31 @@ def _seeds(values):
     return seeds
 
 
+# %% [markdown]
+# Jobs and threads are counted on the cores this process may use (its CPU affinity: `taskset`, a container's or a
+# batch system's CPU set), not on the machine's: a grid pinned to one core of an 8-core machine runs one thread, not 8
+# threads fighting for that core (which is slow, and changes results, since they are bit-identical only at one thread
+# count).
+
+# %%
+#| export
+def usable_cores() -> int:
+    "How many CPU cores this process may run on (its affinity set where the OS reports one, else the machine's count)."
+    try: return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError: return max(1, os.cpu_count() or 1)
+
+def threads_per_job(jobs: int) -> int:
+    "torch threads for each of `jobs` notebooks run at once: the usable cores shared out, at least one."
+    return max(1, usable_cores() // max(1, jobs))
+
+# %%
+test_eq(usable_cores(), len(os.sched_getaffinity(0)))
+test_eq(threads_per_job(10_000), 1); test_eq(threads_per_job(1), usable_cores())
+old_set = os.sched_getaffinity(0)
+try:                                                            # pinned to one core: one thread, whatever the machine has
+    os.sched_setaffinity(0, {min(old_set)}); test_eq((usable_cores(), threads_per_job(1)), (1, 1))
+finally: os.sched_setaffinity(0, old_set)
+
 # %%
 test_eq(_split(["a,b", "c"]), ["a", "b", "c"]); test_eq(_seeds(["0,2", 5]), [0, 2, 5])
 test_fail(lambda: _seeds(["-1"]), exc=UsageError, contains=">= 0"); test_fail(lambda: _seeds(["x"]), exc=UsageError, contains="integers")
@@ -59,7 +84,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _executor_args(sp):
     "Options shared by the commands that run notebooks: parallelism, executor, data download, device."
-    jobs = dict(type=int, default=max(1, min(4, os.cpu_count() or 1)), help="notebooks run in parallel (local) / LocalCluster workers (dask)")
+    jobs = dict(type=int, default=min(4, usable_cores()), help="notebooks run in parallel (local) / LocalCluster workers (dask)")
     sp.add_argument("--jobs", **jobs)
     sp.add_argument("--executor", default="local", help="local (threads driving kernels) or dask (dask.distributed)")
     sp.add_argument("--scheduler", default=None, help="dask scheduler address (tcp://host:8786); none = a LocalCluster")
@@ -287,7 +312,7 @@ def grid_tasks(args):
     if args.stack_seeds < 1: raise UsageError(f"--stack-seeds must be >= 1, got {args.stack_seeds}")
     if args.stack_seeds > 1 and args.plain: raise UsageError("--plain and --stack-seeds exclude each other: a stack trains every method together")
     out, nb = Path(args.out).resolve(), experiments_dir() / "study_a.ipynb"
-    threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
+    threads = threads_per_job(args.jobs)
     tasks = []
     for d in datasets:
         rows_dir = (out / "rows" / "study_a" / d).resolve()
@@ -410,7 +435,7 @@ def crisp_tasks(args):
         try: sst2_path(split, download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e)) from None
     out, nb = Path(args.out).resolve(), experiments_dir() / "crisp.ipynb"
-    threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
+    threads = threads_per_job(args.jobs)
     rows = lambda c, s: (out / "rows" / "crisp" / c / f"seed{s}.csv").resolve()
     tasks = [NotebookTask(f"{c}/seed{s}", nb, out / "notebooks" / "crisp" / c / f"seed{s}.ipynb", [rows(c, s)],
                           dict(config=c, seed=s, profile=args.profile, model=args.model or "", threads=threads, rows_path=str(rows(c, s)),

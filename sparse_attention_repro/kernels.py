@@ -5,7 +5,7 @@
 # %% auto 0
 __all__ = ['CFLAGS', 'kernel_source', 'kernel_dir', 'build_kernels', 'kernels', 'use_kernels', 'usable', 'sparsemax_fwd',
            'sparsemax_bwd', 'entmax15_fwd', 'entmax_alpha_fwd', 'entmax_bwd', 'topk_softmax_fwd', 'softmax_bwd',
-           'philox_bits', 'philox_dropout']
+           'philox_bits', 'philox_dropout', 'mt_kernel_matches_torch', 'bernoulli_mask']
 
 # %% ../nbs/00_kernels.ipynb
 import ctypes, fcntl, hashlib, os, platform, shutil, subprocess, tempfile, warnings
@@ -28,7 +28,7 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trap
 _SIGNATURES = {  # name: argument types (P = pointer, L = long, F = float, D = double)
     "sparsemax_fwd": "PPPLL", "sparsemax_bwd": "PPPPLL", "entmax15_fwd": "PPPLLLF", "entmax_alpha_fwd": "PPPPLLLF",
     "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPLLD", "softmax_bwd": "PPPPLL",
-    "philox_bits": "PLLLL", "philox_dropout": "PLLLLLF"}
+    "philox_bits": "PLLLL", "philox_dropout": "PLLLLLF", "mt_bernoulli": "PLPDF"}
 _CTYPES = {"P": ctypes.c_void_p, "L": ctypes.c_long, "F": ctypes.c_float, "D": ctypes.c_double}
 _state = {"lib": None, "tried": False, "enabled": True, "calls": 0}
 
@@ -167,3 +167,35 @@ def philox_dropout(shape, key, keep_below, scale):
     fn, k = kernels().philox_dropout, _key_words(key)
     _chunked(lambda lo, hi: fn(out.data_ptr() + 4 * lo, lo, hi - lo, *k, int(keep_below), float(scale)), out.numel(), out.numel())
     return out
+
+# %% ../nbs/00_kernels.ipynb
+_MT_CHECK = {}
+
+def _draw_with_torch(shape, p_keep, generator=None):
+    return torch.empty(shape).bernoulli_(p_keep, generator=generator).div_(p_keep)
+
+def _draw_with_kernel(shape, p_keep, generator=None):
+    gen = torch.default_generator if generator is None else generator
+    state, out = gen.get_state(), torch.empty(shape, dtype=torch.float32)
+    scale = torch.ones(1).div_(p_keep).item()                        # 1 / p_keep as torch's div_ rounds it
+    kernels().mt_bernoulli(out.data_ptr(), out.numel(), state.data_ptr(), float(p_keep), scale)
+    gen.set_state(state)
+    return out
+
+def mt_kernel_matches_torch(p_keep=0.9) -> bool:
+    "Does `mt_bernoulli` reproduce this torch's `bernoulli_(p_keep).div_(p_keep)` (masks and generator state)? Checked once."
+    if p_keep not in _MT_CHECK:
+        ok = kernels() is not None
+        for seed, draws in [(0, [5, 1300, 1]), (12345, [311, 312, 313, 2000])] if ok else []:
+            a, b = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+            for n in draws:                                          # odd counts leave a pair across a twist
+                ok = ok and torch.equal(_draw_with_kernel((n,), p_keep, a), _draw_with_torch((n,), p_keep, b))
+            ok = ok and torch.equal(a.get_state(), b.get_state())
+        _MT_CHECK[p_keep] = ok
+    return _MT_CHECK[p_keep]
+
+def bernoulli_mask(shape, p_keep, generator=None):
+    """`torch.empty(shape).bernoulli_(p_keep, generator=generator).div_(p_keep)` on the CPU, bit for bit and with the
+    generator left where torch leaves it: through `mt_bernoulli` where it reproduces torch here, else torch itself."""
+    if mt_kernel_matches_torch(p_keep): return _draw_with_kernel(shape, p_keep, generator)
+    return _draw_with_torch(shape, p_keep, generator)
