@@ -100,13 +100,26 @@ test_eq(empty.squeeze(-1).tolist(), [False, True])  # ... and flagged
 #| export
 def softmax(scores, key_mask=None):
     "Dense softmax over the last (key) dimension."
+    if key_mask is None: return torch.softmax(_upcast(scores), -1).to(scores.dtype)   # bad rows are NaN already
     s, empty = _mask_scores(_upcast(scores), key_mask)
     return _finish(torch.softmax(s, -1), s, empty).to(scores.dtype)
 
 
+# %% [markdown]
+# Without a key mask there are no empty rows, and torch's softmax already turns every row whose scores hold a NaN or
+# $+\infty$, or no finite value, into NaN, which is all `_finish` would do; so that path skips it (a pass over the
+# `[B, H, T, T]` scores, 0.14 ms of 0.34 at 96×4×17×17 and 0.65 of 3.3 ms at 96×4×97×97 in the forward, one thread). The
+# check: the same values and NaNs as with `_finish`, on rows of every kind.
+
 # %%
 x = torch.randn(2, 4, 5, 7)
 test_close(softmax(x), torch.softmax(x, -1))
+bad = torch.randn(6, 7)
+bad[0, 3], bad[1, 5], bad[2], bad[3, :4], bad[4, 2] = float("nan"), float("inf"), float("-inf"), float("inf"), float("-inf")
+bad[5] = torch.tensor([1e30, -1e30, 3e38, 0, -3e38, 5, 1])
+ref = _finish(torch.softmax(bad, -1), bad, None)
+test_eq(softmax(bad).isnan(), ref.isnan()); test_eq(softmax(bad).nan_to_num(), ref.nan_to_num())
+test_eq(softmax(bad).isnan().all(-1), torch.tensor([True, True, True, True, False, False]))
 mask = torch.rand(2, 1, 1, 7) > 0.4
 mask[..., 0] = True
 test_close(softmax(x, mask), torch.softmax(x.masked_fill(~mask, -1e9), -1), eps=1e-6)

@@ -46,6 +46,7 @@ def _upcast(x):
 # %% ../nbs/00_normalizers.ipynb
 def softmax(scores, key_mask=None):
     "Dense softmax over the last (key) dimension."
+    if key_mask is None: return torch.softmax(_upcast(scores), -1).to(scores.dtype)   # bad rows are NaN already
     s, empty = _mask_scores(_upcast(scores), key_mask)
     return _finish(torch.softmax(s, -1), s, empty).to(scores.dtype)
 
