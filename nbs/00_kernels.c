@@ -495,7 +495,7 @@ void philox_dropout(float* out, long first, long count, long k0, long k1, long k
 }
 
 /* Dropout masks bit for bit as torch draws them with `torch.empty(n).bernoulli_(p)` on a CPU where its element loop
-   serves (no MKL path: AMD CPUs, builds without MKL): element i takes the next two 32-bit words a, b of the
+   serves (its non-MKL path, as on this AMD machine; `bernoulli_mask` checks that it applies): element i takes the next two 32-bit words a, b of the
    generator's MT19937 stream (Matsumoto & Nishimura, 1998), u = ((a << 32 | b) & (2^53 - 1)) * 2^-53, and is `scale`
    where u < p, else 0. `state` is the generator's `get_state()` bytes (int64 seed, int32 left, int32 seeded,
    uint64 next, then the 624 state words as uint64), advanced in place: `set_state` afterwards leaves the generator
@@ -543,10 +543,9 @@ void mt_bernoulli(float* out, long count, unsigned char* state, double p, float 
             pos += 2 * pairs; avail -= 2 * pairs; i += pairs;
         } else {                                                     /* a pair across a twist */
             uint32_t a = t[pos];
-            mt_twist(s); mt_temper(s, t); pos = 0; avail = MT_N;
+            mt_twist(s); mt_temper(s, t); pos = 1; avail = MT_N - 1;
             uint64_t v = (((uint64_t)a << 32) | t[0]) & mask53;
             out[i++] = (double)v * 0x1p-53 < p ? scale : 0.0f;
-            pos = 1; avail = MT_N - 1;
         }
     }
     left = (int32_t)(avail + 1); next = (uint64_t)pos;

@@ -34,7 +34,7 @@
 
 # %%
 #| export
-import ctypes, fcntl, hashlib, os, platform, shutil, subprocess, tempfile, warnings
+import ctypes, fcntl, functools, hashlib, os, platform, shutil, subprocess, tempfile, warnings
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -279,26 +279,30 @@ if kernels() is not None:
 # ## Torch's own dropout masks, drawn faster
 #
 # The default path draws its dropout masks as `nn.Dropout` does: `torch.empty(shape).bernoulli_(1 - p)`, then
-# `div_(1 - p)`. Where torch's CPU `bernoulli_` loops over elements (AMD CPUs and builds without MKL), each element
+# `div_(1 - p)`. Where torch's CPU `bernoulli_` loops over elements (as it does on this AMD machine), each element
 # costs two words of the generator's MT19937 stream and a float64 comparison, one element at a time through torch's
 # generic distribution code: 6–11 ns an element here, a fifth of a 17-token training step. `mt_bernoulli` runs the same
 # stream in C (a twist, then the tempering of 624 words at once) on the generator's state bytes and hands the advanced
-# state back, so the masks *and* the generator afterwards are torch's bit for bit. Because torch takes another route on
-# Intel CPUs with MKL, `bernoulli_mask` first checks, once per process, that the kernel reproduces this torch's draws
+# state back, so the masks *and* the generator afterwards are torch's bit for bit. Because torch has another route (an
+# MKL one) that other CPUs or builds may take, `bernoulli_mask` first checks, once per process, that the kernel reproduces this torch's draws
 # (masks and generator state, across a twist); where it does not, torch draws the masks.
 
 # %%
 #| export
 _MT_CHECK = {}
 
-def _draw_with_torch(shape, p_keep, generator=None):
-    return torch.empty(shape).bernoulli_(p_keep, generator=generator).div_(p_keep)
+@functools.lru_cache(maxsize=None)
+def _scale(p_keep):
+    "1 / p_keep as torch's `div_` rounds it in float32 (a kept element's value)."
+    return torch.ones(1).div_(p_keep).item()
+
+def _draw_with_torch(shape, p_keep, generator=None, device="cpu"):
+    return torch.empty(shape, device=device).bernoulli_(p_keep, generator=generator).div_(p_keep)
 
 def _draw_with_kernel(shape, p_keep, generator=None):
     gen = torch.default_generator if generator is None else generator
     state, out = gen.get_state(), torch.empty(shape, dtype=torch.float32)
-    scale = torch.ones(1).div_(p_keep).item()                        # 1 / p_keep as torch's div_ rounds it
-    kernels().mt_bernoulli(out.data_ptr(), out.numel(), state.data_ptr(), float(p_keep), scale)
+    kernels().mt_bernoulli(out.data_ptr(), out.numel(), state.data_ptr(), float(p_keep), _scale(p_keep))
     gen.set_state(state)
     return out
 
@@ -316,11 +320,11 @@ def mt_kernel_matches_torch(p_keep=0.9) -> bool:
         _MT_CHECK[p_keep] = ok
     return _MT_CHECK[p_keep]
 
-def bernoulli_mask(shape, p_keep, generator=None):
-    """`torch.empty(shape).bernoulli_(p_keep, generator=generator).div_(p_keep)` on the CPU, bit for bit and with the
-    generator left where torch leaves it: through `mt_bernoulli` where it reproduces torch here, else torch itself."""
-    if mt_kernel_matches_torch(p_keep): return _draw_with_kernel(shape, p_keep, generator)
-    return _draw_with_torch(shape, p_keep, generator)
+def bernoulli_mask(shape, p_keep, generator=None, device="cpu"):
+    """`torch.empty(shape, device=device).bernoulli_(p_keep, generator=generator).div_(p_keep)`, bit for bit and with the
+    generator left where torch leaves it: on the CPU through `mt_bernoulli` where it reproduces torch here, else torch."""
+    if torch.device(device).type == "cpu" and mt_kernel_matches_torch(p_keep): return _draw_with_kernel(shape, p_keep, generator)
+    return _draw_with_torch(shape, p_keep, generator, device)
 
 
 # %% [markdown]

@@ -284,6 +284,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                           'sparse_attention_repro/kernels.py'),
                                                 'sparse_attention_repro.kernels._run': ( 'kernels.html#_run',
                                                                                          'sparse_attention_repro/kernels.py'),
+                                                'sparse_attention_repro.kernels._scale': ( 'kernels.html#_scale',
+                                                                                           'sparse_attention_repro/kernels.py'),
                                                 'sparse_attention_repro.kernels.bernoulli_mask': ( 'kernels.html#bernoulli_mask',
                                                                                                    'sparse_attention_repro/kernels.py'),
                                                 'sparse_attention_repro.kernels.build_kernels': ( 'kernels.html#build_kernels',

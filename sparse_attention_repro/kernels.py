@@ -8,7 +8,7 @@ __all__ = ['CFLAGS', 'kernel_source', 'kernel_dir', 'build_kernels', 'kernels', 
            'philox_bits', 'philox_dropout', 'mt_kernel_matches_torch', 'bernoulli_mask']
 
 # %% ../nbs/00_kernels.ipynb
-import ctypes, fcntl, hashlib, os, platform, shutil, subprocess, tempfile, warnings
+import ctypes, fcntl, functools, hashlib, os, platform, shutil, subprocess, tempfile, warnings
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -171,14 +171,18 @@ def philox_dropout(shape, key, keep_below, scale):
 # %% ../nbs/00_kernels.ipynb
 _MT_CHECK = {}
 
-def _draw_with_torch(shape, p_keep, generator=None):
-    return torch.empty(shape).bernoulli_(p_keep, generator=generator).div_(p_keep)
+@functools.lru_cache(maxsize=None)
+def _scale(p_keep):
+    "1 / p_keep as torch's `div_` rounds it in float32 (a kept element's value)."
+    return torch.ones(1).div_(p_keep).item()
+
+def _draw_with_torch(shape, p_keep, generator=None, device="cpu"):
+    return torch.empty(shape, device=device).bernoulli_(p_keep, generator=generator).div_(p_keep)
 
 def _draw_with_kernel(shape, p_keep, generator=None):
     gen = torch.default_generator if generator is None else generator
     state, out = gen.get_state(), torch.empty(shape, dtype=torch.float32)
-    scale = torch.ones(1).div_(p_keep).item()                        # 1 / p_keep as torch's div_ rounds it
-    kernels().mt_bernoulli(out.data_ptr(), out.numel(), state.data_ptr(), float(p_keep), scale)
+    kernels().mt_bernoulli(out.data_ptr(), out.numel(), state.data_ptr(), float(p_keep), _scale(p_keep))
     gen.set_state(state)
     return out
 
@@ -196,8 +200,8 @@ def mt_kernel_matches_torch(p_keep=0.9) -> bool:
         _MT_CHECK[p_keep] = ok
     return _MT_CHECK[p_keep]
 
-def bernoulli_mask(shape, p_keep, generator=None):
-    """`torch.empty(shape).bernoulli_(p_keep, generator=generator).div_(p_keep)` on the CPU, bit for bit and with the
-    generator left where torch leaves it: through `mt_bernoulli` where it reproduces torch here, else torch itself."""
-    if mt_kernel_matches_torch(p_keep): return _draw_with_kernel(shape, p_keep, generator)
-    return _draw_with_torch(shape, p_keep, generator)
+def bernoulli_mask(shape, p_keep, generator=None, device="cpu"):
+    """`torch.empty(shape, device=device).bernoulli_(p_keep, generator=generator).div_(p_keep)`, bit for bit and with the
+    generator left where torch leaves it: on the CPU through `mt_bernoulli` where it reproduces torch here, else torch."""
+    if torch.device(device).type == "cpu" and mt_kernel_matches_torch(p_keep): return _draw_with_kernel(shape, p_keep, generator)
+    return _draw_with_torch(shape, p_keep, generator, device)

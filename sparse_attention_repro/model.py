@@ -102,9 +102,7 @@ DROPOUT_RNGS = ("torch", "philox")
 def draw_mask(shape, p: float, rng: str, device, generator=None, device_generator=None) -> torch.Tensor:
     """A dropout mask (values 0 and 1/(1-p)) as `MaskDropout` draws it: from `generator` (CPU: Philox keys) and
     `device_generator` (`bernoulli_` on `device`), torch's global generators where None."""
-    if rng == "torch":
-        if torch.device(device).type == "cpu": return K.bernoulli_mask(shape, 1 - p, device_generator)   # torch's draw, in C
-        return torch.empty(shape, device=device).bernoulli_(1 - p, generator=device_generator).div_(1 - p)
+    if rng == "torch": return K.bernoulli_mask(shape, 1 - p, device_generator, device)     # torch's draw (in C on the CPU)
     return philox_mask(shape, p, torch.randint(-2**63, 2**63 - 1, (2,), generator=generator).tolist()).to(device)
 
 def philox_mask(shape, p: float, key) -> torch.Tensor:
