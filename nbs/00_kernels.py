@@ -77,7 +77,7 @@ def kernel_source() -> str:
 CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
 _SIGNATURES = {  # name: argument types (P = pointer, L = long, F = float, D = double)
     "sparsemax_fwd": "PPPLL", "sparsemax_bwd": "PPPPLL", "entmax15_fwd": "PPPLLLF", "entmax_alpha_fwd": "PPPPLLLF",
-    "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPLLD", "softmax_bwd": "PPPPLL",
+    "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPPLLD", "softmax_bwd": "PPPPLL",
     "philox_bits": "PLLLL", "philox_dropout": "PLLLLLF", "mt_bernoulli": "PLPDF"}
 _CTYPES = {"P": ctypes.c_void_p, "L": ctypes.c_long, "F": ctypes.c_float, "D": ctypes.c_double}
 _state = {"lib": None, "tried": False, "enabled": True, "calls": 0}
@@ -220,8 +220,10 @@ def entmax_bwd(p, g, alpha_rows=None, d_alpha=False):
     return dx, da
 
 def topk_softmax_fwd(x, ratio):
-    "Softmax over the keys scoring at least the k-th largest of each row, k = max(1, ceil(ratio * valid keys))."
-    x = x.contiguous(); p = torch.empty_like(x); _run("topk_softmax_fwd", [x, p], *_rows(x), float(ratio), scratch=True); return p
+    """Softmax over the keys scoring at least the k-th largest of each row, k = max(1, ceil(ratio * valid keys)); and
+    `[..., 1]` flags of the rows whose scores hold a NaN or +inf or no finite value (softmax's NaN rows), found on the way."""
+    x = x.contiguous(); p = torch.empty_like(x); bad = torch.empty(x.shape[:-1] + (1,), dtype=torch.int32)
+    _run("topk_softmax_fwd", [x, p], *_rows(x), float(ratio), per_row=[bad], scratch=True); return p, bad.bool()
 
 def softmax_bwd(p, g):
     "Gradient of softmax: p * (g - <p, g>)."
@@ -393,6 +395,33 @@ if HAVE_KERNELS:
             test_close(yk, yt, eps=2e-6)
             assert ((yk > 0) == (yt > 0)).float().mean() > 0.999, name                  # same support
             for u, v in zip(gk, gt): test_close(u, v, eps=2e-4 * max(1.0, float(v.abs().max())))
+
+# %% [markdown]
+# Top-k's search places its split points by guesses (a normal quantile of the row, then ranks interpolated between
+# the interval's ends); whatever they guess, the kept keys must be exactly those scoring at least the k-th largest,
+# found here by sorting, on rows made to mislead the guesses: heavy tails, one far outlier, few distinct values, a
+# constant row, subnormal scores, masked keys; rows of 33, 97 and 200 keys. The flags of the rows softmax makes NaN
+# (a NaN, a $+\infty$, no finite score) must equal a pass over the scores.
+
+# %%
+if HAVE_KERNELS:
+    torch.manual_seed(1)
+    for n in (33, 97, 200):
+        R = 64
+        blocks = [torch.randn(R, n) * 10, (torch.randn(R, n) / torch.rand(R, n)).clamp(-40, 40),
+                  torch.randint(0, 4, (R, n)).float(), torch.full((R, n), 0.5), torch.randn(R, n) * 1e-40, torch.randn(R, n)]
+        blocks[-1][:, 0] = 40.0                                              # one far outlier
+        x = torch.cat(blocks); x[::5, n // 3:] = float("-inf")                # masked keys
+        x[1, 2], x[2, 3], x[3] = float("nan"), float("inf"), float("-inf")     # rows softmax makes NaN
+        flags = ~torch.isfinite(x.amax(-1, keepdim=True))
+        for r in (0.1, 0.125, 0.25, 0.5, 1.0):
+            p, bad = topk_softmax_fwd(x, r)
+            test_eq(bad, flags)
+            good = ~flags.squeeze(-1)
+            xs, valid = x[good], x[good] > float("-inf")
+            k = N.keep_count(r, valid.sum(-1, keepdim=True))
+            kth = xs.sort(-1, descending=True).values.gather(-1, k - 1)
+            test_eq(p[good] > 0, xs >= kth)                                # the keys of the k largest, ties included
 
 # %% [markdown]
 # Threads: the chunked call gives the same result as one call. And the normalizers really dispatch to the kernels for

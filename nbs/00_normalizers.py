@@ -70,10 +70,11 @@ def _zero_empty_rows(p, empty):
     "Zero the rows that had no valid key."
     return p if empty is None else p.masked_fill(empty, 0.)
 
-def _finish(p, s, empty):
-    "Zero the rows with no valid key; make NaN every row whose scores hold a NaN or +inf or no finite value (as softmax does)."
-    bad = ~torch.isfinite(s.detach().amax(-1, keepdim=True))                 # (..., 1); masked keys are -inf, not bad
-    if empty is not None: bad &= ~empty
+def _finish(p, s, empty, bad=None):
+    """Zero the rows with no valid key; make NaN every row whose scores hold a NaN or +inf or no finite value (as softmax
+    does). `bad`: those rows' `[..., 1]` flags where a kernel found them already (else a pass over `s` finds them)."""
+    if bad is None: bad = ~torch.isfinite(s.detach().amax(-1, keepdim=True))   # (..., 1); masked keys are -inf, not bad
+    if empty is not None: bad = bad & ~empty
     if bad.any(): p = p.masked_fill(bad, float('nan'))
     return _zero_empty_rows(p, empty)
 
@@ -522,12 +523,13 @@ class TopkSoftmaxFunction(Function):
     "Row-scope top-k softmax through the C kernel; the selection is piecewise constant, so only softmax's gradient flows."
     @staticmethod
     def forward(ctx, x, ratio):
-        p = K.topk_softmax_fwd(x, ratio)
+        p, bad = K.topk_softmax_fwd(x, ratio)
         ctx.save_for_backward(p)
-        return p
+        ctx.mark_non_differentiable(bad)
+        return p, bad
 
     @staticmethod
-    def backward(ctx, g):
+    def backward(ctx, g, _):
         p, = ctx.saved_tensors
         return K.softmax_bwd(p, g), None
 
@@ -537,7 +539,8 @@ def topk_softmax(scores, ratio, key_mask=None, scope="row"):
     if scope not in ("row", "head"): raise ValueError(f"scope must be 'row' or 'head', got {scope!r}")
     s, empty = _mask_scores(_upcast(scores), key_mask)
     if scope == "row" and K.usable(s):
-        return _finish(TopkSoftmaxFunction.apply(s, ratio), s, empty).to(scores.dtype)
+        p, bad = TopkSoftmaxFunction.apply(s, ratio)                        # the kernel flags softmax's NaN rows
+        return _finish(p, s, empty, bad).to(scores.dtype)
     valid = torch.isfinite(s)                                               # (..., H, Tq, Tk)
     if scope == "row":
         k = keep_count(ratio, valid.sum(-1, keepdim=True))                  # (..., H, Tq, 1)

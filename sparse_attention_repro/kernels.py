@@ -27,7 +27,7 @@ def kernel_source() -> str:
 CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
 _SIGNATURES = {  # name: argument types (P = pointer, L = long, F = float, D = double)
     "sparsemax_fwd": "PPPLL", "sparsemax_bwd": "PPPPLL", "entmax15_fwd": "PPPLLLF", "entmax_alpha_fwd": "PPPPLLLF",
-    "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPLLD", "softmax_bwd": "PPPPLL",
+    "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPPLLD", "softmax_bwd": "PPPPLL",
     "philox_bits": "PLLLL", "philox_dropout": "PLLLLLF", "mt_bernoulli": "PLPDF"}
 _CTYPES = {"P": ctypes.c_void_p, "L": ctypes.c_long, "F": ctypes.c_float, "D": ctypes.c_double}
 _state = {"lib": None, "tried": False, "enabled": True, "calls": 0}
@@ -143,8 +143,10 @@ def entmax_bwd(p, g, alpha_rows=None, d_alpha=False):
     return dx, da
 
 def topk_softmax_fwd(x, ratio):
-    "Softmax over the keys scoring at least the k-th largest of each row, k = max(1, ceil(ratio * valid keys))."
-    x = x.contiguous(); p = torch.empty_like(x); _run("topk_softmax_fwd", [x, p], *_rows(x), float(ratio), scratch=True); return p
+    """Softmax over the keys scoring at least the k-th largest of each row, k = max(1, ceil(ratio * valid keys)); and
+    `[..., 1]` flags of the rows whose scores hold a NaN or +inf or no finite value (softmax's NaN rows), found on the way."""
+    x = x.contiguous(); p = torch.empty_like(x); bad = torch.empty(x.shape[:-1] + (1,), dtype=torch.int32)
+    _run("topk_softmax_fwd", [x, p], *_rows(x), float(ratio), per_row=[bad], scratch=True); return p, bad.bool()
 
 def softmax_bwd(p, g):
     "Gradient of softmax: p * (g - <p, g>)."
