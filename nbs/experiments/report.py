@@ -315,7 +315,7 @@ if rerun is not None and runs is not None and not sel.val_selected.notna().any()
     same = S.identical_to_main(S.run_curves(rerun), runs)
     total = len(S.PAPER_METHODS) * 10 * len(S.PAPER_SIZES)
     md(f"**{int(same.identical.sum())} of {int(same.compared.sum())}** re-run test accuracies equal the committed ones bit for bit "
-       f"({len(rerun)} of the {total} runs re-run so far: " + ", ".join(f"{d} {int(c)}" for d, c in rerun.groupby("dataset").size().items()) + ").")
+       "(" + (f"all {total} runs re-run: " if len(rerun) == total else f"{len(rerun)} of the {total} runs re-run so far: ") + ", ".join(f"{d} {int(c)}" for d, c in rerun.groupby("dataset").size().items()) + ").")
     sel = S.select_topk(rerun[rerun.groupby("dataset").method.transform("size") == 10 * len(S.PAPER_METHODS)])   # complete datasets
 if len(sel) and sel.val_selected.notna().any():
     table(pd.DataFrame({"dataset": sel.dataset, "ratio chosen on validation": sel.val_selected.map(short),
