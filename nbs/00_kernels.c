@@ -339,12 +339,12 @@ static void entmax_alpha_fwd_lanes(const float* X, float* P, const float* A, flo
 #define GUESS_STEPS 16
 static inline float key_value(int32_t key) { union { int32_t i; float f; } u = { key ^ ((key >> 31) & 0x7fffffff) }; return u.f; }
 static inline int32_t value_key(float v) { union { float f; int32_t i; } u = { v }; return u.i ^ ((u.i >> 31) & 0x7fffffff); }
-/* the first split: the (1 - (k - 1/2) / nv) quantile of a normal with the row's mean and spread (probit by
-   Tukey's lambda approximation, a guess, so a rough one serves) */
+/* the first split: the (1 - (k - 1/2) / nv) quantile of a normal with the row's mean and spread, the probit taken as
+   0.6 times the logit (a guess, so a rough one serves: within 0.04 of the probit for shares from 0.1 to 0.9) */
 static inline int32_t normal_split(int32_t lo, int32_t hi, float s1, float s2, int nv, int k, int32_t half) {
     float mean = s1 / nv, var = s2 / nv - mean * mean, sd = var > 0 ? sqrtf(var) : 0;
-    float p = 1.0f - ((float)k - 0.5f) / (float)nv;
-    float v = mean + 4.91f * (powf(p, 0.14f) - powf(1.0f - p, 0.14f)) * sd;
+    float q = ((float)k - 0.5f) / (float)nv;                 /* the share above the split, in (0, 1) */
+    float v = mean + 0.6f * log_f((1.0f - q) / q) * sd;
     if (!isfinite(v)) return half;
     int32_t m = value_key(v);
     return m > lo && m <= hi ? m : half;
@@ -402,9 +402,12 @@ static void topk_softmax_fwd_lanes(const float* X, float* P, int32_t* BAD, float
         for (int it = 0; it < 33 + GUESS_STEPS; it++) {
             int open = 0;
             int32_t mid[LN], low[LN], high[LN];        /* the smallest key >= mid, the largest below it */
+            #pragma omp simd reduction(+:open)
             for (long l = 0; l < LN; l++) {
                 int32_t half = (int32_t)(lo[l] + ((int64_t)hi[l] - lo[l] + 1) / 2);
-                mid[l] = it == 0 ? normal_split(lo[l], hi[l], s1[l], s2[l], nv[l], k[l], half) : it < GUESS_STEPS ? guess_split(lo[l], hi[l], cl[l], ch[l], k[l], half) : half;
+                int32_t guess = it == 0 ? normal_split(lo[l], hi[l], s1[l], s2[l], nv[l], k[l], half)
+                                        : guess_split(lo[l], hi[l], cl[l], ch[l], k[l], half);
+                mid[l] = it < GUESS_STEPS ? guess : half;
                 c[l] = 0; low[l] = INT32_MAX; high[l] = INT32_MIN; open += lo[l] < hi[l];
             }
             if (!open) break;
