@@ -167,17 +167,67 @@ static void softmax_bwd_rows(const float* P, const float* G, float* DX, long row
    rows, with per-lane sums and thresholds and no horizontal work. Lanes past the last row repeat it (discarded). */
 #define LN 16
 
+/* Full blocks move 16 x 16 tiles through registers where the CPU has AVX-512 (a transpose in 64 shuffles instead of 256
+   scalar loads and stores); the rest of a row, short blocks and other CPUs go element by element. Only data moves, so
+   results are the same either way. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+static inline void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) { t[2*i] = _mm512_unpacklo_ps(r[2*i], r[2*i+1]); t[2*i+1] = _mm512_unpackhi_ps(r[2*i], r[2*i+1]); }
+    for (int i = 0; i < 4; i++) {
+        r[4*i]   = _mm512_shuffle_ps(t[4*i],   t[4*i+2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[4*i+1] = _mm512_shuffle_ps(t[4*i],   t[4*i+2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[4*i+2] = _mm512_shuffle_ps(t[4*i+1], t[4*i+3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[4*i+3] = _mm512_shuffle_ps(t[4*i+1], t[4*i+3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i]    = _mm512_shuffle_f32x4(r[i],   r[4+i],  0x88);
+        t[4+i]  = _mm512_shuffle_f32x4(r[i],   r[4+i],  0xdd);
+        t[8+i]  = _mm512_shuffle_f32x4(r[8+i], r[12+i], 0x88);
+        t[12+i] = _mm512_shuffle_f32x4(r[8+i], r[12+i], 0xdd);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i]    = _mm512_shuffle_f32x4(t[i],   t[8+i],  0x88);
+        r[4+i]  = _mm512_shuffle_f32x4(t[4+i], t[12+i], 0x88);
+        r[8+i]  = _mm512_shuffle_f32x4(t[i],   t[8+i],  0xdd);
+        r[12+i] = _mm512_shuffle_f32x4(t[4+i], t[12+i], 0xdd);
+    }
+}
+#define TILED 16
+#else
+#define TILED 0
+#endif
+
 static void load_lanes(const float* X, long r0, long L, long n, float* Z) {
+    long j0 = 0;
+#if TILED
+    if (L == LN) for (; j0 + 16 <= n; j0 += 16) {
+        __m512 r[16];
+        for (int l = 0; l < 16; l++) r[l] = _mm512_loadu_ps(X + (r0 + l) * n + j0);
+        transpose16(r);
+        for (int j = 0; j < 16; j++) _mm512_storeu_ps(Z + (j0 + j) * LN, r[j]);
+    }
+#endif
     for (long l = 0; l < LN; l++) {
         const float* x = X + (r0 + (l < L ? l : L - 1)) * n;
-        for (long j = 0; j < n; j++) Z[j * LN + l] = x[j];
+        for (long j = j0; j < n; j++) Z[j * LN + l] = x[j];
     }
 }
 
 static void store_lanes(float* P, long r0, long L, long n, const float* Z) {
+    long j0 = 0;
+#if TILED
+    if (L == LN) for (; j0 + 16 <= n; j0 += 16) {
+        __m512 r[16];
+        for (int j = 0; j < 16; j++) r[j] = _mm512_loadu_ps(Z + (j0 + j) * LN);
+        transpose16(r);
+        for (int l = 0; l < 16; l++) _mm512_storeu_ps(P + (r0 + l) * n + j0, r[l]);
+    }
+#endif
     for (long l = 0; l < L; l++) {
         float* p = P + (r0 + l) * n;
-        for (long j = 0; j < n; j++) p[j] = Z[j * LN + l];
+        for (long j = j0; j < n; j++) p[j] = Z[j * LN + l];
     }
 }
 
