@@ -541,6 +541,204 @@ void entmax_bwd(const float* P, const float* G, float* DX, const float* A, float
     if (n <= 32 && !A) bwd_lanes(1, P, G, DX, W, rows, n); else entmax_bwd_rows(P, G, DX, A, DA, W, rows, n);
 }
 
+/* ---- Fused attention: scores -> normaliser -> weighted values, one (batch, head) at a time, inside the cache. --------
+   The torch path sends the scores, the weights and their gradients through memory as [B, H, T, T] tensors and runs
+   T x D x T products as tiny batched GEMMs. Here one head's T x T block lives in a scratch buffer (37 KB at T = 97)
+   from the scores to the weighted values, and back in the backward. Only the weights P leave it (the backward needs
+   them). The sums run in another order than torch's GEMMs, so results agree to float32 rounding, not bit for bit.
+   QKV: [B, T, 3, H, D], the fused projection's output as it comes; O: [B, T, H, D]; P: [B, H, T, T].
+   kind: 0 softmax, 1 sparsemax, 2 entmax-1.5, 3 alpha-entmax (ALPHA[h]), 4 top-k softmax (ratio). KM: [B, T] key
+   mask (nonzero = valid) or NULL. Blocks lo..hi of the B x H (batch, head) pairs. W: scratch of 2 T^2 + (T + 16) D + 32 (T + 16) + 3 T floats.
+   The head size D is at most 64. */
+static void softmax_fwd_rows(const float* X, float* P, long rows, long n) {
+    for (long r = 0; r < rows; r++) {
+        const float* x = X + r * n; float* p = P + r * n;
+        float m = row_max(x, n), s = 0;
+        #pragma omp simd reduction(+:s)
+        for (long j = 0; j < n; j++) { p[j] = exp_f(x[j] - m); s += p[j]; }
+        float inv = 1 / s;
+        #pragma omp simd
+        for (long j = 0; j < n; j++) p[j] *= inv;
+    }
+}
+
+static void softmax_fwd_lanes(const float* X, float* P, float* Z, long rows, long n) {
+    for (long r0 = 0; r0 < rows; r0 += LN) {
+        long L = rows - r0 < LN ? rows - r0 : LN;
+        float m[LN]; int dead[LN];
+        load_lanes(X, r0, L, n, Z);
+        center_lanes(Z, n, 1.0f, m, dead);
+        for (long j = 0; j < n; j++) {
+            #pragma omp simd
+            for (long l = 0; l < LN; l++) Z[j * LN + l] = exp_f(Z[j * LN + l]);
+        }
+        normalise_lanes(Z, n, dead);
+        store_lanes(P, r0, L, n, Z);
+    }
+}
+
+/* softmax's NaN rows: a NaN or +inf score, or no finite one, makes the whole row NaN (as _finish does) */
+static void nan_bad_rows(const float* S, float* P, const int32_t* BAD, long rows, long n) {
+    for (long r = 0; r < rows; r++) {
+        const float* s = S + r * n; int bad;
+        if (BAD) bad = BAD[r];
+        else {
+            int c = 0; float m = -INFINITY;
+            #pragma omp simd reduction(+:c) reduction(max:m)
+            for (long j = 0; j < n; j++) { c += !(s[j] < INFINITY); m = s[j] > m ? s[j] : m; }
+            bad = c > 0 || !(m > -INFINITY);
+        }
+        if (bad) for (long j = 0; j < n; j++) P[r * n + j] = NAN;
+    }
+}
+
+/* BT[d][j] = B[j][d] for j < n (rows of B b_stride apart), zero past n up to np = n rounded up to 16 */
+static void cols_of(const float* B, long b_stride, float* BT, long n, long D) {
+    long np = (n + 15) & ~15L;
+    for (long d = 0; d < D; d++) {
+        for (long j = 0; j < n; j++) BT[d * np + j] = B[j * b_stride + d];
+        for (long j = n; j < np; j++) BT[d * np + j] = 0;
+    }
+}
+
+/* C[i][j] = sum_d (scale A_i[d]) B_j[d] for i, j < T (C is T x T): rows A_i, B_j of D floats, sa and sb apart.
+   B goes through the scratch BT transposed, so each product is a broadcast of A_i[d] times 16 keys. */
+static void row_products(const float* A, long sa, const float* B, long sb, float scale, float* BT, float* C, long T, long D) {
+    long np = (T + 15) & ~15L;
+    cols_of(B, sb, BT, T, D);
+#if defined(__AVX512F__)
+    if (D == 16) {                                                /* four rows at a time share each load of BT */
+        long i = 0;
+        for (; i < T; i += 4) {
+            long R = T - i < 4 ? T - i : 4;
+            const float* a[4]; for (long r = 0; r < 4; r++) a[r] = A + (i + (r < R ? r : 0)) * sa;
+            for (long j0 = 0; j0 < np; j0 += 16) {
+                __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+                for (int d = 0; d < 16; d++) {
+                    __m512 b = _mm512_loadu_ps(BT + d * np + j0);
+                    c0 = _mm512_fmadd_ps(_mm512_set1_ps(a[0][d] * scale), b, c0);
+                    c1 = _mm512_fmadd_ps(_mm512_set1_ps(a[1][d] * scale), b, c1);
+                    c2 = _mm512_fmadd_ps(_mm512_set1_ps(a[2][d] * scale), b, c2);
+                    c3 = _mm512_fmadd_ps(_mm512_set1_ps(a[3][d] * scale), b, c3);
+                }
+                __mmask16 m = T - j0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (T - j0)) - 1);
+                __m512 c[4] = {c0, c1, c2, c3};
+                for (long r = 0; r < R; r++) _mm512_mask_storeu_ps(C + (i + r) * T + j0, m, c[r]);
+            }
+        }
+        return;
+    }
+#endif
+    for (long i = 0; i < T; i++) {
+        const float* a = A + i * sa; float* c = C + i * T;
+        for (long j0 = 0; j0 < np; j0 += 16) {
+            float acc[16] = {0};
+            for (long d = 0; d < D; d++) {
+                float ad = a[d] * scale;
+                #pragma omp simd
+                for (long l = 0; l < 16; l++) acc[l] += ad * BT[d * np + j0 + l];
+            }
+            long L = T - j0 < 16 ? T - j0 : 16;
+            for (long l = 0; l < L; l++) c[j0 + l] = acc[l];
+        }
+    }
+}
+
+/* O_r = scale sum_j M(r, j) B_j for r, j < T, M(r, j) = M[r mr + j mj] (mr = T, mj = 1: M; mr = 1, mj = T: its
+   transpose): rows B_j of D floats sb apart, rows O_r so apart. */
+static void mix_rows(const float* M, long mr, long mj, const float* B, long sb, float scale, float* O, long so, long T, long D) {
+#if defined(__AVX512F__)
+    if (D == 16) {                                                /* four output rows at a time share each load of B_j */
+        __m512 s = _mm512_set1_ps(scale);
+        for (long r0 = 0; r0 < T; r0 += 4) {
+            long R = T - r0 < 4 ? T - r0 : 4;
+            const float* m[4]; for (long r = 0; r < 4; r++) m[r] = M + (r0 + (r < R ? r : 0)) * mr;
+            __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+            for (long j = 0; j < T; j++) {
+                __m512 b = _mm512_loadu_ps(B + j * sb);
+                c0 = _mm512_fmadd_ps(_mm512_set1_ps(m[0][j * mj]), b, c0);
+                c1 = _mm512_fmadd_ps(_mm512_set1_ps(m[1][j * mj]), b, c1);
+                c2 = _mm512_fmadd_ps(_mm512_set1_ps(m[2][j * mj]), b, c2);
+                c3 = _mm512_fmadd_ps(_mm512_set1_ps(m[3][j * mj]), b, c3);
+            }
+            __m512 c[4] = {c0, c1, c2, c3};
+            for (long r = 0; r < R; r++) _mm512_storeu_ps(O + (r0 + r) * so, _mm512_mul_ps(c[r], s));
+        }
+        return;
+    }
+#endif
+    for (long r = 0; r < T; r++) {
+        float acc[64] = {0};
+        for (long j = 0; j < T; j++) {
+            float w = M[r * mr + j * mj]; const float* b = B + j * sb;
+            #pragma omp simd
+            for (long d = 0; d < D; d++) acc[d] += w * b[d];
+        }
+        for (long d = 0; d < D; d++) O[r * so + d] = acc[d] * scale;
+    }
+}
+
+void attention_fwd(const float* QKV, float* O, float* P, const float* ALPHA, const unsigned char* KM, float* W, long lo, long hi,
+                   long T, long H, long D, float scale, long kind, double ratio, long max_iter, float tol) {
+    long C3 = 3 * H * D, HD = H * D, np = (T + 15) & ~15L;
+    float *S = W, *KT = S + T * T, *NW = KT + np * D, *A = NW + 32 * (T + 16);
+    int32_t* BAD = (int32_t*)(A + T);
+    for (long bh = lo; bh < hi; bh++) {
+        long b = bh / H, h = bh % H;
+        const float* base = QKV + b * T * C3 + h * D;             /* query i at base + i C3, key at + HD, value at + 2 HD */
+        float* p = P + bh * T * T;
+        row_products(base, C3, base + HD, C3, scale, KT, S, T, D);
+        if (KM) {                                                  /* masked keys score -inf; no valid key: zero weights */
+            const unsigned char* km = KM + b * T; long valid = 0;
+            for (long j = 0; j < T; j++) valid += km[j] != 0;
+            if (!valid) {
+                memset(p, 0, T * T * sizeof(float));
+                for (long i = 0; i < T; i++) memset(O + (b * T + i) * HD + h * D, 0, D * sizeof(float));
+                continue;
+            }
+            for (long i = 0; i < T; i++) for (long j = 0; j < T; j++) if (!km[j]) S[i * T + j] = -INFINITY;
+        }
+        switch (kind) {
+            case 0: if (T <= 32) softmax_fwd_lanes(S, p, NW, T, T); else softmax_fwd_rows(S, p, T, T); break;
+            case 1: sparsemax_fwd(S, p, NW, T, T); break;
+            case 2: entmax15_fwd(S, p, NW, T, T, max_iter, tol); break;
+            case 3: for (long i = 0; i < T; i++) A[i] = ALPHA[h];
+                    entmax_alpha_fwd(S, p, A, NW, T, T, max_iter, tol); break;
+            default: topk_softmax_fwd(S, p, BAD, NW, T, T, ratio);
+        }
+        nan_bad_rows(S, p, kind == 4 ? BAD : 0, T, T);
+        mix_rows(p, T, 1, base + 2 * HD, C3, 1.0f, O + b * T * HD + h * D, HD, T, D);
+    }
+}
+
+/* dP = dO V^T; dS = the normaliser's backward; dV = P^T dO; dQ = scale dS K; dK = scale dS^T Q. DQKV like QKV.
+   DALPHA (kind 3): d loss / d alpha of each (batch, head) block. */
+void attention_bwd(const float* QKV, const float* P, const float* GO, float* DQKV, const float* ALPHA, float* DALPHA, float* W,
+                   long lo, long hi, long T, long H, long D, float scale, long kind) {
+    long C3 = 3 * H * D, HD = H * D, np = (T + 15) & ~15L;
+    float *DS = W, *VT = DS + T * T, *DP = VT + np * D, *NW = DP + T * T, *A = NW + 32 * (T + 16), *DA = A + T;
+    for (long bh = lo; bh < hi; bh++) {
+        long b = bh / H, h = bh % H;
+        const float* base = QKV + b * T * C3 + h * D;
+        const float* go = GO + b * T * HD + h * D;                 /* row i at go + i HD */
+        float* dbase = DQKV + b * T * C3 + h * D;
+        const float* p = P + bh * T * T;
+        row_products(go, HD, base + 2 * HD, C3, 1.0f, VT, DP, T, D);
+        switch (kind) {
+            case 1: sparsemax_bwd(p, DP, DS, NW, T, T); break;
+            case 2: entmax_bwd(p, DP, DS, 0, 0, NW, T, T); break;
+            case 3: for (long i = 0; i < T; i++) A[i] = ALPHA[h];
+                    entmax_bwd(p, DP, DS, A, DALPHA ? DA : 0, NW, T, T);
+                    if (DALPHA) { float s = 0; for (long i = 0; i < T; i++) s += DA[i]; DALPHA[bh] = s; }
+                    break;
+            default: softmax_bwd(p, DP, DS, NW, T, T);
+        }
+        mix_rows(p, 1, T, go, HD, 1.0f, dbase + 2 * HD, C3, T, D);            /* dV */
+        mix_rows(DS, T, 1, base + HD, C3, scale, dbase, C3, T, D);          /* dQ */
+        mix_rows(DS, 1, T, base, C3, scale, dbase + HD, C3, T, D);          /* dK */
+    }
+}
+
 /* Dropout masks from a counter-based generator: Philox4x64-10 (Salmon et al., SC 2011), bit for bit the stream of
    numpy.random.Philox(key=(k0, k1)) started at counter 0. Block b (counter b + 1, as numpy increments before it draws)
    gives four 64-bit words; each word is two 32-bit draws, low half first, so element i of the stream is half (i % 2) of

@@ -78,7 +78,8 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trap
 _SIGNATURES = {  # name: argument types (P = pointer, L = long, F = float, D = double)
     "sparsemax_fwd": "PPPLL", "sparsemax_bwd": "PPPPLL", "entmax15_fwd": "PPPLLLF", "entmax_alpha_fwd": "PPPPLLLF",
     "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPPLLD", "softmax_bwd": "PPPPLL",
-    "philox_bits": "PLLLL", "philox_dropout": "PLLLLLF", "mt_bernoulli": "PLPDF"}
+    "philox_bits": "PLLLL", "philox_dropout": "PLLLLLF", "mt_bernoulli": "PLPDF",
+    "attention_fwd": "PPPPPPLLLLLFLDLF", "attention_bwd": "PPPPPPPLLLLLFL"}
 _CTYPES = {"P": ctypes.c_void_p, "L": ctypes.c_long, "F": ctypes.c_float, "D": ctypes.c_double}
 _state = {"lib": None, "tried": False, "enabled": True, "calls": 0}
 
@@ -228,6 +229,59 @@ def topk_softmax_fwd(x, ratio):
 def softmax_bwd(p, g):
     "Gradient of softmax: p * (g - <p, g>)."
     p, g = p.contiguous(), g.contiguous(); dx = torch.empty_like(p); _run("softmax_bwd", [p, g, dx], *_rows(p), scratch=True); return dx
+
+
+# %% [markdown]
+# ## Fused attention
+#
+# `attention_fwd` runs one attention layer's core — scores $QK^\top$ (queries scaled), the normalizer, the weighted
+# sum of values — for one (batch, head) pair at a time, its $T \times T$ block kept in a scratch buffer that stays in
+# the cache; `attention_bwd` runs the backward the same way. They read the fused QKV projection's output as it comes,
+# `[B, T, 3, H, D]`, and write the output as the output projection wants it, `[B, T, H, D]`; only the weights
+# `[B, H, T, T]` go through memory, once, for the backward. The torch path stays the reference: the sums run in another
+# order, so the two agree to float32 rounding, not bit for bit (the model notebook tests it), which is why fused
+# attention is an opt-in lever of the fast path. Head size at most 64.
+
+# %%
+#| export
+ATTENTION_KINDS = {"softmax": 0, "sparsemax": 1, "entmax15": 2, "entmax_alpha": 3, "topk_softmax": 4}
+_ENTMAX_ITERS = {"entmax15": 50, "entmax_alpha": 30}
+
+def _attention_scratch(T, D): return torch.empty(2 * T * T + (T + 16) * D + 32 * (T + 16) + 3 * T + 16, dtype=torch.float32)
+
+def attention_fwd(qkv, num_heads, kind, scale, ratio=1.0, alpha=None, max_iter=None, key_mask=None):
+    """Fused attention forward. `qkv`: `[B, T, 3 * H * D]` float32; `kind`: a key of `ATTENTION_KINDS`; `alpha`: `[H]`
+    (entmax_alpha); `key_mask`: `[B, T]`, True on valid keys. Returns the output `[B, T, H * D]` and the weights
+    `[B, H, T, T]`."""
+    qkv = qkv.contiguous()
+    B, T, C3 = qkv.shape; H = num_heads; D = C3 // (3 * H)
+    out, p = torch.empty(B, T, H * D), torch.empty(B, H, T, T)
+    a = None if alpha is None else alpha.detach().float().contiguous()
+    km = None if key_mask is None else key_mask.to(torch.uint8).contiguous()
+    iters, fn = max_iter or _ENTMAX_ITERS.get(kind, 0), kernels().attention_fwd
+    def call(lo, hi):
+        w = _attention_scratch(T, D)                                   # held until the call returns
+        fn(qkv.data_ptr(), out.data_ptr(), p.data_ptr(), None if a is None else a.data_ptr(), None if km is None else km.data_ptr(), w.data_ptr(),
+           lo, hi, T, H, D, scale, ATTENTION_KINDS[kind], float(ratio), iters, _TOL)
+    _state["calls"] += 1
+    _chunked(call, B * H, B * H * T * T)
+    return out, p
+
+def attention_bwd(qkv, p, grad_out, num_heads, kind, scale, alpha=None, d_alpha=False):
+    """Fused attention backward: the gradient of `qkv` (`[B, T, 3 * H * D]`) and, with `d_alpha`, of `alpha` (`[H]`)."""
+    qkv, p, grad_out = qkv.contiguous(), p.contiguous(), grad_out.float().contiguous()
+    B, T, C3 = qkv.shape; H = num_heads; D = C3 // (3 * H)
+    dqkv = torch.empty_like(qkv)
+    a = None if alpha is None else alpha.detach().float().contiguous()
+    da = torch.zeros(B * H) if d_alpha else None
+    fn = kernels().attention_bwd
+    def call(lo, hi):
+        w = _attention_scratch(T, D)
+        fn(qkv.data_ptr(), p.data_ptr(), grad_out.data_ptr(), dqkv.data_ptr(), None if a is None else a.data_ptr(),
+           None if da is None else da.data_ptr(), w.data_ptr(), lo, hi, T, H, D, scale, ATTENTION_KINDS[kind])
+    _state["calls"] += 1
+    _chunked(call, B * H, B * H * T * T)
+    return dqkv, None if da is None else da.view(B, H).sum(0)
 
 
 # %% [markdown]

@@ -955,6 +955,36 @@ for i in range(3):                                # model i of the stack is the 
 test_fail(lambda: get_normalizer("topk_softmax_025", scope="matrix")(x), contains="scope must be")
 
 # %% [markdown]
+# **The fused attention kernel.** The paper's normalizers also have a C kernel that runs a whole attention core — scores,
+# normalizer, weighted values, forward and backward — for one head at a time (`kernels.attention_fwd`, used by the
+# model's opt-in fused path). `fused_kernel_args` says how that kernel computes a built normalizer module, or `None`
+# where it cannot (an outside normalizer, the original's bisection, a stack of models, top-k over the whole head):
+# the model then refuses the fused path rather than run the arms of one experiment on different paths.
+
+# %%
+#| export
+_FUSED_FUNCTIONS = {softmax: "softmax", sparsemax: "sparsemax", entmax15: "entmax15", topk_softmax: "topk_softmax"}
+
+def fused_kernel_args(norm) -> dict | None:
+    "Arguments of `kernels.attention_fwd` that compute the normalizer module `norm` (kind, ratio, alpha, max_iter), or None."
+    if isinstance(norm, HeadwiseAdaptiveEntmax):
+        if norm.bisect or norm.alpha_logit.dim() != 1: return None
+        return dict(kind="entmax_alpha", alpha=norm.alpha, max_iter=norm.n_iter)
+    if isinstance(norm, Normalizer) and norm.fn in _FUSED_FUNCTIONS and set(norm.kwargs) <= {"ratio", "scope"}:
+        if norm.kwargs.get("scope", "row") != "row": return None
+        return dict(kind=_FUSED_FUNCTIONS[norm.fn], ratio=norm.kwargs.get("ratio", 1.0))
+    return None
+
+# %%
+test_eq([fused_kernel_args(get_normalizer(n, num_heads=4))["kind"] for n in PAPER_METHODS],
+        ["softmax", "sparsemax", "entmax15", "entmax_alpha", "topk_softmax", "topk_softmax", "topk_softmax"])
+test_eq(fused_kernel_args(get_normalizer("topk_softmax_025"))["ratio"], 0.25)
+for n, kw in [("entmax15_bisect", {}), ("headwise_adaptive_entmax_bisect", {}), ("topk_softmax_025", dict(scope="head"))]:
+    test_eq(fused_kernel_args(get_normalizer(n, num_heads=4, **kw)), None)
+test_eq(fused_kernel_args(Normalizer("outside", lambda s, key_mask=None: softmax(s, key_mask))), None)   # an outside function
+test_eq(fused_kernel_args(get_normalizer("headwise_adaptive_entmax", num_heads=4, num_models=2)), None)
+
+# %% [markdown]
 # Capabilities are what the specs declare; a name that is taken, a bad name or an unknown capability is refused, and a
 # decorated function keeps working as a function.
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch.nn as nn
 import torch.nn.functional as F
 from sparse_attention_repro import kernels as K
-from sparse_attention_repro.normalizers import resolve_normalizer, attention_density, NormalizerSpec
+from sparse_attention_repro.normalizers import resolve_normalizer, attention_density, NormalizerSpec, fused_kernel_args
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
@@ -53,6 +53,7 @@ class ClassifierConfig:
     dropout: float = 0.1
     learned_pad_row: bool = False   # token ids: learn the embedding of id 0 (padding) instead of the original's frozen zero row
     dropout_rng: str = "torch"      # "torch": nn.Dropout's masks exactly; "philox": a faster counter-based generator (below)
+    attention: str = "torch"        # "torch": the attention core as torch operations; "fused": one C kernel per head (below)
 
 
 # %% [markdown]
@@ -65,6 +66,36 @@ class ClassifierConfig:
 # that is 6× fewer elements in the forward and the backward, about 5 % of a 20 Newsgroups epoch (measured side by side). With $d_{head} = 16$ the scale is $1/4$, a power of two, so both orders give the same scores bit for
 # bit (tested below); `scale_queries=False` restores the textbook order (the original code's, used by `bench`).
 
+# %% [markdown]
+# **Fused attention, opt-in.** With `attention="fused"` the layer hands the fused projection's output to one C kernel
+# (`kernels.attention_fwd`) that computes, head by head, the scores, the normalizer and the weighted values inside the
+# cache, and the backward likewise; the $[B, H, T, T]$ scores and their gradients never travel through memory, and under
+# bf16 autocast the attention core stays in float32. Its sums run in another order than torch's batched products, so a
+# run on it is not bit-identical to the default path: it is a lever of `--fast`, checked like the other levers by a
+# paired comparison over seeds (`sparse-repro bench compare`). Tested below against the torch path, forward and
+# backward, for every normalizer it serves.
+
+# %%
+#| export
+ATTENTION_PATHS = ("torch", "fused")
+
+class FusedAttentionFunction(torch.autograd.Function):
+    "Scores, normalizer and weighted values of every head in one C kernel; the backward likewise (`kernels.attention_bwd`)."
+    @staticmethod
+    def forward(ctx, qkv, alpha, key_mask, num_heads, kind, scale, ratio, max_iter):
+        o, p = K.attention_fwd(qkv, num_heads, kind, scale, ratio, alpha, max_iter, key_mask)
+        ctx.save_for_backward(qkv, p, alpha)
+        ctx.args = (num_heads, kind, scale)
+        ctx.mark_non_differentiable(p)
+        return o, p
+
+    @staticmethod
+    def backward(ctx, g, _):
+        qkv, p, alpha = ctx.saved_tensors
+        dqkv, da = K.attention_bwd(qkv, p, g, *ctx.args, alpha, d_alpha=ctx.needs_input_grad[1])
+        return dqkv, da, None, None, None, None, None, None
+
+
 # %%
 #| export
 class SelfAttention(nn.Module):
@@ -76,22 +107,42 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(cfg.embed_dim, cfg.embed_dim)
         self.normalizer = resolve_normalizer(cfg.normalizer).build(num_heads=cfg.num_heads)
         self.record, self.last_density, self.scale_queries = False, None, True
+        if cfg.attention not in ATTENTION_PATHS: raise ValueError(f"unknown attention path {cfg.attention!r}; choose one of {', '.join(ATTENTION_PATHS)}")
+        self.fused = cfg.attention == "fused"
+        if self.fused and fused_kernel_args(self.normalizer) is None:
+            raise ValueError(f"normalizer {resolve_normalizer(cfg.normalizer).name!r} has no fused attention kernel; use attention='torch' (drop --attention fused)")
+        if self.fused and self.head_dim > 64: raise ValueError(f"fused attention takes heads of at most 64 values, got {self.head_dim}; use attention='torch'")
+        if self.fused and K.kernels() is None: raise RuntimeError("fused attention needs the C kernels, which are unavailable here (see the warning above); use attention='torch'")
         self.pad_keys, self.last_pad_mass = None, None          # recording only: which keys are padding, the mass they get
 
     def forward(self, x, key_mask=None):
+        if self.fused: return self._fused(x, key_mask)
         *lead, T, C = x.shape                                                                    # lead: (B,), or (models, B) in a stack
         q, k, v = self.qkv(x).view(*lead, T, 3, self.num_heads, self.head_dim).movedim(-3, 0).transpose(-3, -2)  # 3 x (B, H, T, D)
         if self.scale_queries: scores = (q / math.sqrt(self.head_dim)) @ k.transpose(-2, -1)    # (B, H, T, T)
         else: scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
         mask = None if key_mask is None else key_mask[..., None, None, :]                        # (B, 1, 1, T)
         p = self.normalizer(scores, mask)                                                        # (B, H, T, T)
-        if self.record:
-            self.last_density = attention_density(p).detach()
-            if self.pad_keys is not None:                                                         # (B, T) True on padding keys
-                on_pad = (p.detach() * self.pad_keys[:, None, None, :]).sum(-1)                    # (B, H, T) mass on padding
-                real_q = (~self.pad_keys).float()[:, None, :]                                      # CLS and real tokens ask
-                self.last_pad_mass = (on_pad[:, :, 0].mean(), ((on_pad * real_q).sum((1, 2)) / (real_q.sum(2) * self.num_heads).squeeze(1)).mean())
+        if self.record: self._record(p)
         return self.out((p @ v).transpose(-3, -2).reshape(*lead, T, C))                         # (B, T, C)
+
+    def _record(self, p):
+        "Keep the density of the weights `p` and, on token ids, the mass they put on padding keys."
+        self.last_density = attention_density(p).detach()
+        if self.pad_keys is not None:                                                             # (B, T) True on padding keys
+            on_pad = (p.detach() * self.pad_keys[:, None, None, :]).sum(-1)                        # (B, H, T) mass on padding
+            real_q = (~self.pad_keys).float()[:, None, :]                                          # CLS and real tokens ask
+            self.last_pad_mass = (on_pad[:, :, 0].mean(), ((on_pad * real_q).sum((1, 2)) / (real_q.sum(2) * self.num_heads).squeeze(1)).mean())
+
+    def _fused(self, x, key_mask):
+        "The attention core in the C kernel: scores, normalizer and weighted values of each head in one pass, in float32."
+        if x.device.type != "cpu" or x.dim() != 3:
+            raise RuntimeError("fused attention runs one model on the CPU; use attention='torch' on a GPU or for a stack of models")
+        args = fused_kernel_args(self.normalizer)
+        o, p = FusedAttentionFunction.apply(self.qkv(x).float(), args.get("alpha"), key_mask, self.num_heads, args["kind"],
+                                            1 / math.sqrt(self.head_dim), args.get("ratio", 1.0), args.get("max_iter"))
+        if self.record: self._record(p)
+        return self.out(o)
 
 
 # %% [markdown]
@@ -351,6 +402,39 @@ test_close(torch.stack(m.densities()), torch.full((2,), 5 / 17), eps=1e-6)   # k
 test_eq(m.learned(), {})
 hae = CompactClassifier(ClassifierConfig(10, 16, input_dim=49, normalizer="headwise_adaptive_entmax"))
 test_close(torch.stack(hae.learned()["alpha"]), torch.full((2, 4), 1.5)); test_eq(hae.method, "headwise_adaptive_entmax")
+
+# %% [markdown]
+# **The fused path against the torch path.** The same weights on both paths, every paper method, images (17 tokens, the
+# lane kernels) and token ids (97 tokens, with and without a key mask): the logits, the recorded densities and the
+# gradient of every parameter — the learned $\alpha$ included — agree to float32 rounding.
+
+# %%
+from sparse_attention_repro.study import PAPER_METHODS
+if K.kernels() is not None:
+    for method in PAPER_METHODS:
+        for cfg, x, mask in [(ClassifierConfig(10, 16, input_dim=49, normalizer=method), torch.rand(6, 16, 49), None),
+                             (ClassifierConfig(20, 96, vocab_size=200, normalizer=method), ids2, None),
+                             (ClassifierConfig(20, 96, vocab_size=200, normalizer=method), ids2, mask)]:
+            torch.manual_seed(1); ref = CompactClassifier(cfg)
+            torch.manual_seed(1); fus = CompactClassifier(replace(cfg, attention="fused"))
+            for m_ in (ref, fus):
+                with torch.no_grad():
+                    for prm in m_.parameters(): prm.add_(0.05 * torch.randn(prm.shape, generator=torch.Generator().manual_seed(prm.numel())))
+            outs = []
+            for m_ in (ref, fus):
+                m_.train(); m_.set_mask_tape(None)
+                for mod in m_.modules():
+                    if isinstance(mod, MaskDropout): mod.p = 0.0              # dropout off: the two paths see the same activations
+                y = m_(x, mask); y.pow(2).sum().backward()
+                m_.eval(); m_.set_recording(True); m_(x, mask)
+                outs.append((y.detach(), [prm.grad for prm in m_.parameters()], torch.stack(m_.densities())))
+            (y0, g0, d0), (y1, g1, d1) = outs
+            test_close(y1, y0, eps=1e-4)
+            test_close(d1, d0, eps=1e-3)
+            for a_, b_ in zip(g1, g0): test_close(a_, b_, eps=2e-3 * max(1.0, float(b_.abs().max())))
+    test_fail(lambda: CompactClassifier(ClassifierConfig(10, 16, input_dim=49, normalizer="entmax15_bisect", attention="fused")),
+              contains="no fused attention kernel")
+    test_fail(lambda: CompactClassifier(ClassifierConfig(10, 16, input_dim=49, attention="flash")), contains="unknown attention path")
 
 # %% [markdown]
 # **The padding row.** By default the embedding of id 0 is zero and gets no gradient, exactly as

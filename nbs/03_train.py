@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from sparse_attention_repro.data import load_dataset, resolve_device, autocast, PAPER_SIZES, MAIN_FAMILY, TEXT_VOCAB, MARKER_DESIGNS, PRECISIONS
 from sparse_attention_repro.data import full_arrays, news_words, subset_indices, TEST_SEED_OFFSET
-from sparse_attention_repro.model import CompactClassifier, ClassifierConfig, MaskTape, StackedClassifiers, count_parameters, DROPOUT_RNGS
+from sparse_attention_repro.model import CompactClassifier, ClassifierConfig, MaskTape, StackedClassifiers, count_parameters, DROPOUT_RNGS, ATTENTION_PATHS
 from sparse_attention_repro.normalizers import resolve_normalizer
 from sparse_attention_repro.runner import save_rows
 from sparse_attention_repro.files import atomic_write
@@ -66,6 +66,8 @@ class TrainConfig:
     learned_pad_row: bool = option(False, "variant: learn the padding embedding (the original keeps it zero and frozen)")
     dropout_rng: str = option("torch", "torch (nn.Dropout's masks, the default) | philox (faster counter-based masks)", choices=DROPOUT_RNGS)
     precision: str = option("fp32", "fp32 (default) | bf16 (autocast: for CPUs with bf16 units and GPUs)", choices=PRECISIONS)
+    attention: str = option("torch", "torch (default) | fused (scores, normalizer and weighted values of each head in one C kernel, CPU only; float32 rounding differs)",
+                            choices=ATTENTION_PATHS)
     epoch_eval: bool = option(False, "evaluate validation and test after every epoch (learning curves; training unchanged)")
     download: bool = False           # fetch the dataset online when no offline copy is found (the source is recorded per row)
     device: str = "auto"             # auto (CUDA when available) | cpu | cuda; recorded per row
@@ -95,7 +97,7 @@ test_fail(lambda: profile_config("fast", "cifar10"), contains="unknown profile")
 # the options: one field each, with the command line's defaults, checks and "unset" values
 test_eq(option_defaults(TrainConfig), dict(epochs=0, lr=0.0, val_fraction=0.0, mask_padding=False, patch_size=0, marker_vocab=20000,
                                 marker_design="random", jpeg_quality=0, learned_pad_row=False, dropout_rng="torch",
-                                precision="fp32", epoch_eval=False))
+                                precision="fp32", attention="torch", epoch_eval=False))
 test_eq(config_from_options(TrainConfig, dict(lr=0.0, epochs=12, patch_size=0, mask_padding=True)), dict(epochs=12, mask_padding=True))
 test_eq(profile_config("paper", "kmnist", **config_from_options(TrainConfig, option_defaults(TrainConfig))), profile_config("paper", "kmnist"))
 for bad, msg in [(dict(lr=2.0), "--lr must be in (0, 1)"), (dict(precision="fp16"), "unknown --precision 'fp16'; choose one of fp32, bf16"),
@@ -334,11 +336,11 @@ def train_stacked(models, trains, cfg: TrainConfig, seeds, generators, desc="") 
 
 # %%
 #| export
-def _new_model(data, method, seed, learned_pad_row=False, device="cpu", dropout_rng="torch"):
+def _new_model(data, method, seed, learned_pad_row=False, device="cpu", dropout_rng="torch", attention="torch"):
     torch.manual_seed(seed); np.random.seed(seed)                      # initial weights drawn on the CPU: the same everywhere
     return CompactClassifier(ClassifierConfig(num_classes=data.num_classes, seq_len=data.seq_len, input_dim=data.input_dim,
                                               vocab_size=data.vocab_size, normalizer=method, learned_pad_row=learned_pad_row,
-                                              dropout_rng=dropout_rng)).to(device)
+                                              dropout_rng=dropout_rng, attention=attention)).to(device)
 
 def _row(dataset, method, seed, config, data, model, result: TrainResult, lockstep_size) -> dict:
     "Evaluate a trained `model` and return its metrics row."
@@ -390,7 +392,7 @@ def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None
         if return_models: raise ValueError("return_models needs the lock-step path")
         return [r for m in methods for r in run_methods(dataset, [m], seed, config, data)]
     device = resolve_device(config.device)
-    models = [_new_model(data, m, seed, config.learned_pad_row, device, config.dropout_rng) for m in methods]
+    models = [_new_model(data, m, seed, config.learned_pad_row, device, config.dropout_rng, config.attention) for m in methods]
     results = train_lockstep(models, data.train.to(device), config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0].name if len(methods) == 1 else f"{len(methods)} methods"),
                              monitor=epoch_monitor(data, config.precision) if config.epoch_eval else None)
     rows = [_row(dataset, m.name, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
@@ -404,7 +406,7 @@ def run_stacked(dataset: str, methods, seeds, config: TrainConfig, datas=None) -
     device = resolve_device(config.device)
     built, generators = {}, []
     for s, data in zip(seeds, datas):
-        for m in methods: built[m, s] = _new_model(data, m, s, config.learned_pad_row, device, config.dropout_rng)
+        for m in methods: built[m, s] = _new_model(data, m, s, config.learned_pad_row, device, config.dropout_rng, config.attention)
         generators.append(dropout_generators(s, device))
     keys = [(m, s) for m in methods for s in seeds]
     results = dict(zip(keys, train_stacked([built[k] for k in keys], [d.train.to(device) for d in datas], config, seeds,

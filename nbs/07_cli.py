@@ -94,8 +94,9 @@ def _executor_args(sp):
 
 # %%
 #| export
-FAST_HELP = ("every opt-in speed lever at once: Philox dropout masks, and bf16 autocast where the CPU or GPU has bf16 units; "
-             "the levers are recorded in the manifest and each row; results change run by run, not the conclusions")
+FAST_HELP = ("every opt-in speed lever at once: Philox dropout masks, bf16 autocast where the CPU or GPU has bf16 units, and "
+             "fused attention (one C kernel per head) on the CPU where every method has it; the levers are recorded in the "
+             "manifest and each row; results change run by run, not the conclusions")
 
 def _grid_args(sub):
     "`grid`: the study A grid and its variants."
@@ -273,6 +274,16 @@ def _check_baseline(folder, base, options, datasets, seeds):
 
 # %%
 #| export
+def _fused_refusal(specs, device, stacked) -> str | None:
+    "Why the fused attention kernel cannot serve every method of a grid (all arms run on one path), or None."
+    from sparse_attention_repro import kernels as K
+    from sparse_attention_repro.normalizers import fused_kernel_args
+    if device.type != "cpu": return "it runs on the CPU only"
+    if stacked: return "a stack of models (--stack-seeds) runs the torch path"
+    if K.kernels() is None: return "the C kernels are unavailable here"
+    if none := [s.name for s in specs if fused_kernel_args(s.build(num_heads=4)) is None]: return f"{', '.join(none)} has no fused kernel"
+    return None
+
 def grid_tasks(args):
     "Validate the grid arguments and return (tasks, options)."
     _check_executor(args)
@@ -296,10 +307,16 @@ def grid_tasks(args):
     try: resolve_device(args.device)
     except ValueError as e: raise UsageError(str(e)) from None
     run = {k: getattr(args, k) for k in option_defaults(TrainConfig)}    # TrainConfig's options, checked by their own rules
+    stacked = getattr(args, "stack_seeds", 1) > 1
     if getattr(args, "fast", False):                                    # resolved here into the levers themselves
-        if run["dropout_rng"] != "torch" or run["precision"] != "fp32": raise UsageError("--fast sets --dropout-rng and --precision itself; drop them")
+        if (run["dropout_rng"], run["precision"], run["attention"]) != ("torch", "fp32", "torch"):
+            raise UsageError("--fast sets --dropout-rng, --precision and --attention itself; drop them")
         from sparse_attention_repro.data import has_bf16_units
-        run.update(dropout_rng="philox", precision="bf16" if has_bf16_units(resolve_device(args.device)) else "fp32")
+        device = resolve_device(args.device)
+        run.update(dropout_rng="philox", precision="bf16" if has_bf16_units(device) else "fp32",
+                   attention="fused" if not _fused_refusal(specs, device, stacked) else "torch")
+    elif run["attention"] == "fused" and (why := _fused_refusal(specs, resolve_device(args.device), stacked)):
+        raise UsageError(f"--attention fused: {why}; use --attention torch")
     try: check_options(TrainConfig, run)
     except ValueError as e: raise UsageError(str(e)) from None
     if args.epoch_eval and args.stack_seeds > 1: raise UsageError("--epoch-eval runs on the lock-step or plain path; drop --stack-seeds")
@@ -361,6 +378,13 @@ _fast = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--dat
 test_eq((_fast[1]["dropout_rng"], _fast[1]["precision"]), ("philox", "bf16" if has_bf16_units("cpu") else "fp32"))   # the levers, recorded
 test_eq(_fast[0][0].parameters["options"]["dropout_rng"], "philox")
 test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--fast", "--precision", "bf16"])), exc=UsageError, contains="--fast sets")
+from sparse_attention_repro.kernels import kernels as _kernels
+test_eq(_fast[1]["attention"], "fused" if _kernels() is not None else "torch")                   # every paper method has its kernel
+_fb = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--fast",
+                                            "--device", "cpu", "--methods", "softmax,entmax15_bisect"]))
+test_eq(_fb[1]["attention"], "torch")                                   # one arm without the kernel: every arm on the torch path
+test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--methods", "softmax,entmax15_bisect", "--attention", "fused",
+                                                         "--device", "cpu"])), exc=UsageError, contains="entmax15_bisect has no fused kernel")
 for bad, msg in [(["--lr", "-1"], "--lr must be"), (["--lr", "2"], "--lr must be"), (["--epochs", "-3"], "--epochs must be"),
                  (["--epoch-eval", "--stack-seeds", "2"], "--epoch-eval runs on")]:
     test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), *bad])), exc=UsageError, contains=msg)

@@ -157,7 +157,8 @@ PATHS = {"reimplemented_original": dict(kernels=False, lockstep=False, original=
          "before": dict(kernels=False, lockstep=False), "kernels": dict(kernels=True, lockstep=False),
          "kernels+lockstep": dict(kernels=True, lockstep=True),
          "kernels+lockstep+philox": dict(kernels=True, lockstep=True, dropout_rng="philox"),
-         "kernels+lockstep+philox+bf16": dict(kernels=True, lockstep=True, dropout_rng="philox", precision="bf16")}
+         "kernels+lockstep+philox+bf16": dict(kernels=True, lockstep=True, dropout_rng="philox", precision="bf16"),
+         "fast": dict(kernels=True, lockstep=True, dropout_rng="philox", precision="bf16", attention="fused")}
 
 class OriginalNormalizer(nn.Module):
     "The original study's implementation of normalizer `name` (see `_original`; sparsemax: the `entmax` package's, sort-based)."
@@ -217,7 +218,7 @@ def bench_grid(datasets=("fashion_mnist", "twenty_news"), epochs=1, repeats=1, m
                 with use_kernels(opt["kernels"]):
                     t0 = time.perf_counter()
                     rows = (_original_rows(ds, methods, 0, cfg, data) if opt.get("original") else
-                            run_methods(ds, methods, 0, replace(cfg, dropout_rng=opt.get("dropout_rng", "torch"), precision=opt.get("precision", "fp32")), data,
+                            run_methods(ds, methods, 0, replace(cfg, dropout_rng=opt.get("dropout_rng", "torch"), precision=opt.get("precision", "fp32"), attention=opt.get("attention", "torch")), data,
                                         lockstep=opt["lockstep"]))
                     wall = time.perf_counter() - t0
                 runs += [dict(dataset=ds, path=path, repeat=r, wall_seconds=wall, method=x["method"],
@@ -226,8 +227,8 @@ def bench_grid(datasets=("fashion_mnist", "twenty_news"), epochs=1, repeats=1, m
     med = runs.groupby(["dataset", "path", "method"]).median(numeric_only=True).reset_index()
     wall = med.groupby(["dataset", "path"]).wall_seconds.first().unstack()
     summary = pd.DataFrame({f"seconds_{p.replace('+', '_')}": wall[p] for p in PATHS})
-    for p in [p for p in PATHS if p.startswith("kernels+lockstep")]:            # the grid's paths against the re-implemented original
-        summary["speedup_vs_reimplemented_original" + p[len("kernels+lockstep"):].replace("+", "_")] = summary.seconds_reimplemented_original / wall[p]
+    for p in [p for p in PATHS if p.startswith("kernels+lockstep") or p == "fast"]:   # the grid's paths against the re-implemented original
+        summary["speedup_vs_reimplemented_original" + ("_fast" if p == "fast" else p[len("kernels+lockstep"):].replace("+", "_"))] = summary.seconds_reimplemented_original / wall[p]
     return med, summary
 
 def method_ratios(med) -> pd.DataFrame:
@@ -252,10 +253,10 @@ def project_paper(summary, epochs_measured, jobs=2, train_limits=None) -> pd.Dat
 # %%
 med, summ = bench_grid(datasets=("fashion_mnist",), methods=("softmax", "sparsemax"), train_limit=192)
 test_eq(sorted(summ.columns), sorted(["seconds_reimplemented_original", "seconds_before", "seconds_kernels", "seconds_kernels_lockstep",
-                                      "seconds_kernels_lockstep_philox", "seconds_kernels_lockstep_philox_bf16",
+                                      "seconds_kernels_lockstep_philox", "seconds_kernels_lockstep_philox_bf16", "seconds_fast",
                                       "speedup_vs_reimplemented_original", "speedup_vs_reimplemented_original_philox",
-                                      "speedup_vs_reimplemented_original_philox_bf16"]))
-test_eq(method_ratios(med).loc["softmax"].tolist(), [1.0] * 6)
+                                      "speedup_vs_reimplemented_original_philox_bf16", "speedup_vs_reimplemented_original_fast"]))
+test_eq(method_ratios(med).loc["softmax"].tolist(), [1.0] * 7)
 test_eq(project_paper(summ, 1, train_limits={"fashion_mnist": 192}).seeds.tolist(), [10])
 
 

@@ -97,7 +97,8 @@ PATHS = {"reimplemented_original": dict(kernels=False, lockstep=False, original=
          "before": dict(kernels=False, lockstep=False), "kernels": dict(kernels=True, lockstep=False),
          "kernels+lockstep": dict(kernels=True, lockstep=True),
          "kernels+lockstep+philox": dict(kernels=True, lockstep=True, dropout_rng="philox"),
-         "kernels+lockstep+philox+bf16": dict(kernels=True, lockstep=True, dropout_rng="philox", precision="bf16")}
+         "kernels+lockstep+philox+bf16": dict(kernels=True, lockstep=True, dropout_rng="philox", precision="bf16"),
+         "fast": dict(kernels=True, lockstep=True, dropout_rng="philox", precision="bf16", attention="fused")}
 
 class OriginalNormalizer(nn.Module):
     "The original study's implementation of normalizer `name` (see `_original`; sparsemax: the `entmax` package's, sort-based)."
@@ -141,7 +142,7 @@ def bench_grid(datasets=("fashion_mnist", "twenty_news"), epochs=1, repeats=1, m
                 with use_kernels(opt["kernels"]):
                     t0 = time.perf_counter()
                     rows = (_original_rows(ds, methods, 0, cfg, data) if opt.get("original") else
-                            run_methods(ds, methods, 0, replace(cfg, dropout_rng=opt.get("dropout_rng", "torch"), precision=opt.get("precision", "fp32")), data,
+                            run_methods(ds, methods, 0, replace(cfg, dropout_rng=opt.get("dropout_rng", "torch"), precision=opt.get("precision", "fp32"), attention=opt.get("attention", "torch")), data,
                                         lockstep=opt["lockstep"]))
                     wall = time.perf_counter() - t0
                 runs += [dict(dataset=ds, path=path, repeat=r, wall_seconds=wall, method=x["method"],
@@ -150,8 +151,8 @@ def bench_grid(datasets=("fashion_mnist", "twenty_news"), epochs=1, repeats=1, m
     med = runs.groupby(["dataset", "path", "method"]).median(numeric_only=True).reset_index()
     wall = med.groupby(["dataset", "path"]).wall_seconds.first().unstack()
     summary = pd.DataFrame({f"seconds_{p.replace('+', '_')}": wall[p] for p in PATHS})
-    for p in [p for p in PATHS if p.startswith("kernels+lockstep")]:            # the grid's paths against the re-implemented original
-        summary["speedup_vs_reimplemented_original" + p[len("kernels+lockstep"):].replace("+", "_")] = summary.seconds_reimplemented_original / wall[p]
+    for p in [p for p in PATHS if p.startswith("kernels+lockstep") or p == "fast"]:   # the grid's paths against the re-implemented original
+        summary["speedup_vs_reimplemented_original" + ("_fast" if p == "fast" else p[len("kernels+lockstep"):].replace("+", "_"))] = summary.seconds_reimplemented_original / wall[p]
     return med, summary
 
 def method_ratios(med) -> pd.DataFrame:

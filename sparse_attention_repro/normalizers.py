@@ -8,7 +8,8 @@ __all__ = ['ORIGINAL_BISECT_STEPS', 'ENTRY_POINT_GROUP', 'ALPHA_MIN', 'ALPHA_SPA
            'entmax_bisect', 'keep_count', 'TopkSoftmaxFunction', 'topk_softmax', 'parse_topk_ratio',
            'parse_alpha_start', 'topk_name', 'NormalizerSpec', 'Normalizer', 'register_normalizer',
            'register_normalizer_family', 'NormalizerConformanceError', 'registered_normalizers', 'resolve_normalizer',
-           'get_normalizer', 'check_normalizer', 'adaptive_alpha', 'HeadwiseAdaptiveEntmax', 'attention_density']
+           'get_normalizer', 'check_normalizer', 'adaptive_alpha', 'HeadwiseAdaptiveEntmax', 'fused_kernel_args',
+           'attention_density']
 
 # %% ../nbs/00_normalizers.ipynb
 import copy, importlib, importlib.metadata, math, re
@@ -556,6 +557,19 @@ register_normalizer_family("headwise_adaptive_entmax_start", lambda name: Normal
     name, partial(HeadwiseAdaptiveEntmax, alpha_start=parse_alpha_start(name)), learned=("alpha",), stackable=True, kernel=True,
     options=("n_iter",)))
 _LIBRARY_NAMES, _LIBRARY_FAMILIES = frozenset(_REGISTRY), dict(_FAMILIES)     # the conformance tests below cover these
+
+# %% ../nbs/00_normalizers.ipynb
+_FUSED_FUNCTIONS = {softmax: "softmax", sparsemax: "sparsemax", entmax15: "entmax15", topk_softmax: "topk_softmax"}
+
+def fused_kernel_args(norm) -> dict | None:
+    "Arguments of `kernels.attention_fwd` that compute the normalizer module `norm` (kind, ratio, alpha, max_iter), or None."
+    if isinstance(norm, HeadwiseAdaptiveEntmax):
+        if norm.bisect or norm.alpha_logit.dim() != 1: return None
+        return dict(kind="entmax_alpha", alpha=norm.alpha, max_iter=norm.n_iter)
+    if isinstance(norm, Normalizer) and norm.fn in _FUSED_FUNCTIONS and set(norm.kwargs) <= {"ratio", "scope"}:
+        if norm.kwargs.get("scope", "row") != "row": return None
+        return dict(kind=_FUSED_FUNCTIONS[norm.fn], ratio=norm.kwargs.get("ratio", 1.0))
+    return None
 
 # %% ../nbs/00_normalizers.ipynb
 def attention_density(p, key_mask=None, threshold=1e-7):

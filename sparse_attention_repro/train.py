@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from .data import load_dataset, resolve_device, autocast, PAPER_SIZES, MAIN_FAMILY, TEXT_VOCAB, MARKER_DESIGNS, PRECISIONS
 from .data import full_arrays, news_words, subset_indices, TEST_SEED_OFFSET
-from .model import CompactClassifier, ClassifierConfig, MaskTape, StackedClassifiers, count_parameters, DROPOUT_RNGS
+from .model import CompactClassifier, ClassifierConfig, MaskTape, StackedClassifiers, count_parameters, DROPOUT_RNGS, ATTENTION_PATHS
 from .normalizers import resolve_normalizer
 from .runner import save_rows
 from .files import atomic_write
@@ -46,6 +46,8 @@ class TrainConfig:
     learned_pad_row: bool = option(False, "variant: learn the padding embedding (the original keeps it zero and frozen)")
     dropout_rng: str = option("torch", "torch (nn.Dropout's masks, the default) | philox (faster counter-based masks)", choices=DROPOUT_RNGS)
     precision: str = option("fp32", "fp32 (default) | bf16 (autocast: for CPUs with bf16 units and GPUs)", choices=PRECISIONS)
+    attention: str = option("torch", "torch (default) | fused (scores, normalizer and weighted values of each head in one C kernel, CPU only; float32 rounding differs)",
+                            choices=ATTENTION_PATHS)
     epoch_eval: bool = option(False, "evaluate validation and test after every epoch (learning curves; training unchanged)")
     download: bool = False           # fetch the dataset online when no offline copy is found (the source is recorded per row)
     device: str = "auto"             # auto (CUDA when available) | cpu | cuda; recorded per row
@@ -228,11 +230,11 @@ def train_stacked(models, trains, cfg: TrainConfig, seeds, generators, desc="") 
     return results
 
 # %% ../nbs/03_train.ipynb
-def _new_model(data, method, seed, learned_pad_row=False, device="cpu", dropout_rng="torch"):
+def _new_model(data, method, seed, learned_pad_row=False, device="cpu", dropout_rng="torch", attention="torch"):
     torch.manual_seed(seed); np.random.seed(seed)                      # initial weights drawn on the CPU: the same everywhere
     return CompactClassifier(ClassifierConfig(num_classes=data.num_classes, seq_len=data.seq_len, input_dim=data.input_dim,
                                               vocab_size=data.vocab_size, normalizer=method, learned_pad_row=learned_pad_row,
-                                              dropout_rng=dropout_rng)).to(device)
+                                              dropout_rng=dropout_rng, attention=attention)).to(device)
 
 def _row(dataset, method, seed, config, data, model, result: TrainResult, lockstep_size) -> dict:
     "Evaluate a trained `model` and return its metrics row."
@@ -284,7 +286,7 @@ def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None
         if return_models: raise ValueError("return_models needs the lock-step path")
         return [r for m in methods for r in run_methods(dataset, [m], seed, config, data)]
     device = resolve_device(config.device)
-    models = [_new_model(data, m, seed, config.learned_pad_row, device, config.dropout_rng) for m in methods]
+    models = [_new_model(data, m, seed, config.learned_pad_row, device, config.dropout_rng, config.attention) for m in methods]
     results = train_lockstep(models, data.train.to(device), config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0].name if len(methods) == 1 else f"{len(methods)} methods"),
                              monitor=epoch_monitor(data, config.precision) if config.epoch_eval else None)
     rows = [_row(dataset, m.name, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
@@ -298,7 +300,7 @@ def run_stacked(dataset: str, methods, seeds, config: TrainConfig, datas=None) -
     device = resolve_device(config.device)
     built, generators = {}, []
     for s, data in zip(seeds, datas):
-        for m in methods: built[m, s] = _new_model(data, m, s, config.learned_pad_row, device, config.dropout_rng)
+        for m in methods: built[m, s] = _new_model(data, m, s, config.learned_pad_row, device, config.dropout_rng, config.attention)
         generators.append(dropout_generators(s, device))
     keys = [(m, s) for m in methods for s in seeds]
     results = dict(zip(keys, train_stacked([built[k] for k in keys], [d.train.to(device) for d in datas], config, seeds,
