@@ -27,6 +27,8 @@
 #   zeros and $-\infty$ that masked or sparse rows are full of, and the compiler computes both sides of a select.
 # * The math is the same as the torch path, step for step (same starting points, same stopping rules); the tests below
 #   compare every kernel with it.
+# * **Fused attention** (opt-in): one function runs a head's whole attention core — scores, normalizer, weighted values —
+#   and another its backward, the $T \times T$ block kept in a scratch buffer (below).
 # * **Dropout masks** come from a counter-based generator (Philox4x64-10, bit for bit numpy's `Philox`): any element of
 #   the stream is computed on its own, 2.5–4× faster than torch's `bernoulli_` on this CPU (opt-in, see `model`).
 # * No compiler, a failed build or `SPARSE_REPRO_KERNELS=0` → the torch path, with one warning saying why.

@@ -72,14 +72,17 @@ def test_profile_or_option_mismatch_is_refused(smoke, capsys):
     assert (smoke / "runs.csv").read_bytes() == before
 
 def test_fast_options_are_recorded_and_kept(smoke, tmp_path):
-    """`--dropout-rng philox --precision bf16`: a real grid that learns, differs from the default path, and a folder that refuses the default."""
+    """`--fast` (Philox masks, bf16 where the CPU has it, fused attention): a real grid that learns, records its levers,
+    differs from the default path, and a folder that refuses the default."""
     fast = ["--profile", "smoke", "--out", tmp_path, "--datasets", "fashion_mnist", "--methods", "softmax", "entmax15",
-            "--seeds", "1", "--val-fraction", "0.1"]
-    res = cli("grid", *fast, "--dropout-rng", "philox", "--precision", "bf16")
+            "headwise_adaptive_entmax", "--seeds", "1", "--val-fraction", "0.1"]
+    res = cli("grid", *fast, "--fast")
     assert res.returncode == 0, res.stderr[-2000:]
     runs = pd.read_csv(tmp_path / "runs.csv").set_index("method")
     default = pd.read_csv(smoke / "runs.csv").query("dataset == 'fashion_mnist' and seed == 1").set_index("method")
     assert (runs.status == "ok").all() and runs.accuracy.between(0, 1).all()
+    assert (runs.dropout_rng == "philox").all() and (runs.attention == "fused").all()     # the kernels build here (CI requires it)
+    assert runs.loc["headwise_adaptive_entmax", "learned_alpha_mean"] != 1.5                # alpha learns on the fused path
     assert (runs.test_loss != default.loc[runs.index, "test_loss"]).all()          # other masks, other arithmetic
     res = cli("grid", *fast)
     assert res.returncode == 2 and "dropout_rng='philox' (now 'torch')" in res.stderr, res.stderr
