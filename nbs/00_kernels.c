@@ -548,7 +548,8 @@ void entmax_bwd(const float* P, const float* G, float* DX, const float* A, float
    them). The sums run in another order than torch's GEMMs, so results agree to float32 rounding, not bit for bit.
    QKV: [B, T, 3, H, D], the fused projection's output as it comes; O: [B, T, H, D]; P: [B, H, T, T].
    kind: 0 softmax, 1 sparsemax, 2 entmax-1.5, 3 alpha-entmax (ALPHA[h]), 4 top-k softmax (ratio). KM: [B, T] key
-   mask (nonzero = valid) or NULL. Blocks lo..hi of the B x H (batch, head) pairs. W: scratch of 2 T^2 + (T + 16) D + 32 (T + 16) + 3 T floats.
+   mask (nonzero = valid) or NULL. Blocks lo..hi of the B x H (batch, head) pairs. W: scratch of 2 G T^2 + (T + 16) D + 32 (T + 16) + 3 G T floats,
+   G = ATTENTION_GROUP(T).
    The head size D is at most 64. */
 static void softmax_fwd_rows(const float* X, float* P, long rows, long n) {
     for (long r = 0; r < rows; r++) {
@@ -678,36 +679,52 @@ static void mix_rows(const float* M, long mr, long mj, const float* B, long sb, 
     }
 }
 
+/* Short rows: the normaliser runs on the rows of 16 heads at once, so its 16-row lane blocks are full (17 rows of one
+   head would fill one block and leave the next with a single row). */
+#define ATTENTION_GROUP_MAX 16
+#define ATTENTION_GROUP(T) ((T) <= 32 ? ATTENTION_GROUP_MAX : 1)
+
 void attention_fwd(const float* QKV, float* O, float* P, const float* ALPHA, const unsigned char* KM, float* W, long lo, long hi,
                    long T, long H, long D, float scale, long kind, double ratio, long max_iter, float tol) {
-    long C3 = 3 * H * D, HD = H * D, np = (T + 15) & ~15L;
-    float *S = W, *KT = S + T * T, *NW = KT + np * D, *A = NW + 32 * (T + 16);
-    int32_t* BAD = (int32_t*)(A + T);
-    for (long bh = lo; bh < hi; bh++) {
-        long b = bh / H, h = bh % H;
-        const float* base = QKV + b * T * C3 + h * D;             /* query i at base + i C3, key at + HD, value at + 2 HD */
-        float* p = P + bh * T * T;
-        row_products(base, C3, base + HD, C3, scale, KT, S, T, D);
-        if (KM) {                                                  /* masked keys score -inf; no valid key: zero weights */
-            const unsigned char* km = KM + b * T; long valid = 0;
-            for (long j = 0; j < T; j++) valid += km[j] != 0;
-            if (!valid) {
-                memset(p, 0, T * T * sizeof(float));
-                for (long i = 0; i < T; i++) memset(O + (b * T + i) * HD + h * D, 0, D * sizeof(float));
-                continue;
+    long C3 = 3 * H * D, HD = H * D, np = (T + 15) & ~15L, G = ATTENTION_GROUP(T);
+    float *S = W, *KT = S + G * T * T, *NW = KT + np * D, *A = NW + 32 * (T + 16);
+    int32_t* BAD = (int32_t*)(A + G * T);
+    for (long g0 = lo; g0 < hi; g0 += G) {                          /* G heads at a time: T G rows for the normaliser */
+        long n = hi - g0 < G ? hi - g0 : G, rows = n * T;
+        int empty[ATTENTION_GROUP_MAX];
+        float* p = P + g0 * T * T;                                  /* the G heads' weights are contiguous */
+        for (long k = 0; k < n; k++) {
+            long b = (g0 + k) / H, h = (g0 + k) % H;
+            const float* base = QKV + b * T * C3 + h * D;         /* query i at base + i C3, key at + HD, value at + 2 HD */
+            float* s = S + k * T * T;
+            row_products(base, C3, base + HD, C3, scale, KT, s, T, D);
+            empty[k] = 0;
+            if (KM) {                                              /* masked keys score -inf; no valid key: zero weights */
+                const unsigned char* km = KM + b * T; long valid = 0;
+                for (long j = 0; j < T; j++) valid += km[j] != 0;
+                empty[k] = !valid;
+                if (valid) for (long i = 0; i < T; i++) for (long j = 0; j < T; j++) if (!km[j]) s[i * T + j] = -INFINITY;
             }
-            for (long i = 0; i < T; i++) for (long j = 0; j < T; j++) if (!km[j]) S[i * T + j] = -INFINITY;
+            if (kind == 3) for (long i = 0; i < T; i++) A[k * T + i] = ALPHA[h];
         }
         switch (kind) {
-            case 0: if (T <= 32) softmax_fwd_lanes(S, p, NW, T, T); else softmax_fwd_rows(S, p, T, T); break;
-            case 1: sparsemax_fwd(S, p, NW, T, T); break;
-            case 2: entmax15_fwd(S, p, NW, T, T, max_iter, tol); break;
-            case 3: for (long i = 0; i < T; i++) A[i] = ALPHA[h];
-                    entmax_alpha_fwd(S, p, A, NW, T, T, max_iter, tol); break;
-            default: topk_softmax_fwd(S, p, BAD, NW, T, T, ratio);
+            case 0: if (T <= 32) softmax_fwd_lanes(S, p, NW, rows, T); else softmax_fwd_rows(S, p, rows, T); break;
+            case 1: sparsemax_fwd(S, p, NW, rows, T); break;
+            case 2: entmax15_fwd(S, p, NW, rows, T, max_iter, tol); break;
+            case 3: entmax_alpha_fwd(S, p, A, NW, rows, T, max_iter, tol); break;
+            default: topk_softmax_fwd(S, p, BAD, NW, rows, T, ratio);
         }
-        nan_bad_rows(S, p, kind == 4 ? BAD : 0, T, T);
-        mix_rows(p, T, 1, base + 2 * HD, C3, 1.0f, O + b * T * HD + h * D, HD, T, D);
+        nan_bad_rows(S, p, kind == 4 ? BAD : 0, rows, T);
+        for (long k = 0; k < n; k++) {
+            long b = (g0 + k) / H, h = (g0 + k) % H;
+            float* o = O + b * T * HD + h * D;
+            if (empty[k]) {
+                memset(p + k * T * T, 0, T * T * sizeof(float));
+                for (long i = 0; i < T; i++) memset(o + i * HD, 0, D * sizeof(float));
+                continue;
+            }
+            mix_rows(p + k * T * T, T, 1, QKV + b * T * C3 + h * D + 2 * HD, C3, 1.0f, o, HD, T, D);
+        }
     }
 }
 
@@ -715,27 +732,32 @@ void attention_fwd(const float* QKV, float* O, float* P, const float* ALPHA, con
    DALPHA (kind 3): d loss / d alpha of each (batch, head) block. */
 void attention_bwd(const float* QKV, const float* P, const float* GO, float* DQKV, const float* ALPHA, float* DALPHA, float* W,
                    long lo, long hi, long T, long H, long D, float scale, long kind) {
-    long C3 = 3 * H * D, HD = H * D, np = (T + 15) & ~15L;
-    float *DS = W, *VT = DS + T * T, *DP = VT + np * D, *NW = DP + T * T, *A = NW + 32 * (T + 16), *DA = A + T;
-    for (long bh = lo; bh < hi; bh++) {
-        long b = bh / H, h = bh % H;
-        const float* base = QKV + b * T * C3 + h * D;
-        const float* go = GO + b * T * HD + h * D;                 /* row i at go + i HD */
-        float* dbase = DQKV + b * T * C3 + h * D;
-        const float* p = P + bh * T * T;
-        row_products(go, HD, base + 2 * HD, C3, 1.0f, VT, DP, T, D);
-        switch (kind) {
-            case 1: sparsemax_bwd(p, DP, DS, NW, T, T); break;
-            case 2: entmax_bwd(p, DP, DS, 0, 0, NW, T, T); break;
-            case 3: for (long i = 0; i < T; i++) A[i] = ALPHA[h];
-                    entmax_bwd(p, DP, DS, A, DALPHA ? DA : 0, NW, T, T);
-                    if (DALPHA) { float s = 0; for (long i = 0; i < T; i++) s += DA[i]; DALPHA[bh] = s; }
-                    break;
-            default: softmax_bwd(p, DP, DS, NW, T, T);
+    long C3 = 3 * H * D, HD = H * D, np = (T + 15) & ~15L, G = ATTENTION_GROUP(T);
+    float *DS = W, *VT = DS + G * T * T, *DP = VT + np * D, *NW = DP + G * T * T, *A = NW + 32 * (T + 16), *DA = A + G * T;
+    for (long g0 = lo; g0 < hi; g0 += G) {
+        long n = hi - g0 < G ? hi - g0 : G, rows = n * T;
+        const float* p = P + g0 * T * T;
+        for (long k = 0; k < n; k++) {
+            long b = (g0 + k) / H, h = (g0 + k) % H;
+            row_products(GO + b * T * HD + h * D, HD, QKV + b * T * C3 + h * D + 2 * HD, C3, 1.0f, VT, DP + k * T * T, T, D);
+            if (kind == 3) for (long i = 0; i < T; i++) A[k * T + i] = ALPHA[h];
         }
-        mix_rows(p, 1, T, go, HD, 1.0f, dbase + 2 * HD, C3, T, D);            /* dV */
-        mix_rows(DS, T, 1, base + HD, C3, scale, dbase, C3, T, D);          /* dQ */
-        mix_rows(DS, 1, T, base, C3, scale, dbase + HD, C3, T, D);          /* dK */
+        switch (kind) {
+            case 1: sparsemax_bwd(p, DP, DS, NW, rows, T); break;
+            case 2: entmax_bwd(p, DP, DS, 0, 0, NW, rows, T); break;
+            case 3: entmax_bwd(p, DP, DS, A, DALPHA ? DA : 0, NW, rows, T); break;
+            default: softmax_bwd(p, DP, DS, NW, rows, T);
+        }
+        for (long k = 0; k < n; k++) {
+            long b = (g0 + k) / H, h = (g0 + k) % H;
+            const float* base = QKV + b * T * C3 + h * D; const float* go = GO + b * T * HD + h * D;
+            float* dbase = DQKV + b * T * C3 + h * D;
+            const float *pk = p + k * T * T, *ds = DS + k * T * T;
+            if (kind == 3 && DALPHA) { float s = 0; for (long i = 0; i < T; i++) s += DA[k * T + i]; DALPHA[g0 + k] = s; }
+            mix_rows(pk, 1, T, go, HD, 1.0f, dbase + 2 * HD, C3, T, D);          /* dV */
+            mix_rows(ds, T, 1, base + HD, C3, scale, dbase, C3, T, D);          /* dQ */
+            mix_rows(ds, 1, T, base, C3, scale, dbase + HD, C3, T, D);          /* dK */
+        }
     }
 }
 

@@ -238,18 +238,22 @@ def softmax_bwd(p, g):
 #
 # `attention_fwd` runs one attention layer's core — scores $QK^\top$ (queries scaled), the normalizer, the weighted
 # sum of values — for one (batch, head) pair at a time, its $T \times T$ block kept in a scratch buffer that stays in
-# the cache; `attention_bwd` runs the backward the same way. They read the fused QKV projection's output as it comes,
-# `[B, T, 3, H, D]`, and write the output as the output projection wants it, `[B, T, H, D]`; only the weights
-# `[B, H, T, T]` go through memory, once, for the backward. The torch path stays the reference: the sums run in another
-# order, so the two agree to float32 rounding, not bit for bit (the model notebook tests it), which is why fused
-# attention is an opt-in lever of the fast path. Head size at most 64.
+# the cache; `attention_bwd` runs the backward the same way. Short rows (T ≤ 32) go through the normalizer 16 heads
+# at a time, so its 16-row lane blocks are full (one head's 17 rows would leave a second block with one row). Both read
+# the fused QKV projection's output as it comes, `[B, T, 3, H, D]`, and write the output as the output projection
+# wants it, `[B, T, H, D]`; only the weights `[B, H, T, T]` go through memory, once, for the backward. The torch path
+# stays the reference: the sums run in another order, so the two agree to float32 rounding, not bit for bit (the
+# model notebook tests it), which is why fused attention is an opt-in lever of the fast path. Head size at most 64.
 
 # %%
 #| export
 ATTENTION_KINDS = {"softmax": 0, "sparsemax": 1, "entmax15": 2, "entmax_alpha": 3, "topk_softmax": 4}
 _ENTMAX_ITERS = {"entmax15": 50, "entmax_alpha": 30}
 
-def _attention_scratch(T, D): return torch.empty(2 * T * T + (T + 16) * D + 32 * (T + 16) + 3 * T + 16, dtype=torch.float32)
+def _attention_scratch(T, D):
+    "Scratch of one chunk of heads: `ATTENTION_GROUP` heads' T x T blocks (16 heads when T <= 32, else one) and the rest."
+    G = 16 if T <= 32 else 1
+    return torch.empty(2 * G * T * T + (T + 16) * D + 32 * (T + 16) + 3 * G * T + 16, dtype=torch.float32)
 
 def attention_fwd(qkv, num_heads, kind, scale, ratio=1.0, alpha=None, max_iter=None, key_mask=None):
     """Fused attention forward. `qkv`: `[B, T, 3 * H * D]` float32; `kind`: a key of `ATTENTION_KINDS`; `alpha`: `[H]`
@@ -498,6 +502,25 @@ if HAVE_KERNELS:
     with KM.use_kernels(False): test_eq(_calls(lambda: N.entmax15(xs).sum().backward()), 0)
     test_eq(_calls(lambda: N.sparsemax(x[:2].double())), 0)
     assert not usable(x.double()) and usable(x)
+
+# %% [markdown]
+# The fused attention kernel splits its heads over threads too (16 heads per normalizer call on short rows): any split
+# gives the same bits, and its weights are the row kernels' weights of the same scores.
+
+# %%
+if HAVE_KERNELS:
+    for T in (17, 97):
+        qkv, go = torch.randn(37, T, 192) * 2, torch.randn(37, T, 64)        # 148 heads: groups of 16 do not divide them
+        old = torch.get_num_threads()
+        outs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            o, p = attention_fwd(qkv, 4, "topk_softmax", 0.25, ratio=0.25)
+            outs.append((o, p, attention_bwd(qkv, p, go, 4, "topk_softmax", 0.25)[0]))
+        torch.set_num_threads(old)
+        for a, b in zip(*outs): test_eq(a, b)
+        q, k, _ = qkv.view(37, T, 3, 4, 16).movedim(-3, 0).transpose(-3, -2)
+        test_close(outs[0][1], topk_softmax_fwd((q / 4) @ k.transpose(-2, -1), 0.25)[0], eps=1e-5)
 
 # %% [markdown]
 # The kernels allocate in float32 whatever torch's default dtype is, and gradients come back in the scores' dtype:

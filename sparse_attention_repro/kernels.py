@@ -158,7 +158,10 @@ def softmax_bwd(p, g):
 ATTENTION_KINDS = {"softmax": 0, "sparsemax": 1, "entmax15": 2, "entmax_alpha": 3, "topk_softmax": 4}
 _ENTMAX_ITERS = {"entmax15": 50, "entmax_alpha": 30}
 
-def _attention_scratch(T, D): return torch.empty(2 * T * T + (T + 16) * D + 32 * (T + 16) + 3 * T + 16, dtype=torch.float32)
+def _attention_scratch(T, D):
+    "Scratch of one chunk of heads: `ATTENTION_GROUP` heads' T x T blocks (16 heads when T <= 32, else one) and the rest."
+    G = 16 if T <= 32 else 1
+    return torch.empty(2 * G * T * T + (T + 16) * D + 32 * (T + 16) + 3 * G * T + 16, dtype=torch.float32)
 
 def attention_fwd(qkv, num_heads, kind, scale, ratio=1.0, alpha=None, max_iter=None, key_mask=None):
     """Fused attention forward. `qkv`: `[B, T, 3 * H * D]` float32; `kind`: a key of `ATTENTION_KINDS`; `alpha`: `[H]`
