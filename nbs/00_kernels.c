@@ -543,14 +543,14 @@ void entmax_bwd(const float* P, const float* G, float* DX, const float* A, float
 
 /* ---- Fused attention: scores -> normaliser -> weighted values, one (batch, head) at a time, inside the cache. --------
    The torch path sends the scores, the weights and their gradients through memory as [B, H, T, T] tensors and runs
-   T x D x T products as tiny batched GEMMs. Here one head's T x T block lives in a scratch buffer (37 KB at T = 97)
+   T x D x T products as tiny batched GEMMs. Here a head's T x T block lives in a scratch buffer (37 KB at T = 97)
    from the scores to the weighted values, and back in the backward. Only the weights P leave it (the backward needs
    them). The sums run in another order than torch's GEMMs, so results agree to float32 rounding, not bit for bit.
    QKV: [B, T, 3, H, D], the fused projection's output as it comes; O: [B, T, H, D]; P: [B, H, T, T].
    kind: 0 softmax, 1 sparsemax, 2 entmax-1.5, 3 alpha-entmax (ALPHA[h]), 4 top-k softmax (ratio). KM: [B, T] key
-   mask (nonzero = valid) or NULL. Blocks lo..hi of the B x H (batch, head) pairs. W: scratch of 2 G T^2 + (T + 16) D + 32 (T + 16) + 3 G T floats,
-   G = ATTENTION_GROUP(T).
-   The head size D is at most 64. */
+   mask (nonzero = valid) or NULL. Blocks lo..hi of the B x H (batch, head) pairs. W: scratch of attention_scratch(T, D)
+   floats. The head size D is at most ATTENTION_MAX_HEAD. */
+#define ATTENTION_MAX_HEAD 64
 static void softmax_fwd_rows(const float* X, float* P, long rows, long n) {
     for (long r = 0; r < rows; r++) {
         const float* x = X + r * n; float* p = P + r * n;
@@ -669,7 +669,7 @@ static void mix_rows(const float* M, long mr, long mj, const float* B, long sb, 
     }
 #endif
     for (long r = 0; r < T; r++) {
-        float acc[64] = {0};
+        float acc[ATTENTION_MAX_HEAD] = {0};
         for (long j = 0; j < T; j++) {
             float w = M[r * mr + j * mj]; const float* b = B + j * sb;
             #pragma omp simd
@@ -683,6 +683,11 @@ static void mix_rows(const float* M, long mr, long mj, const float* B, long sb, 
    head would fill one block and leave the next with a single row). */
 #define ATTENTION_GROUP_MAX 16
 #define ATTENTION_GROUP(T) ((T) <= 32 ? ATTENTION_GROUP_MAX : 1)
+
+long attention_scratch(long T, long D) {
+    long G = ATTENTION_GROUP(T);
+    return 2 * G * T * T + (T + 16) * D + 32 * (T + 16) + 3 * G * T + 16;
+}
 
 void attention_fwd(const float* QKV, float* O, float* P, const float* ALPHA, const unsigned char* KM, float* W, long lo, long hi,
                    long T, long H, long D, float scale, long kind, double ratio, long max_iter, float tol) {

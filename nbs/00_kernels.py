@@ -81,7 +81,8 @@ _SIGNATURES = {  # name: argument types (P = pointer, L = long, F = float, D = d
     "sparsemax_fwd": "PPPLL", "sparsemax_bwd": "PPPPLL", "entmax15_fwd": "PPPLLLF", "entmax_alpha_fwd": "PPPPLLLF",
     "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPPLLD", "softmax_bwd": "PPPPLL",
     "philox_bits": "PLLLL", "philox_dropout": "PLLLLLF", "mt_bernoulli": "PLPDF",
-    "attention_fwd": "PPPPPPLLLLLFLDLF", "attention_bwd": "PPPPPPPLLLLLFL"}
+    "attention_fwd": "PPPPPPLLLLLFLDLF", "attention_bwd": "PPPPPPPLLLLLFL", "attention_scratch": "LL"}
+_RETURNS = {"attention_scratch": "L"}     # the rest return nothing
 _CTYPES = {"P": ctypes.c_void_p, "L": ctypes.c_long, "F": ctypes.c_float, "D": ctypes.c_double}
 _state = {"lib": None, "tried": False, "enabled": True, "calls": 0}
 
@@ -127,6 +128,7 @@ def kernels():
         try:
             lib = ctypes.CDLL(str(build_kernels()))
             for name, sig in _SIGNATURES.items(): getattr(lib, name).argtypes = [_CTYPES[c] for c in sig]
+            for name, r in _RETURNS.items(): getattr(lib, name).restype = _CTYPES[r]
             _state["lib"] = lib
         except Exception as e:
             warnings.warn(f"sparse_attention_repro: C kernels unavailable ({e}); using the slower torch path")
@@ -151,9 +153,9 @@ def usable(x) -> bool:
 import re
 _src = kernel_source()
 for name, sig in _SIGNATURES.items():
-    m = re.search(rf"^void {name}\(([^)]*)\)", _src, re.M)
+    m = re.search(rf"^(void|long) {name}\(([^)]*)\)", _src, re.M)
     assert m, f"{name} is not defined in 00_kernels.c"
-    test_eq(len(m.group(1).split(",")), len(sig))
+    test_eq((m.group(1), len(m.group(2).split(","))), ("long" if name in _RETURNS else "void", len(sig)))
 
 # %% [markdown]
 # ## Calling a kernel
@@ -205,7 +207,9 @@ def sparsemax_bwd(p, g):
     "Gradient of sparsemax: `g` minus its mean over the support, 0 off the support."
     p, g = p.contiguous(), g.contiguous(); dx = torch.empty_like(p); _run("sparsemax_bwd", [p, g, dx], *_rows(p), scratch=True); return dx
 
-def entmax15_fwd(x, max_iter=50):
+ENTMAX15_ITERS = 50                              # entmax-1.5's Newton steps at most (it stops at a few ulps)
+
+def entmax15_fwd(x, max_iter=ENTMAX15_ITERS):
     "1.5-entmax of every row of `x` (Newton from the left)."
     x = x.contiguous(); p = torch.empty_like(x); _run("entmax15_fwd", [x, p], *_rows(x), max_iter, _TOL, scratch=True); return p
 
@@ -248,27 +252,27 @@ def softmax_bwd(p, g):
 # %%
 #| export
 ATTENTION_KINDS = {"softmax": 0, "sparsemax": 1, "entmax15": 2, "entmax_alpha": 3, "topk_softmax": 4}
-_ENTMAX_ITERS = {"entmax15": 50, "entmax_alpha": 30}
+ATTENTION_MAX_HEAD = 64                          # values per head the kernel takes (ATTENTION_MAX_HEAD in the C source)
 
 def _attention_scratch(T, D):
-    "Scratch of one chunk of heads: `ATTENTION_GROUP` heads' T x T blocks (16 heads when T <= 32, else one) and the rest."
-    G = 16 if T <= 32 else 1
-    return torch.empty(2 * G * T * T + (T + 16) * D + 32 * (T + 16) + 3 * G * T + 16, dtype=torch.float32)
+    "Scratch of one chunk of heads, as long as the C source's `attention_scratch` says."
+    return torch.empty(kernels().attention_scratch(T, D), dtype=torch.float32)
 
-def attention_fwd(qkv, num_heads, kind, scale, ratio=1.0, alpha=None, max_iter=None, key_mask=None):
+def attention_fwd(qkv, num_heads, kind, scale, ratio=1.0, alpha=None, max_iter=ENTMAX15_ITERS, key_mask=None):
     """Fused attention forward. `qkv`: `[B, T, 3 * H * D]` float32; `kind`: a key of `ATTENTION_KINDS`; `alpha`: `[H]`
-    (entmax_alpha); `key_mask`: `[B, T]`, True on valid keys. Returns the output `[B, T, H * D]` and the weights
-    `[B, H, T, T]`."""
+    (entmax_alpha); `max_iter`: Newton steps (entmax kinds); `key_mask`: `[B, T]`, True on valid keys. Returns the
+    output `[B, T, H * D]` and the weights `[B, H, T, T]`."""
     qkv = qkv.contiguous()
     B, T, C3 = qkv.shape; H = num_heads; D = C3 // (3 * H)
+    if D > ATTENTION_MAX_HEAD: raise ValueError(f"fused attention takes heads of at most {ATTENTION_MAX_HEAD} values, got {D}")
     out, p = torch.empty(B, T, H * D), torch.empty(B, H, T, T)
     a = None if alpha is None else alpha.detach().float().contiguous()
     km = None if key_mask is None else key_mask.to(torch.uint8).contiguous()
-    iters, fn = max_iter or _ENTMAX_ITERS.get(kind, 0), kernels().attention_fwd
+    fn = kernels().attention_fwd
     def call(lo, hi):
         w = _attention_scratch(T, D)                                   # held until the call returns
         fn(qkv.data_ptr(), out.data_ptr(), p.data_ptr(), None if a is None else a.data_ptr(), None if km is None else km.data_ptr(), w.data_ptr(),
-           lo, hi, T, H, D, scale, ATTENTION_KINDS[kind], float(ratio), iters, _TOL)
+           lo, hi, T, H, D, scale, ATTENTION_KINDS[kind], float(ratio), max_iter, _TOL)
     _state["calls"] += 1
     _chunked(call, B * H, B * H * T * T)
     return out, p

@@ -208,7 +208,7 @@ def _fused_refusal(specs, device, stacked) -> str | None:
     if device.type != "cpu": return "it runs on the CPU only"
     if stacked: return "a stack of models (--stack-seeds) runs the torch path"
     if K.kernels() is None: return "the C kernels are unavailable here"
-    if none := [s.name for s in specs if fused_kernel_args(s.build(num_heads=4)) is None]: return f"{', '.join(none)} has no fused kernel"
+    if none := [s.name for s in specs if fused_kernel_args(s.build()) is None]: return f"{', '.join(none)} has no fused kernel"
     return None
 
 def grid_tasks(args):

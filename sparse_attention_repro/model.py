@@ -69,7 +69,8 @@ class SelfAttention(nn.Module):
         self.fused = cfg.attention == "fused"
         if self.fused and fused_kernel_args(self.normalizer) is None:
             raise ValueError(f"normalizer {resolve_normalizer(cfg.normalizer).name!r} has no fused attention kernel; use attention='torch' (drop --attention fused)")
-        if self.fused and self.head_dim > 64: raise ValueError(f"fused attention takes heads of at most 64 values, got {self.head_dim}; use attention='torch'")
+        if self.fused and self.head_dim > K.ATTENTION_MAX_HEAD:
+            raise ValueError(f"fused attention takes heads of at most {K.ATTENTION_MAX_HEAD} values, got {self.head_dim}; use attention='torch'")
         if self.fused and K.kernels() is None: raise RuntimeError("fused attention needs the C kernels, which are unavailable here (see the warning above); use attention='torch'")
         self.pad_keys, self.last_pad_mass = None, None          # recording only: which keys are padding, the mass they get
 
@@ -96,9 +97,9 @@ class SelfAttention(nn.Module):
         "The attention core in the C kernel: scores, normalizer and weighted values of each head in one pass, in float32."
         if x.device.type != "cpu" or x.dim() != 3:
             raise RuntimeError("fused attention runs one model on the CPU; use attention='torch' on a GPU or for a stack of models")
-        args = fused_kernel_args(self.normalizer)
-        o, p = FusedAttentionFunction.apply(self.qkv(x).float(), args.get("alpha"), key_mask, self.num_heads, args["kind"],
-                                            1 / math.sqrt(self.head_dim), args.get("ratio", 1.0), args.get("max_iter"))
+        a = fused_kernel_args(self.normalizer)
+        o, p = FusedAttentionFunction.apply(self.qkv(x).float(), a["alpha"], key_mask, self.num_heads, a["kind"],
+                                            1 / math.sqrt(self.head_dim), a["ratio"], a["max_iter"])
         if self.record: self._record(p)
         return self.out(o)
 

@@ -89,7 +89,7 @@ def sparsemax(scores, key_mask=None):
     return _finish(SparsemaxFunction.apply(s), s, empty).to(scores.dtype)
 
 # %% ../nbs/00_normalizers.ipynb
-def _entmax15_threshold(z, max_iter=50):
+def _entmax15_threshold(z, max_iter=K.ENTMAX15_ITERS):
     "Threshold tau `[..., 1]` of 1.5-entmax for `z = (s - max)/2` (-inf allowed), by Newton's method from the left."
     tau = z.new_full(z.shape[:-1] + (1,), -1.0)                                  # f(-1) >= 0
     tol = 4 * torch.finfo(z.dtype).eps
@@ -565,10 +565,10 @@ def fused_kernel_args(norm) -> dict | None:
     "Arguments of `kernels.attention_fwd` that compute the normalizer module `norm` (kind, ratio, alpha, max_iter), or None."
     if isinstance(norm, HeadwiseAdaptiveEntmax):
         if norm.bisect or norm.alpha_logit.dim() != 1: return None
-        return dict(kind="entmax_alpha", alpha=norm.alpha, max_iter=norm.n_iter)
+        return dict(kind="entmax_alpha", ratio=1.0, alpha=norm.alpha, max_iter=norm.n_iter)
     if isinstance(norm, Normalizer) and norm.fn in _FUSED_FUNCTIONS and set(norm.kwargs) <= {"ratio", "scope"}:
         if norm.kwargs.get("scope", "row") != "row": return None
-        return dict(kind=_FUSED_FUNCTIONS[norm.fn], ratio=norm.kwargs.get("ratio", 1.0))
+        return dict(kind=_FUSED_FUNCTIONS[norm.fn], ratio=norm.kwargs.get("ratio", 1.0), alpha=None, max_iter=K.ENTMAX15_ITERS)
     return None
 
 # %% ../nbs/00_normalizers.ipynb
