@@ -5,7 +5,8 @@
 # %% auto 0
 __all__ = ['FAST_HELP', 'SUBCOMMANDS', 'STUDY_A_KEYS', 'CRISP_KEYS', 'COMMANDS', 'UsageError', 'usable_cores', 'threads_per_job',
            'build_parser', 'grid_tasks', 'cmd_grid', 'crisp_tasks', 'cmd_crisp', 'cmd_report', 'cmd_site',
-           'cmd_reproduce', 'ablation_grids', 'cmd_ablations', 'cmd_recipes', 'cmd_attention_maps', 'cmd_bench', 'main']
+           'cmd_reproduce', 'ablation_grids', 'cmd_ablations', 'cmd_recipes', 'tuned_grids', 'cmd_tuned',
+           'cmd_attention_maps', 'cmd_bench', 'main']
 
 # %% ../nbs/07_cli.ipynb
 import argparse, os, sys
@@ -128,6 +129,17 @@ def _recipes_args(sub):
         x.add_argument("--stack-seeds", type=int, default=1, help="seeds trained as one stacked model per task (recipes need 1)")
         _executor_args(x)
 
+def _tuned_args(sub):
+    "`tuned`: the tuned-recipe protocol of `tuning.TUNED_SEARCH`, stage by stage, into `<out>/tuned/<dataset>_lr<rate>`."
+    x = sub.add_parser("tuned", help="every arm at its own learning rate and length, chosen on validation (the tuned-recipe protocol)")
+    x.add_argument("--out", required=True, help="the main results folder: the grids go to <out>/tuned/<dataset>_lr<rate>")
+    x.add_argument("--stage", default="select", choices=["select", "complete"],
+                   help="select: every candidate learning rate on the selection seeds; complete: the other seeds at each arm's chosen rate")
+    x.add_argument("--datasets", nargs="+", help="datasets of the search (default: all of tuning.TUNED_SEARCH)")
+    x.add_argument("--profile", default="paper")
+    x.add_argument("--dry-run", action="store_true", help="print the grid commands the stage still needs and run nothing")
+    _executor_args(x)
+
 def _maps_args(sub):
     "`attention-maps`: one seed's methods trained, the CLS attention of a few test items saved for the report."
     a = sub.add_parser("attention-maps", help="train one seed's methods and save where the CLS token looks on a few test items")
@@ -158,8 +170,8 @@ def _bench_args(sub):
 
 # %% ../nbs/07_cli.ipynb
 SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "report": _report_args, "site": _site_args, "reproduce": _reproduce_args,
-               "ablations": _ablations_args, "recipes": _recipes_args, "follow-ups": _recipes_args, "attention-maps": _maps_args,
-               "bench": _bench_args}
+               "ablations": _ablations_args, "recipes": _recipes_args, "follow-ups": _recipes_args, "tuned": _tuned_args,
+               "attention-maps": _maps_args, "bench": _bench_args}
 
 def build_parser(command=None):
     "The `sparse-repro` argument parser: one sub-command per task (only `command`'s, when it names one: its options may import the library)."
@@ -408,6 +420,39 @@ def cmd_recipes(args):
     return fails
 
 # %% ../nbs/07_cli.ipynb
+def tuned_grids(args):
+    "The `grid` arguments of what the requested stage of the tuned-recipe protocol still needs, validated, with their command lines."
+    from sparse_attention_repro import tuning as T
+    datasets = _split(args.datasets) if args.datasets else list(T.TUNED_SEARCH)
+    for d in datasets:
+        if d not in T.TUNED_SEARCH: raise UsageError(f"dataset {d!r} has no declared recipe search; choose from {', '.join(T.TUNED_SEARCH)}")
+    runs = T.tuned_runs(args.out)
+    grids = []
+    for p in T.tuned_plan(T.tuned_curves(runs), T.diverged(runs), stage=args.stage, datasets=datasets):
+        argv = ["grid", "--profile", args.profile, "--out", str(Path(args.out) / "tuned" / p["folder"]), "--datasets", p["dataset"],
+                "--methods", *p["methods"], "--seeds", *map(str, p["seeds"]), "--lr", f"{p['lr']:g}", "--epochs", str(p["epochs"]),
+                "--epoch-eval", "--val-fraction", f"{T.TUNED_VAL_FRACTION:g}"]
+        run = ["--jobs", str(args.jobs), "--executor", args.executor, "--device", args.device]
+        run += (["--scheduler", args.scheduler] if args.scheduler else []) + (["--download"] if args.download else [])
+        g = build_parser("grid").parse_args(argv + run)
+        grid_tasks(g)
+        grids.append((" ".join(["sparse-repro", *argv]), g))
+    return grids
+
+def cmd_tuned(args):
+    "Run the requested stage of the tuned-recipe protocol until it needs nothing more (or a notebook fails); returns the failures."
+    _check_executor(args)
+    fails = {}
+    while grids := tuned_grids(args):
+        for line, _ in grids: print(f"tuned ({args.stage}): {line}")
+        if args.dry_run: return {}
+        for line, g in grids:
+            fails.update({f"{Path(g.out).name}:{k}": v for k, v in cmd_grid(g).items()})
+        if fails or args.stage == "complete": break
+    else: print(f"tuned ({args.stage}): nothing left to run in {Path(args.out) / 'tuned'}")
+    return fails
+
+# %% ../nbs/07_cli.ipynb
 def cmd_attention_maps(args):
     "Train seed `--seed` of each dataset (all the paper's methods) and save the CLS attention maps; a finished dataset is skipped."
     from sparse_attention_repro.train import PROFILES, PAPER_SIZES, profile_config, attention_maps
@@ -497,8 +542,8 @@ def cmd_bench(args):
 
 # %% ../nbs/07_cli.ipynb
 COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "site": cmd_site, "reproduce": cmd_reproduce,
-            "ablations": cmd_ablations, "recipes": cmd_recipes, "follow-ups": cmd_recipes, "attention-maps": cmd_attention_maps,
-            "bench": cmd_bench}
+            "ablations": cmd_ablations, "recipes": cmd_recipes, "follow-ups": cmd_recipes, "tuned": cmd_tuned,
+            "attention-maps": cmd_attention_maps, "bench": cmd_bench}
 
 def main(argv=None):
     "Entry point of `sparse-repro`; returns the exit status."
