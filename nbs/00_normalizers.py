@@ -271,7 +271,19 @@ assert (entmax15(x) == 0).any() and (entmax15(x) > 0).sum() > (sparsemax(x) > 0)
 # $\beta = 1/(\alpha-1)$, $z = (\alpha-1)(s - \max s)$, by **Newton's method from $\tau_0 = -1$**: $f$ is convex and decreasing
 # and $f(-1) \ge 0$, so the iterates rise monotonically to the root without overshooting; we stop when a step moves
 # $\tau$ by no more than a few ulps (about 10 steps reach float64 round-off for every $\alpha \in (1.05, 1.95)$ at the
-# study's sequence lengths; at most `n_iter`), and renormalise the output to sum exactly to one.
+# study's sequence lengths; at most `n_iter`, `ENTMAX_ALPHA_ITERS` by default), and renormalise the output to sum exactly
+# to one. The derivative $f'$ counts only the keys on the support: at $\alpha = 2$ an off-support key would add
+# $0^0 = 1$ and slow the steps down, above 2 it would add $0^{\beta-1} = \infty$ (NaN).
+#
+# **$\alpha > 2$** ($\beta < 1$) needs another route: $f$ is then concave between the scores and each key enters it with
+# infinite slope, so Newton on $\tau$ overshoots and can leave every key behind. Here we first find the support exactly:
+# with the scores sorted, the $k$-th largest is kept iff $f(z_{(k)}) < 0$, which is monotone in $k$, so a binary search
+# over $k$ ($\lceil\log_2 T\rceil$ passes) finds the smallest kept score $z_{(k)}$. On that support we solve for its
+# probability $s = p_{(k)}$ instead of $\tau = z_{(k)} - s^{\alpha-1}$: $\varphi(s) = \sum_{z_i \ge z_{(k)}}
+# (z_i - z_{(k)} + s^{\alpha-1})^{\beta} - 1$ is a sum of $\ell_{\alpha-1}$ norms of $((z_i - z_{(k)})^{\beta}, s)$, smooth,
+# convex and increasing, and $\varphi(1) \ge 0$, so Newton from $s_0 = 1$ falls monotonically to the root (at most 10 steps
+# to round-off in our checks up to $\alpha = 10$). The float32 C kernel runs the $\alpha \le 2$ iteration only, so rows
+# with some $\alpha > 2$ take this torch path.
 #
 # **Gradients by implicit differentiation** (no autograd through the iterations). For the scores the formula is
 # entmax-1.5's with $w = p^{2-\alpha}$. For $\alpha$, differentiating the optimality condition gives (Correia et al., 2019)
@@ -288,28 +300,66 @@ def _sum_to_shape(t, shape):
         if n == 1 and t.shape[d] != 1: t = t.sum(d, keepdim=True)
     return t
 
+ENTMAX_ALPHA_ITERS = 30   # alpha-entmax's Newton steps at most (it stops at a few ulps, in about 10)
+
+def _entmax_alpha_convex(z, alpha, n_iter=ENTMAX_ALPHA_ITERS):
+    "Unnormalised alpha-entmax, 1 < alpha <= 2, of `z = (s - max)(alpha - 1)` (-inf allowed): Newton on tau from -1."
+    beta = 1 / (alpha - 1)
+    tau = torch.full_like(z[..., :1], -1.0)                             # f(-1) >= 0: start left of the root
+    tol = 4 * torch.finfo(z.dtype).eps
+    for _ in range(n_iter):
+        d = (z - tau).clamp_min(0)
+        d_pow = torch.where(d > 0, d.pow(beta - 1), torch.zeros_like(d))  # d^(beta-1) on the support only (0^0 = 1 at alpha 2)
+        step = ((d_pow * d).sum(-1, keepdim=True) - 1) / (beta * d_pow.sum(-1, keepdim=True))
+        tau = tau + step
+        if step.abs().max() <= tol: break                                # converged to round-off
+    return (z - tau).clamp_min(0).pow(beta)
+
+def _entmax_alpha_concave(z, alpha, n_iter=ENTMAX_ALPHA_ITERS):
+    """Unnormalised alpha-entmax, alpha >= 2, of `z = (s - max)(alpha - 1)` (-inf allowed): the support by a binary
+    search over the sorted keys, then Newton on the smallest kept key's probability, from 1."""
+    a, beta, n = alpha - 1, 1 / (alpha - 1), z.shape[-1]
+    zs = z.sort(-1, descending=True).values
+    on_k = torch.zeros(z.shape[:-1] + (1,), dtype=torch.long, device=z.device)   # a key known to be kept (the max) ...
+    off_k = torch.full_like(on_k, n)                                              # ... and one known dropped (or n)
+    for _ in range(max(1, math.ceil(math.log2(n)))):
+        mid = (on_k + off_k) // 2
+        zm = zs.gather(-1, mid.clamp_max(n - 1))
+        kept = ((torch.where(z > zm, z - zm, torch.zeros_like(z)).pow(beta).sum(-1, keepdim=True) < 1)   # f(z_mid) < 0
+                & (mid < off_k))
+        on_k, off_k = torch.where(kept, mid, on_k), torch.where(kept, off_k, torch.maximum(mid, on_k + 1))
+    zk = zs.gather(-1, on_k)                                            # the smallest kept score
+    on = z >= zk
+    c = torch.where(on, z - zk, torch.zeros_like(z))                    # p_i = (c_i + s^a)^beta, s = p_k
+    s = torch.ones_like(zk)                                             # phi(1) >= 0: start right of the root
+    tol = 4 * torch.finfo(z.dtype).eps
+    for _ in range(n_iter):
+        u = c + s.pow(a)
+        u_pow = torch.where(on, u.pow(beta - 1), torch.zeros_like(u))
+        phi = (u_pow * u).sum(-1, keepdim=True) - 1
+        s_new = s - phi / (s.pow(a - 1) * u_pow.sum(-1, keepdim=True))
+        s_new = torch.where(s_new > 0, s_new, s / 2)                        # a root below float range: halve towards it
+        step, s = s - s_new, s_new
+        if step.abs().max() <= tol: break                                # converged to round-off
+    return torch.where(on, (c + s.pow(a)).pow(beta), torch.zeros_like(c))
+
 class EntmaxAlphaFunction(Function):
     "alpha-entmax over the last dim for a tensor `alpha` (broadcastable, size 1 on that dim): Newton forward, implicit backward."
     @staticmethod
-    def forward(ctx, x, alpha, n_iter=30):
+    def forward(ctx, x, alpha, n_iter=ENTMAX_ALPHA_ITERS):
         alpha_shape = alpha.shape
         alpha = alpha.to(x.dtype)
         ctx.alpha_shape = alpha_shape
-        if K.usable(x):
+        if K.usable(x) and (alpha <= 2).all():                          # the kernel's Newton assumes a convex f
             p = K.entmax_alpha_fwd(x, alpha.expand(x.shape[:-1] + (1,)), n_iter)
             ctx.save_for_backward(p, alpha)
             return p
         z = (x - x.amax(-1, keepdim=True)) * (alpha - 1)                   # (..., T), max 0
-        beta = 1 / (alpha - 1)
-        tau = torch.full_like(z[..., :1], -1.0)                             # f(-1) >= 0: start left of the root
-        tol = 4 * torch.finfo(z.dtype).eps
-        for _ in range(n_iter):
-            d = (z - tau).clamp_min(0)
-            d_pow = d.pow(beta - 1)
-            step = ((d_pow * d).sum(-1, keepdim=True) - 1) / (beta * d_pow.sum(-1, keepdim=True))
-            tau = tau + step
-            if step.abs().max() <= tol: break                                # converged to round-off
-        p = (z - tau).clamp_min(0).pow(beta)
+        concave = alpha > 2
+        if not concave.any(): p = _entmax_alpha_convex(z, alpha, n_iter)
+        elif concave.all(): p = _entmax_alpha_concave(z, alpha, n_iter)
+        else: p = torch.where(concave, _entmax_alpha_concave(z, alpha.clamp_min(2), n_iter),
+                              _entmax_alpha_convex(z, alpha.clamp_max(2), n_iter))
         p = p / p.sum(-1, keepdim=True)
         ctx.save_for_backward(p, alpha)
         return p
@@ -331,10 +381,11 @@ class EntmaxAlphaFunction(Function):
             d_alpha = _sum_to_shape((g * dp_dalpha).sum(-1, keepdim=True), ctx.alpha_shape)
         return dx, d_alpha, None
 
-def entmax_alpha(scores, alpha, key_mask=None, n_iter=30):
-    "alpha-entmax over keys; `alpha` is a float or a tensor broadcastable to `scores[..., :1]` (e.g. `[H, 1, 1]`)."
+def entmax_alpha(scores, alpha, key_mask=None, n_iter=ENTMAX_ALPHA_ITERS):
+    "alpha-entmax over keys; `alpha` is a float or a tensor broadcastable to `scores[..., :1]` (e.g. `[H, 1, 1]`), all > 1."
     s, empty = _mask_scores(_upcast(scores), key_mask)
     if not torch.is_tensor(alpha): alpha = torch.tensor(float(alpha), dtype=s.dtype, device=s.device)
+    if not (alpha > 1).all(): raise ValueError(f"entmax_alpha needs every alpha > 1 (got min {alpha.min().item()}); use softmax for alpha = 1")
     return _finish(EntmaxAlphaFunction.apply(s, alpha, n_iter), s, empty).to(scores.dtype)
 
 
@@ -366,6 +417,32 @@ eps = 1e-6
 e1 = torch.zeros_like(alpha); e1[1] = eps
 fd = (f(alpha.detach() + e1) - f(alpha.detach() - e1)) / (2 * eps)
 test_close(ga[1], fd, eps=1e-6)
+
+# %% [markdown]
+# Every $\alpha > 1$, not only the learned range: above 2 the threshold is found on the exact support (a key far below it
+# once made the whole row NaN), at 2 the off-support keys no longer slow Newton down; both the torch path (float64) and the
+# float32 path (the C kernel up to $\alpha = 2$) are checked against `entmax.entmax_bisect`, with a masked key:
+
+# %%
+torch.manual_seed(1)
+x = torch.randn(4, 7, dtype=torch.float64) * 2
+x[1, 3] = -50.                                                          # a key far outside the support
+m = torch.ones(4, 7, dtype=torch.bool); m[:, 2] = False                # a masked key in every row
+xf = x.float()
+for a in (1.25, 1.5, 2.0, 2.25, 3.0):
+    test_close(entmax_alpha(x, a, m), entmax.entmax_bisect(x.masked_fill(~m, -math.inf), a, dim=-1, n_iter=100), eps=1e-10)
+    ref32 = entmax.entmax_bisect(xf.double().masked_fill(~m, -math.inf), a, dim=-1, n_iter=100)
+    test_close(entmax_alpha(xf, a, m).double(), ref32, eps=1e-6)      # float32: the C kernel for alpha <= 2
+    assert (entmax_alpha(xf, a, m)[:, 2] == 0).all() and (entmax_alpha(x, a, m)[1, 3] == 0)
+test_eq(entmax_alpha(torch.tensor([[0., -1.]], dtype=torch.float64), 2.25).tolist(), [[1., 0.]])
+test_fail(lambda: entmax_alpha(x, 1.0), contains="alpha > 1")
+
+# %% [markdown]
+# The backward's formula holds above 2 as well (finite differences, both inputs):
+
+# %%
+a25 = torch.tensor(2.5, dtype=torch.float64, requires_grad=True)
+assert torch.autograd.gradcheck(lambda u, b: entmax_alpha(u, b, m), (x.clone().requires_grad_(), a25))
 
 # %% [markdown]
 # ## The original study's entmax: 18 bisection steps, gradient through the loop
@@ -891,7 +968,7 @@ def adaptive_alpha(logit):
 class HeadwiseAdaptiveEntmax(nn.Module):
     """alpha-entmax with one learned alpha per head: alpha = 1.05 + 0.90 * sigmoid(a), a initialised at 0 (alpha 1.5);
     `alpha_start` starts every head elsewhere in (1.05, 1.95) (the start-value control of the learned alpha)."""
-    def __init__(self, num_heads, n_iter=30, bisect=False, num_models=None, alpha_start=1.5):
+    def __init__(self, num_heads, n_iter=ENTMAX_ALPHA_ITERS, bisect=False, num_models=None, alpha_start=1.5):
         super().__init__()
         if not ALPHA_MIN < alpha_start < ALPHA_MAX: raise ValueError(f"alpha_start must lie in (1.05, 1.95), got {alpha_start}")
         u = (alpha_start - ALPHA_MIN) / ALPHA_SPAN                                       # the logit that gives alpha_start

@@ -5,7 +5,7 @@
 # %% auto 0
 __all__ = ['FAST_HELP', 'SUBCOMMANDS', 'STUDY_A_KEYS', 'CRISP_KEYS', 'COMMANDS', 'UsageError', 'usable_cores', 'threads_per_job',
            'build_parser', 'grid_tasks', 'cmd_grid', 'crisp_tasks', 'cmd_crisp', 'cmd_report', 'cmd_site',
-           'cmd_reproduce', 'ablation_grids', 'cmd_ablations', 'cmd_recipes', 'tuned_grids', 'cmd_tuned',
+           'cmd_reproduce', 'ablation_grids', 'cmd_ablations', 'cmd_follow_ups', 'tuned_grids', 'cmd_tuned',
            'cmd_attention_maps', 'cmd_bench', 'main']
 
 # %% ../nbs/07_cli.ipynb
@@ -87,6 +87,7 @@ def _report_args(sub):
     "`report`: statistics, figures and claims of a results folder."
     r = sub.add_parser("report", help="statistics, figures and the claims table of a results folder")
     r.add_argument("--results", required=True)
+    r.add_argument("--readme", default=None, help="also rewrite the answer block of this README from the report's tables")
     return r
 
 def _site_args(sub):
@@ -117,17 +118,13 @@ def _ablations_args(sub):
     _executor_args(x)
     return x
 
-def _recipes_args(sub):
-    "`recipes` and `follow-ups`: named grids of `stats.RECIPE_GRIDS` / `stats.FOLLOW_UPS` into `<out>/recipes|follow_ups/<name>`."
-    for name, text, only in [("recipes", "the tuned-recipe grids: every arm at its own learning rate and length (chosen on validation)",
-                              "grid names, e.g. fashion_mnist_lr0.003 (default: all, in order)"),
-                             ("follow-ups", "the follow-up experiments of stats.FOLLOW_UPS (e.g. alpha_start), paired with a main grid's seeds",
-                              "follow-up names (default: all, in order)")]:
-        x = sub.add_parser(name, help=text)
-        x.add_argument("--profile", default="paper"); x.add_argument("--out", required=True, help="the main results folder")
-        x.add_argument("--only", nargs="+", help=only); x.add_argument("--seeds", nargs="+")
-        x.add_argument("--stack-seeds", type=int, default=1, help="seeds trained as one stacked model per task (recipes need 1)")
-        _executor_args(x)
+def _follow_ups_args(sub):
+    "`follow-ups`: the named grids of `stats.FOLLOW_UPS` into `<out>/follow_ups/<name>`."
+    x = sub.add_parser("follow-ups", help="the follow-up experiments of stats.FOLLOW_UPS (e.g. alpha_start), paired with a main grid's seeds")
+    x.add_argument("--profile", default="paper"); x.add_argument("--out", required=True, help="the main results folder")
+    x.add_argument("--only", nargs="+", help="follow-up names (default: all, in order)"); x.add_argument("--seeds", nargs="+")
+    x.add_argument("--stack-seeds", type=int, default=1, help="seeds trained as one stacked model per task")
+    _executor_args(x)
 
 def _tuned_args(sub):
     "`tuned`: the tuned-recipe protocol of `tuning.TUNED_SEARCH`, stage by stage, into `<out>/tuned/<dataset>_lr<rate>`."
@@ -170,7 +167,7 @@ def _bench_args(sub):
 
 # %% ../nbs/07_cli.ipynb
 SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "report": _report_args, "site": _site_args, "reproduce": _reproduce_args,
-               "ablations": _ablations_args, "recipes": _recipes_args, "follow-ups": _recipes_args, "tuned": _tuned_args,
+               "ablations": _ablations_args, "follow-ups": _follow_ups_args, "tuned": _tuned_args,
                "attention-maps": _maps_args, "bench": _bench_args}
 
 def build_parser(command=None):
@@ -358,7 +355,11 @@ def cmd_report(args):
         if (Path(args.results) / name).exists():
             try: check_results_file(Path(args.results) / name)
             except ValueError as e: raise UsageError(str(e)) from None
+    if args.readme and not Path(args.readme).is_file(): raise UsageError(f"--readme {args.readme} is not a file; give the README to update")
     print(f"report: {make_report(args.results)}")
+    if args.readme:
+        from sparse_attention_repro.tuning import sync_readme
+        print(f"readme: {args.readme} {'updated' if sync_readme(args.readme, args.results) else 'already current'}")
     return {}
 
 def cmd_site(args):
@@ -409,13 +410,12 @@ def cmd_ablations(args):
         fails.update({f"{name}:{k}": v for k, v in cmd_grid(g).items()})
     return fails
 
-def cmd_recipes(args):
-    "Run the tuned-recipe grids (`stats.RECIPE_GRIDS`) or the follow-ups (`stats.FOLLOW_UPS`), one after the other; returns the failures."
-    from sparse_attention_repro.stats import RECIPE_GRIDS, FOLLOW_UPS
-    table, folder, kind = (RECIPE_GRIDS, "recipes", "recipe grid") if args.command == "recipes" else (FOLLOW_UPS, "follow_ups", "follow-up")
+def cmd_follow_ups(args):
+    "Run the follow-up grids (`stats.FOLLOW_UPS`) one after the other; returns the failures."
+    from sparse_attention_repro.stats import FOLLOW_UPS
     fails = {}
-    for name, g in ablation_grids(args, table, folder, kind):
-        print(f"{kind} {name}: {g.out}")
+    for name, g in ablation_grids(args, FOLLOW_UPS, "follow_ups", "follow-up"):
+        print(f"follow-up {name}: {g.out}")
         fails.update({f"{name}:{k}": v for k, v in cmd_grid(g).items()})
     return fails
 
@@ -542,7 +542,7 @@ def cmd_bench(args):
 
 # %% ../nbs/07_cli.ipynb
 COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "site": cmd_site, "reproduce": cmd_reproduce,
-            "ablations": cmd_ablations, "recipes": cmd_recipes, "follow-ups": cmd_recipes, "tuned": cmd_tuned,
+            "ablations": cmd_ablations, "follow-ups": cmd_follow_ups, "tuned": cmd_tuned,
             "attention-maps": cmd_attention_maps, "bench": cmd_bench}
 
 def main(argv=None):

@@ -4,18 +4,17 @@
 
 # %% auto 0
 __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'SPARSE_METHODS', 'TOPK_METHODS', 'CRISP_MASKED', 'RESULT_COLUMNS',
-           'EQUIVALENCE_MARGINS', 'TEST_COLS', 'PUBLISHED_CRISP_GAIN', 'ABLATIONS', 'ABLATION_COLS', 'RECIPE_SEARCH',
-           'RECIPE_VAL_FRACTION', 'PAPER_LR', 'RECIPE_GRIDS', 'FOLLOW_UPS', 'CURVE_COLS', 'DATASET_ORDER',
-           'VERSUS_COLS', 'load_runs', 'load_crisp', 'check_results_file', 'paired_stats', 'holm', 'tost_paired',
-           'equivalence_verdict', 'family_of', 'paired_tests', 'crisp_tests', 'crisp_normalizer_tests', 'seed_deltas',
-           'single_seed_summary', 'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas',
-           'power_table', 'accuracy_ci', 'select_topk', 'alpha_long', 'pad_attention', 'time_ratios', 'layer_sparsity',
-           'crisp_learning_curve', 'crisp_by_lr', 'alpha_start_tests', 'alpha_start_verdicts', 'prediction_interval',
-           'verdict', 'fmt_p', 'claims_table', 'ablation_tests', 'ablation_expected', 'ablation_family',
-           'ablation_answer', 'readable_ablation', 'readable_single_seed', 'readable_power', 'deviations', 'run_curves',
-           'recipe_curves', 'identical_to_main', 'select_recipes', 'recipe_tests', 'gain_verdict', 'tuned_verdicts',
-           'recipe_budget', 'crisp_lr_verdicts', 'readable_tests', 'run_description', 'paper_deltas', 'readable_claims',
-           'analyse', 'versus_baseline', 'pairing_check', 'versus_answer', 'readable_versus']
+           'EQUIVALENCE_MARGINS', 'TEST_COLS', 'PUBLISHED_CRISP_GAIN', 'ABLATIONS', 'ABLATION_COLS', 'FOLLOW_UPS',
+           'CURVE_COLS', 'DATASET_ORDER', 'VERSUS_COLS', 'load_runs', 'load_crisp', 'check_results_file',
+           'paired_stats', 'holm', 'tost_paired', 'equivalence_verdict', 'family_of', 'paired_tests', 'crisp_tests',
+           'crisp_normalizer_tests', 'seed_deltas', 'single_seed_summary', 'single_pair_exceedance', 'mde_paired',
+           'mde_unpaired', 'discordance_from_deltas', 'power_table', 'accuracy_ci', 'select_topk', 'alpha_long',
+           'pad_attention', 'time_ratios', 'layer_sparsity', 'crisp_learning_curve', 'crisp_by_lr', 'alpha_start_tests',
+           'alpha_start_verdicts', 'prediction_interval', 'verdict', 'fmt_p', 'claims_table', 'ablation_tests',
+           'ablation_expected', 'ablation_family', 'ablation_answer', 'readable_ablation', 'readable_single_seed',
+           'readable_power', 'deviations', 'run_curves', 'gain_verdict', 'crisp_lr_verdicts', 'readable_tests',
+           'run_description', 'paper_deltas', 'readable_claims', 'analyse', 'versus_baseline', 'pairing_check',
+           'versus_answer', 'readable_versus']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -751,22 +750,6 @@ def deviations(runs=None, crisp=None):
     return pd.DataFrame(rows, columns=["study", "paper", "ours", "why", "could_move"])
 
 # %% ../nbs/05_stats.ipynb
-RECIPE_SEARCH = {   # dataset: the methods of its claims, the learning rates and the lengths (epochs) searched
-    "fashion_mnist": dict(methods=("softmax", "entmax15", "topk_softmax_0125"), lrs=(3e-4, 1e-3, 3e-3), epochs=(6, 24)),
-    "cifar10": dict(methods=("softmax", "entmax15", "topk_softmax_025"), lrs=(3e-4, 1e-3, 3e-3), epochs=(6, 24)),
-    "twenty_news": dict(methods=("softmax", "entmax15", "topk_softmax_025"), lrs=(1e-3, 3e-3), epochs=(6, 12)),
-}
-RECIPE_VAL_FRACTION = 0.25
-PAPER_LR = 1e-3                     # the protocol's learning rate
-
-def _recipe_grids(search=RECIPE_SEARCH):
-    "One grid per (dataset, learning rate): name -> the `grid` options that run it."
-    return {f"{ds}_lr{lr:g}": dict(datasets=(ds,), lr=lr, options=f"--datasets {ds} --methods {' '.join(r['methods'])} --lr {lr:g} "
-                                   f"--epochs {max(r['epochs'])} --epoch-eval --val-fraction {RECIPE_VAL_FRACTION:g}")
-            for ds, r in search.items() for lr in r["lrs"]}
-
-RECIPE_GRIDS = _recipe_grids()
-
 FOLLOW_UPS = {   # follow-up experiments, each a grid into `<results>/follow_ups/<name>` on the main runs' seeds
     "alpha_start": dict(options="--datasets fashion_mnist twenty_news --methods headwise_adaptive_entmax_start12 headwise_adaptive_entmax_start18",
                         question="Does the learned α settle near 1.51 from any start, or stay where it starts?"),
@@ -787,114 +770,12 @@ def run_curves(runs) -> pd.DataFrame:
                         for e in json.loads(row.epoch_metrics)]
     return pd.DataFrame(out, columns=CURVE_COLS)
 
-def recipe_curves(results_dir):
-    "Long table of the learning curves of every grid under `results_dir/recipes/` (empty when there is none)."
-    frames = [run_curves(load_runs(f)) for f in sorted(Path(results_dir, "recipes").glob("*/runs.csv"))]
-    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=CURVE_COLS)
-    return out.drop_duplicates(["dataset", "method", "seed", "lr", "epoch"], keep="last")
-
 # %% ../nbs/05_stats.ipynb
-def identical_to_main(curves, runs):
-    "Per dataset: how many (method, seed) of the recipe grids at lr 1e-3 and the paper's epochs match `runs`' test accuracy exactly."
-    cols = ["dataset", "compared", "identical"]
-    if runs is None or not len(curves): return pd.DataFrame(columns=cols)
-    c = curves[np.isclose(curves.lr, PAPER_LR) & (curves.epoch == curves.dataset.map(lambda d: PAPER_SIZES[d][0]))]
-    j = c.merge(runs[["dataset", "method", "seed", "accuracy"]], on=["dataset", "method", "seed"], how="inner")
-    out = j.groupby("dataset").apply(lambda g: pd.Series(dict(compared=len(g), identical=int((g.test_accuracy == g.accuracy).sum()))),
-                                     include_groups=False).reset_index()
-    return out[cols] if len(out) else pd.DataFrame(columns=cols)
-
-# %% ../nbs/05_stats.ipynb
-def select_recipes(curves, search=None):
-    "Each (dataset, method)'s recipe: the (lr, epochs) of `search` with the best mean validation accuracy over common seeds."
-    search = RECIPE_SEARCH if search is None else search
-    rows = []
-    for (ds, m), g in curves.groupby(["dataset", "method"], sort=False):
-        if ds not in search: continue
-        grid = [(lr, e) for lr in search[ds]["lrs"] for e in search[ds]["epochs"]]
-        piv = g.pivot_table(index="seed", columns=["lr", "epoch"], values="val_accuracy")
-        have = [c for c in grid if c in piv.columns]
-        if not have: continue
-        piv = piv[have].dropna()
-        if not len(piv): continue
-        score = piv.mean()
-        (lr, ep), best = score.idxmax(), float(score.max())
-        rows.append(dict(dataset=ds, method=m, lr=lr, epochs=int(ep), val_accuracy=best, seeds=len(piv),
-                         candidates=len(have), complete=len(have) == len(grid)))
-    return pd.DataFrame(rows, columns=["dataset", "method", "lr", "epochs", "val_accuracy", "seeds", "candidates", "complete"])
-
-# %% ../nbs/05_stats.ipynb
-def _test_by_seed(curves, ds, m, lr, ep):
-    g = curves[(curves.dataset == ds) & (curves.method == m) & np.isclose(curves.lr, lr) & (curves.epoch == ep)]
-    return g.set_index("seed").test_accuracy
-
-def recipe_tests(curves, search=None, baseline=BASELINE):
-    "Tuned gain over softmax per (dataset, method), the paper-recipe gain from the same runs, Holm, TOST and the verdict."
-    search = RECIPE_SEARCH if search is None else search
-    sel = select_recipes(curves, search).set_index(["dataset", "method"])
-    rows = []
-    for ds in [d for d in search if (d, baseline) in sel.index]:
-        b = sel.loc[(ds, baseline)]
-        for m in [m for m in search[ds]["methods"] if m != baseline and (ds, m) in sel.index]:
-            r = sel.loc[(ds, m)]
-            j = pd.concat(dict(a=_test_by_seed(curves, ds, m, r.lr, r.epochs), b=_test_by_seed(curves, ds, baseline, b.lr, b.epochs),
-                               pa=_test_by_seed(curves, ds, m, PAPER_LR, PAPER_SIZES[ds][0]),
-                               pb=_test_by_seed(curves, ds, baseline, PAPER_LR, PAPER_SIZES[ds][0])), axis=1)
-            t, paper = j[["a", "b"]].dropna(), j[["pa", "pb"]].dropna()
-            st = paired_stats(t.a, t.b)
-            rows.append(dict(dataset=ds, method=m, recipe=f"lr {r.lr:g}, {r.epochs} ep", baseline_recipe=f"lr {b.lr:g}, {b.epochs} ep",
-                             complete=bool(r.complete and b.complete), n=st["n"], accuracy=float(t.a.mean()) if len(t) else np.nan,
-                             baseline_accuracy=float(t.b.mean()) if len(t) else np.nan, gain=st["mean_delta"],
-                             ci_low=st["ci_low"], ci_high=st["ci_high"], p=st["p"],
-                             p_tost=tost_paired(t.a, t.b, EQUIVALENCE_MARGINS["recipe"]),
-                             gain_paper_recipe=float((paper.pa - paper.pb).mean()) if len(paper) else np.nan, family="recipes"))
-    cols = ["dataset", "method", "recipe", "baseline_recipe", "complete", "n", "accuracy", "baseline_accuracy", "gain",
-            "ci_low", "ci_high", "p", "p_holm", "p_tost", "gain_paper_recipe", "verdict"]
-    if not rows: return pd.DataFrame(columns=cols)
-    out = holm(pd.DataFrame(rows))
-    eq = [equivalence_verdict(a, b, EQUIVALENCE_MARGINS["recipe"]) for a, b in zip(out.p_tost, out.p_holm)]
-    out["verdict"] = [gain_verdict(g, ph, e, "under 1 pt") for g, ph, e in zip(out.gain, out.p_holm, eq)]
-    return out[cols]
-
 def gain_verdict(gain, p_holm, equivalence, margin_words) -> str:
     "A gain read again in another setting: persists (and within the margin), reversed, gone (equivalent to none) or undecided."
     eq = equivalence.startswith("equivalent")
     if gain > 0 and p_holm < 0.05: return f"persists, {margin_words}" if eq else "persists"
     return "reversed" if gain < 0 and p_holm < 0.05 else "gone" if eq else "undecided"
-
-# %% ../nbs/05_stats.ipynb
-def tuned_verdicts(claims, rt):
-    "Per claim id: the tuned-recipe reading ('gone, -0.0 pt', ...), 'not run yet' or 'not in the recipe grid'."
-    out = {}
-    for c in claims.itertuples():
-        if c.kind not in ("delta", "count") or c.study != "A": continue
-        m = rt[(rt.dataset == c.dataset) & ((rt.method == c.method) if c.kind == "delta" else True)] if len(rt) else rt
-        if not len(m):
-            planned = c.dataset in RECIPE_SEARCH and (c.kind == "count" or c.method in RECIPE_SEARCH[c.dataset]["methods"])
-            out[c.claim_id] = "not run yet" if planned else "not in the recipe grid"; continue
-        out[c.claim_id] = "; ".join(f"{'' if c.kind == 'delta' else r.method + ': '}{r.verdict}, {(100 * r.gain if abs(100 * r.gain) >= 0.05 else 0.0):+.1f} pt"
-                                    + ("" if r.complete else " (provisional)") for r in m.itertuples())
-    return out
-
-# %% ../nbs/05_stats.ipynb
-def recipe_budget(curves, baseline=BASELINE):
-    "Per dataset, epoch and method: the test gain over softmax when each takes its best learning rate for that length (on validation)."
-    rows = []
-    for (ds, ep), g in curves.groupby(["dataset", "epoch"], sort=True):
-        best = {}
-        for m, gm in g.groupby("method"):
-            piv = gm.pivot_table(index="seed", columns="lr", values="val_accuracy").dropna()
-            if len(piv): best[m] = piv.mean().idxmax()
-        if baseline not in best: continue
-        b = g[(g.method == baseline) & np.isclose(g.lr, best[baseline])].set_index("seed").test_accuracy
-        for m, lr in best.items():
-            if m == baseline: continue
-            a = g[(g.method == m) & np.isclose(g.lr, lr)].set_index("seed").test_accuracy
-            j = pd.concat(dict(a=a, b=b), axis=1).dropna()
-            st = paired_stats(j.a, j.b)
-            rows.append(dict(dataset=ds, epoch=int(ep), method=m, lr=lr, baseline_lr=best[baseline], n=st["n"],
-                             gain=st["mean_delta"], ci_low=st["ci_low"], ci_high=st["ci_high"]))
-    return pd.DataFrame(rows, columns=["dataset", "epoch", "method", "lr", "baseline_lr", "n", "gain", "ci_low", "ci_high"])
 
 # %% ../nbs/05_stats.ipynb
 def crisp_lr_verdicts(claims, by_lr, main_lr) -> dict:

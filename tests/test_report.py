@@ -42,3 +42,37 @@ def test_experiment_notebooks_name_their_kernel_and_parameters():
         meta = json.loads(nb.read_text())
         assert meta["metadata"].get("kernelspec", {}).get("name") == "python3", nb.name
         assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in meta["cells"]), nb.name
+
+def test_readme_answer_is_generated_from_the_committed_tables():
+    "The README's answer block is exactly what the committed tables give: no number in it is typed by hand."
+    from pathlib import Path
+    from sparse_attention_repro.tuning import answer_markdown, README_MARKERS
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "README.md").read_text(encoding="utf-8")
+    a, b = README_MARKERS
+    block = text[text.index(a) + len(a):text.index(b)].strip()
+    import os
+    here = os.getcwd()
+    try:
+        os.chdir(root)                                     # the figure link is relative to the README
+        assert block == answer_markdown("outputs/paper").strip()
+    finally: os.chdir(here)
+
+def test_tuned_tests_recomputed_with_scipy():
+    "Each committed tuned comparison: its paired t-test recomputed with scipy from the committed learning curves."
+    from pathlib import Path
+    from sparse_attention_repro import tuning as T
+    root = Path(__file__).resolve().parent.parent / "outputs" / "paper"
+    tests = pd.read_csv(root / "tables" / "tuned_tests.csv")
+    curves = pd.concat([T.tuned_curves(T.tuned_runs(root, folder)).assign(source=s) for s, (folder, _) in T.SOURCES.items()])
+    assert len(tests) >= 6
+    for r in tests.itertuples():
+        c = curves[(curves.source == r.source) & (curves.dataset == r.dataset)]
+        lr, ep = float(r.recipe.split()[1].rstrip(",")), int(r.recipe.split()[2])            # "lr 0.001, 22 ep"
+        blr, bep = float(r.baseline_recipe.split()[1].rstrip(",")), int(r.baseline_recipe.split()[2])
+        a = c[(c.method == r.method) & np.isclose(c.lr, lr) & (c.epoch == ep)].set_index("seed").test_accuracy
+        b = c[(c.method == r.baseline) & np.isclose(c.lr, blr) & (c.epoch == bep)].set_index("seed").test_accuracy
+        j = pd.concat(dict(a=a, b=b), axis=1).dropna()
+        assert len(j) == r.n
+        np.testing.assert_allclose(r.gain, (j.a - j.b).mean(), rtol=1e-9)
+        np.testing.assert_allclose(r.p, stats.ttest_rel(j.a, j.b).pvalue, rtol=1e-6)
