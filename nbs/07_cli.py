@@ -174,8 +174,9 @@ def _tuned_args(sub):
     "`tuned`: the tuned-recipe protocol of `tuning.TUNED_SEARCH`, stage by stage, into `<out>/tuned/<dataset>_lr<rate>`."
     x = sub.add_parser("tuned", help="every arm at its own learning rate and length, chosen on validation (the tuned-recipe protocol)")
     x.add_argument("--out", required=True, help="the main results folder: the grids go to <out>/tuned/<dataset>_lr<rate>")
-    x.add_argument("--stage", default="select", choices=["select", "complete"],
-                   help="select: every candidate learning rate on the selection seeds; complete: the other seeds at each arm's chosen rate")
+    x.add_argument("--stage", default="select", choices=["select", "complete", "power"],
+                   help="select: every candidate learning rate on the selection seeds; complete: the other seeds at each arm's chosen "
+                        "rate; power: more seeds for the headline comparisons, at their chosen recipes, until TOST at ±1 pt has 80%% power")
     x.add_argument("--datasets", nargs="+", help="datasets of the search (default: all of tuning.TUNED_SEARCH)")
     x.add_argument("--profile", default="paper")
     x.add_argument("--dry-run", action="store_true", help="print the grid commands the stage still needs and run nothing")
@@ -516,11 +517,12 @@ def cmd_report(args):
         if (Path(args.results) / name).exists():
             try: check_results_file(Path(args.results) / name)
             except ValueError as e: raise UsageError(str(e)) from None
-    if args.readme and not Path(args.readme).is_file(): raise UsageError(f"--readme {args.readme} is not a file; give the README to update")
+    readme = getattr(args, "readme", None)                             # `reproduce` reports without touching a README
+    if readme and not Path(readme).is_file(): raise UsageError(f"--readme {readme} is not a file; give the README to update")
     print(f"report: {make_report(args.results)}")
-    if args.readme:
+    if readme:
         from sparse_attention_repro.tuning import sync_readme
-        print(f"readme: {args.readme} {'updated' if sync_readme(args.readme, args.results) else 'already current'}")
+        print(f"readme: {readme} {'updated' if sync_readme(readme, args.results) else 'already current'}")
     return {}
 
 def cmd_site(args):
@@ -605,8 +607,13 @@ def tuned_grids(args):
     for d in datasets:
         if d not in T.TUNED_SEARCH: raise UsageError(f"dataset {d!r} has no declared recipe search; choose from {', '.join(T.TUNED_SEARCH)}")
     runs = T.tuned_runs(args.out)
+    curves, failed = T.tuned_curves(runs), T.diverged(runs)
+    if args.stage == "power":
+        rec = T.choose_recipes(curves, failed)
+        plan = [p for p in T.power_plan(curves, rec, T.tuned_tests(curves, rec)) if p["dataset"] in datasets] if len(rec) else []
+    else: plan = T.tuned_plan(curves, failed, stage=args.stage, datasets=datasets)
     grids = []
-    for p in T.tuned_plan(T.tuned_curves(runs), T.diverged(runs), stage=args.stage, datasets=datasets):
+    for p in plan:
         argv = ["grid", "--profile", args.profile, "--out", str(Path(args.out) / "tuned" / p["folder"]), "--datasets", p["dataset"],
                 "--methods", *p["methods"], "--seeds", *map(str, p["seeds"]), "--lr", f"{p['lr']:g}", "--epochs", str(p["epochs"]),
                 "--epoch-eval", "--val-fraction", f"{T.TUNED_VAL_FRACTION:g}"]
@@ -626,7 +633,7 @@ def cmd_tuned(args):
         if args.dry_run: return {}
         for line, g in grids:
             fails.update({f"{Path(g.out).name}:{k}": v for k, v in cmd_grid(g).items()})
-        if fails or args.stage == "complete": break
+        if fails or args.stage != "select": break
     else: print(f"tuned ({args.stage}): nothing left to run in {Path(args.out) / 'tuned'}")
     return fails
 
@@ -636,6 +643,7 @@ test_eq([(g.lr, g.epochs, g.epoch_eval, g.val_fraction, g.seeds, len(g.methods),
         [(lr, 36, True, 0.25, ["0", "1", "2"], 7, str(_out / "tuned" / f"fashion_mnist_lr{lr:g}")) for lr in (3e-4, 1e-3, 3e-3, 1e-2)])
 assert _tg[1][0].startswith("sparse-repro grid --profile paper --out ") and "--lr 0.001 --epochs 36 --epoch-eval" in _tg[1][0]
 test_eq(tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "kmnist", "--stage", "complete"])), [])
+test_eq(tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--stage", "power"])), [])   # nothing complete yet
 test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", "x", "--datasets", "synthetic_marker"])), exc=UsageError,
           contains="no declared recipe search")
 

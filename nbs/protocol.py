@@ -148,7 +148,8 @@
 #   arm's chosen rate, and the epoch is chosen on all ten seeds' mean validation curve at that rate. (On the first
 #   round, where all ten seeds ran every rate, seeds 0–2 chose the ten seeds' rate for 9 of 9 arms.)
 # * **Bracketing**: a rate chosen at the edge of its axis adds the next rate of the ladder 1, 3, 10, 30 × 10ᵏ beyond it,
-#   once; an epoch chosen in the last sixth of the run is on the length's edge, and the tables say so.
+#   once; an epoch chosen in the last sixth of the run makes that arm's run at its rate 1.5× longer, once. The tables
+#   say where an optimum is still on an edge after that.
 # * **Divergence**: a run whose training loss becomes non-finite is recorded as failed and its rate loses the selection
 #   for that method; the search goes on.
 # * **Families and margins**: the paper's families — the main family of 24 (the three learnable main datasets' 18 tuned

@@ -79,7 +79,9 @@ md(f"**Results folder:** `{results_label or RES}`. " + (f"**Missing:** {', '.joi
 fair = T.fair_recipe_readings(RES, runs)
 tt, trec, tcur = fair["tests"], fair["recipes"], fair["curves"]
 paper_tests = S.paired_tests(runs) if runs is not None else None
-md("\n".join(f"{i}. {line}" for i, line in enumerate(T.answer_lines(tt, paper_tests), 1)))
+grid_rows = pd.concat([T.tuned_runs(RES, folder) for folder, _ in T.SOURCES.values()], ignore_index=True)
+reach = T.time_to_reach(tcur, trec, grid_rows) if len(trec) else None
+md("\n".join(f"{i}. {line}" for i, line in enumerate(T.answer_lines(tt, paper_tests, reach), 1)))
 bud = T.recipe_budget(tcur) if len(tcur) else pd.DataFrame()
 if len(bud):
     bud.to_csv(TAB / "tuned_budget.csv", index=False)
@@ -315,9 +317,13 @@ if len(trec):
         f"{'epoch ' + str(r.epoch) + ' of the run' if not r.epoch_bracketed else ''})" for r in edge.itertuples()) + "." if len(edge) else "."))
     same = T.identical_to_main(tcur, runs)
     if len(same):
-        md("**The committed runs reproduce.** At the paper's learning rate and epochs, the fair-recipe grids re-ran "
+        md(("**The committed runs reproduce.**" if (same.identical == same.compared).all() else "**Against the committed runs.**")
+           + " At the paper's learning rate and epochs, the fair-recipe grids re-ran "
            + "; ".join(f"{r.dataset}: {r.identical} of {r.compared} test accuracies identical to the committed runs"
-                       for r in same.itertuples()) + " (same subsets, weights, batch order and masks; the curves are evaluations only).")
+                       + (f" (differing: {r.differing_methods})" if r.differing_methods else "") for r in same.itertuples())
+           + " (same subsets, weights, batch order and masks; the curves are evaluations only). Bit-identity holds on one "
+           "machine kind: the C kernels are built for the CPU that runs them, and a CPU with other vector units may round a "
+           "kernel's last bits differently, after which training follows another path.")
     ag = T.val_test_agreement(tcur); ag.to_csv(TAB / "val_test_agreement.csv", index=False)
     md("**Does validation predict test?** Spearman's ρ between the candidates' mean validation and mean test accuracy "
        "(every method, rate and epoch), and between their gains over softmax at the same rate and epoch:")
@@ -325,8 +331,7 @@ if len(trec):
                         "ρ, gain over softmax": ag.gain_rho.map("{:.3f}".format),
                         "same best rate on validation and test": [f"{a} of {b}" for a, b in zip(ag.same_lr, ag.methods)],
                         "validation − test (pt)": ag.val_minus_test.map(lambda v: f"{100 * v:+.1f}")}))
-    grid_rows = pd.concat([T.tuned_runs(RES, folder) for folder, _ in T.SOURCES.values()], ignore_index=True)
-    reach = T.time_to_reach(tcur, trec, grid_rows); reach.to_csv(TAB / "time_to_reach.csv", index=False)
+    reach.to_csv(TAB / "time_to_reach.csv", index=False)
     md("**What the early lead buys.** Epochs and training seconds (per epoch measured side by side in one lock-step "
        "process) each method needs at its chosen rate to reach softmax's best mean validation accuracy; – = never within the run:")
     table(pd.DataFrame({"dataset": reach.dataset, "method": reach.method, "learning rate": reach.lr.map("{:g}".format),
