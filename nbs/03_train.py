@@ -350,7 +350,8 @@ def _row(dataset, method, seed, config, data, model, result: TrainResult, lockst
                param_count=count_parameters(model), train_n=len(data.train.y), test_n=len(data.test.y),
                val_n=0 if data.val is None else len(data.val.y), val_accuracy=np.nan, val_macro_f1=np.nan,
                dataset_source=data.dataset_source, status=result.status, error="", lockstep_size=lockstep_size,
-               device=str(next(model.parameters()).device.type),
+               device=str(next(model.parameters()).device.type), cpu_capability=torch.backends.cpu.get_cpu_capability(),
+               torch_version=torch.__version__,
                learned_history=json.dumps(result.learned_history) if result.learned_history else "",
                epoch_metrics=json.dumps(result.epoch_metrics) if result.epoch_metrics else "",
                **{f.name: getattr(config, f.name) for f in run_options(TrainConfig)})          # every option (epochs, lr, variants)
@@ -467,6 +468,8 @@ test_eq((r1["param_count"], r1["train_n"], r1["test_n"], r1["status"]), (104_970
 test_close(r1["nonzero_ratio"], 1.0)
 test_eq({f.name: r1[f.name] for f in run_options(TrainConfig)}, {f.name: getattr(cfg, f.name) for f in run_options(TrainConfig)})  # every option, per row
 test_eq(r1["device"], "cuda" if torch.cuda.is_available() else "cpu")             # "auto", the default, recorded per row
+import re as _re
+assert _re.fullmatch(r"[A-Z0-9_]+", r1["cpu_capability"]) and r1["torch_version"] == torch.__version__   # e.g. AVX2, AVX512: bits differ across them
 rc = run_one("fashion_mnist", "softmax", 0, replace(cfg, device="cpu"), data)
 test_eq(rc["device"], "cpu")
 if not torch.cuda.is_available(): test_eq((rc["accuracy"], rc["test_loss"]), (r1["accuracy"], r1["test_loss"]))  # "auto" is the CPU: the same run

@@ -107,9 +107,9 @@ with tempfile.TemporaryDirectory() as d:
     fx = _repo_root() / "tests" / "fixtures"
     shutil.copy(fx / "runs.csv", d); shutil.copy(fx / "crisp_runs.csv", d)
     p = make_report(d)
-    test_eq(p.name, "report.html")
     assert (Path(d) / "tables" / "paired_tests.csv").exists()
     page, record = p.read_text(), (Path(d) / "report.ipynb").read_text()
+    assert p.parent == Path(d) and "Claims" in page and "data:image/png;base64" in page     # the claims, figures embedded
     assert str(Path(d).resolve()) not in page + record and "skip_exec" not in page       # no machine path, no front matter
 
 

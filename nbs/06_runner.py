@@ -327,36 +327,54 @@ def _dask_pool(jobs, scheduler):
 
 # %% [markdown]
 # `run_tasks` skips finished tasks, submits the rest, and after each one that finishes scrubs its record, refreshes the
-# tidy CSV and reports a failure in one line.
+# tidy CSV and reports a failure in one line. `run_task_groups` does the same for several results folders from one
+# pool, so that grids of a few tasks each (the tuned-recipe grids: one folder per learning rate) keep every worker busy
+# instead of waiting for the slowest task of each grid.
 
 # %%
 #| export
-def run_tasks(tasks, out_csv, keys, rows_dir, jobs=1, executor="local", scheduler=None, progress=True, desc="runs",
-              scrub_root=None):
-    "Run the unfinished `tasks` (`executor` local threads or dask); keep `out_csv` up to date; return {task name: error}."
-    pending = [t for t in tasks if not t.done]
-    if len(pending) < len(tasks) and progress: print(f"{len(tasks) - len(pending)} of {len(tasks)} tasks already done; resuming")
+@dataclass
+class TaskGroup:
+    "The tasks of one results folder: where their tidy CSV and rows go, the row keys, and the prefix of their failure names."
+    tasks: list
+    out_csv: Path
+    keys: tuple
+    rows_dir: Path
+    scrub_root: Path | None = None
+    name: str = ""
+
+def run_task_groups(groups, jobs=1, executor="local", scheduler=None, progress=True, desc="runs"):
+    "Run the unfinished tasks of every `TaskGroup` from one pool; keep each group's CSV up to date; return {name: error}."
+    pending = [(g, t) for g in groups for t in g.tasks if not t.done]
+    total = sum(len(g.tasks) for g in groups)
+    if len(pending) < total and progress: print(f"{total - len(pending)} of {total} tasks already done; resuming")
+    for g in groups:
+        if not any(not t.done for t in g.tasks) and any(t.done for t in g.tasks): collect_rows(g.rows_dir, g.out_csv, g.keys)
     failures = {}
-    if not pending:
-        if any(t.done for t in tasks): collect_rows(rows_dir, out_csv, keys)
-        return failures
+    if not pending: return failures
     if executor not in ("local", "dask"): raise ValueError(f"unknown executor {executor!r}; choose local or dask")
     submit, completed, result, close = _local_pool(jobs) if executor == "local" else _dask_pool(jobs, scheduler)
     try:
-        futures = {submit(t): t for t in pending}
+        futures = {submit(t): (g, t) for g, t in pending}
         with tqdm(total=len(pending), desc=desc, disable=not progress) as bar:
             for fut in completed(list(futures)):
-                task = futures[fut]
+                g, task = futures[fut]
                 try: err, files = result(fut)
                 except Exception as e: err, files = _error_line(e), None
                 if files: _write_files(files)
-                if scrub_root is not None and Path(task.output).exists(): scrub_record(task.output, scrub_root)
-                if err: failures[task.name] = err; tqdm.write(f"FAILED {task.name}: {err} (see {task.output})")
-                else: collect_rows(rows_dir, out_csv, keys)
+                if g.scrub_root is not None and Path(task.output).exists(): scrub_record(task.output, g.scrub_root)
+                name = f"{g.name}:{task.name}" if g.name else task.name
+                if err: failures[name] = err; tqdm.write(f"FAILED {name}: {err} (see {task.output})")
+                else: collect_rows(g.rows_dir, g.out_csv, g.keys)
                 bar.update()
     finally:
         close()
     return failures
+
+def run_tasks(tasks, out_csv, keys, rows_dir, jobs=1, executor="local", scheduler=None, progress=True, desc="runs",
+              scrub_root=None):
+    "Run the unfinished `tasks` (`executor` local threads or dask); keep `out_csv` up to date; return {task name: error}."
+    return run_task_groups([TaskGroup(list(tasks), out_csv, keys, rows_dir, scrub_root)], jobs, executor, scheduler, progress, desc)
 
 
 # %% [markdown]
@@ -382,6 +400,12 @@ assert (d / "nbs" / "x-1.ipynb").exists()
 mtime = (d / "rows2" / "x2.csv").stat().st_mtime
 test_eq(run_tasks(tasks[:2], d / "squares.csv", ["x"], d / "rows2", progress=False), {})
 test_eq((d / "rows2" / "x2.csv").stat().st_mtime, mtime)          # done tasks are not re-run
+# two results folders from one pool: each keeps its own CSV; failure names carry their group's name
+_g = [TaskGroup([NotebookTask(f"x{x}", d / "square.ipynb", d / f"g{k}" / f"x{x}.ipynb", [d / f"g{k}" / "rows" / f"x{x}.csv"],
+                              dict(x=x, rows_path=str(d / f"g{k}" / "rows" / f"x{x}.csv"))) for x in xs],
+                d / f"g{k}" / "out.csv", ["x"], d / f"g{k}" / "rows", d, name=f"g{k}") for k, xs in enumerate([(4, 5), (6, -3)])]
+test_eq(run_task_groups(_g, jobs=2, progress=False), {"g1:x-3": "ValueError: x must be >= 0"})
+test_eq([pd.read_csv(d / f"g{k}" / "out.csv").values.tolist() for k in (0, 1)], [[[4, 16], [5, 25]], [[6, 36]]])
 
 # %% [markdown]
 # For executors on other machines (dask), a task runs in a private temporary folder and sends its executed notebook and

@@ -231,9 +231,10 @@ test_eq(build_parser().parse_args(["reproduce"]).val_fraction, 0.1)
 test_fail(lambda: build_parser().parse_args(["grid"]), exc=UsageError, contains="--out")
 test_fail(lambda: build_parser().parse_args(["grid", "--out", "x", "--device", "tpu"]), exc=UsageError, contains="invalid choice")
 test_eq(build_parser("report").parse_args(["report", "--results", "r"]).results, "r")      # only the command asked for is built
-test_eq(list(build_parser("report")._subparsers._group_actions[0].choices), ["report"])
-test_eq(list(build_parser("follow-ups")._subparsers._group_actions[0].choices), ["follow-ups"])
-test_eq(list(build_parser("nonsense")._subparsers._group_actions[0].choices), list(SUBCOMMANDS))
+test_fail(lambda: build_parser("report").parse_args(["grid", "--out", "x"]), exc=UsageError, contains="invalid choice")   # only `report` built
+test_fail(lambda: build_parser("follow-ups").parse_args(["tuned", "--out", "x"]), exc=UsageError, contains="invalid choice")
+_all = build_parser("nonsense")                                                  # no command named: every command is there
+test_eq([_all.parse_args(a).command for a in (["grid", "--out", "x"], ["tuned", "--out", "x"], ["bench", "floor"])], ["grid", "tuned", "bench"])
 
 # %% [markdown]
 # ## Study A grid
@@ -626,13 +627,24 @@ def tuned_grids(args):
 
 def cmd_tuned(args):
     "Run the requested stage of the tuned-recipe protocol until it needs nothing more (or a notebook fails); returns the failures."
+    from contextlib import ExitStack
+    from sparse_attention_repro.train import TrainConfig
+    from sparse_attention_repro.runner import TaskGroup, run_task_groups
     _check_executor(args)
     fails = {}
     while grids := tuned_grids(args):
         for line, _ in grids: print(f"tuned ({args.stage}): {line}")
         if args.dry_run: return {}
-        for line, g in grids:
-            fails.update({f"{Path(g.out).name}:{k}": v for k, v in cmd_grid(g).items()})
+        with ExitStack() as stack:                          # every grid's folder held and checked, then one pool for all their notebooks
+            groups = []
+            for _, g in grids:
+                tasks, options = grid_tasks(g)
+                stack.enter_context(results_lock(g.out))
+                check_manifest(g.out, "study_a", options, defaults=option_defaults(TrainConfig))
+                groups.append(TaskGroup(tasks, Path(g.out) / "runs.csv", STUDY_A_KEYS, Path(g.out) / "rows" / "study_a",
+                                        Path(g.out), name=Path(g.out).name))
+            fails = run_task_groups(groups, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
+                                    desc=f"tuned ({args.stage}) notebooks")
         if fails or args.stage != "select": break
     else: print(f"tuned ({args.stage}): nothing left to run in {Path(args.out) / 'tuned'}")
     return fails

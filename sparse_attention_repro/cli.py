@@ -448,13 +448,24 @@ def tuned_grids(args):
 
 def cmd_tuned(args):
     "Run the requested stage of the tuned-recipe protocol until it needs nothing more (or a notebook fails); returns the failures."
+    from contextlib import ExitStack
+    from sparse_attention_repro.train import TrainConfig
+    from sparse_attention_repro.runner import TaskGroup, run_task_groups
     _check_executor(args)
     fails = {}
     while grids := tuned_grids(args):
         for line, _ in grids: print(f"tuned ({args.stage}): {line}")
         if args.dry_run: return {}
-        for line, g in grids:
-            fails.update({f"{Path(g.out).name}:{k}": v for k, v in cmd_grid(g).items()})
+        with ExitStack() as stack:                          # every grid's folder held and checked, then one pool for all their notebooks
+            groups = []
+            for _, g in grids:
+                tasks, options = grid_tasks(g)
+                stack.enter_context(results_lock(g.out))
+                check_manifest(g.out, "study_a", options, defaults=option_defaults(TrainConfig))
+                groups.append(TaskGroup(tasks, Path(g.out) / "runs.csv", STUDY_A_KEYS, Path(g.out) / "rows" / "study_a",
+                                        Path(g.out), name=Path(g.out).name))
+            fails = run_task_groups(groups, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
+                                    desc=f"tuned ({args.stage}) notebooks")
         if fails or args.stage != "select": break
     else: print(f"tuned ({args.stage}): nothing left to run in {Path(args.out) / 'tuned'}")
     return fails

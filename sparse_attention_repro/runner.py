@@ -4,7 +4,7 @@
 
 # %% auto 0
 __all__ = ['save_rows', 'scrub_record', 'collect_rows', 'check_manifest', 'experiments_dir', 'FolderBusyError', 'results_lock',
-           'NotebookTask', 'execute_task', 'execute_task_portable', 'run_tasks']
+           'NotebookTask', 'execute_task', 'execute_task_portable', 'TaskGroup', 'run_task_groups', 'run_tasks']
 
 # %% ../nbs/06_runner.ipynb
 import json, os, tempfile, time
@@ -176,29 +176,45 @@ def _dask_pool(jobs, scheduler):
     return submit, dask_completed, (lambda fut: fut.result()), close
 
 # %% ../nbs/06_runner.ipynb
-def run_tasks(tasks, out_csv, keys, rows_dir, jobs=1, executor="local", scheduler=None, progress=True, desc="runs",
-              scrub_root=None):
-    "Run the unfinished `tasks` (`executor` local threads or dask); keep `out_csv` up to date; return {task name: error}."
-    pending = [t for t in tasks if not t.done]
-    if len(pending) < len(tasks) and progress: print(f"{len(tasks) - len(pending)} of {len(tasks)} tasks already done; resuming")
+@dataclass
+class TaskGroup:
+    "The tasks of one results folder: where their tidy CSV and rows go, the row keys, and the prefix of their failure names."
+    tasks: list
+    out_csv: Path
+    keys: tuple
+    rows_dir: Path
+    scrub_root: Path | None = None
+    name: str = ""
+
+def run_task_groups(groups, jobs=1, executor="local", scheduler=None, progress=True, desc="runs"):
+    "Run the unfinished tasks of every `TaskGroup` from one pool; keep each group's CSV up to date; return {name: error}."
+    pending = [(g, t) for g in groups for t in g.tasks if not t.done]
+    total = sum(len(g.tasks) for g in groups)
+    if len(pending) < total and progress: print(f"{total - len(pending)} of {total} tasks already done; resuming")
+    for g in groups:
+        if not any(not t.done for t in g.tasks) and any(t.done for t in g.tasks): collect_rows(g.rows_dir, g.out_csv, g.keys)
     failures = {}
-    if not pending:
-        if any(t.done for t in tasks): collect_rows(rows_dir, out_csv, keys)
-        return failures
+    if not pending: return failures
     if executor not in ("local", "dask"): raise ValueError(f"unknown executor {executor!r}; choose local or dask")
     submit, completed, result, close = _local_pool(jobs) if executor == "local" else _dask_pool(jobs, scheduler)
     try:
-        futures = {submit(t): t for t in pending}
+        futures = {submit(t): (g, t) for g, t in pending}
         with tqdm(total=len(pending), desc=desc, disable=not progress) as bar:
             for fut in completed(list(futures)):
-                task = futures[fut]
+                g, task = futures[fut]
                 try: err, files = result(fut)
                 except Exception as e: err, files = _error_line(e), None
                 if files: _write_files(files)
-                if scrub_root is not None and Path(task.output).exists(): scrub_record(task.output, scrub_root)
-                if err: failures[task.name] = err; tqdm.write(f"FAILED {task.name}: {err} (see {task.output})")
-                else: collect_rows(rows_dir, out_csv, keys)
+                if g.scrub_root is not None and Path(task.output).exists(): scrub_record(task.output, g.scrub_root)
+                name = f"{g.name}:{task.name}" if g.name else task.name
+                if err: failures[name] = err; tqdm.write(f"FAILED {name}: {err} (see {task.output})")
+                else: collect_rows(g.rows_dir, g.out_csv, g.keys)
                 bar.update()
     finally:
         close()
     return failures
+
+def run_tasks(tasks, out_csv, keys, rows_dir, jobs=1, executor="local", scheduler=None, progress=True, desc="runs",
+              scrub_root=None):
+    "Run the unfinished `tasks` (`executor` local threads or dask); keep `out_csv` up to date; return {task name: error}."
+    return run_task_groups([TaskGroup(list(tasks), out_csv, keys, rows_dir, scrub_root)], jobs, executor, scheduler, progress, desc)

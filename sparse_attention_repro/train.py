@@ -244,7 +244,8 @@ def _row(dataset, method, seed, config, data, model, result: TrainResult, lockst
                param_count=count_parameters(model), train_n=len(data.train.y), test_n=len(data.test.y),
                val_n=0 if data.val is None else len(data.val.y), val_accuracy=np.nan, val_macro_f1=np.nan,
                dataset_source=data.dataset_source, status=result.status, error="", lockstep_size=lockstep_size,
-               device=str(next(model.parameters()).device.type),
+               device=str(next(model.parameters()).device.type), cpu_capability=torch.backends.cpu.get_cpu_capability(),
+               torch_version=torch.__version__,
                learned_history=json.dumps(result.learned_history) if result.learned_history else "",
                epoch_metrics=json.dumps(result.epoch_metrics) if result.epoch_metrics else "",
                **{f.name: getattr(config, f.name) for f in run_options(TrainConfig)})          # every option (epochs, lr, variants)

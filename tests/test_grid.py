@@ -139,3 +139,21 @@ def test_truncated_data_file_is_one_line(tmp_path, monkeypatch, data_root):
     res = cli("grid", "--out", tmp_path / "out", "--datasets", "kmnist")
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "kmnist" in res.stderr, res.stderr
     assert not (tmp_path / "out").exists()
+
+@pytest.mark.slow
+def test_tuned_select_stage_runs_its_plan_to_the_end(tmp_path, data_root, monkeypatch):
+    "`sparse-repro tuned` on a small declared search: every grid of the select stage (edge extensions included) runs from one pool, and nothing is left."
+    from sparse_attention_repro import tuning as T
+    from sparse_attention_repro.cli import main, tuned_grids, build_parser
+    monkeypatch.setattr(T, "TUNED_SEARCH", {"fashion_mnist": T.RecipeSearch(lrs=(1e-3, 3e-3, 1e-2), epochs=2, methods=("softmax", "sparsemax"))})
+    args = ["tuned", "--out", str(tmp_path), "--profile", "smoke", "--jobs", "2"]
+    assert main(args) == 0
+    assert tuned_grids(build_parser().parse_args(args)) == []                       # the select stage has nothing left
+    runs = T.tuned_runs(tmp_path)
+    assert (runs.status == "ok").all() and set(runs.seed) == set(T.SELECTION_SEEDS)
+    assert {1e-3, 3e-3, 1e-2} <= set(runs.lr.round(6))
+    rec = T.choose_recipes(T.tuned_curves(runs), T.diverged(runs), T.TUNED_SEARCH)
+    extended = ~np.isclose(rec.lr.to_numpy()[:, None], [1e-3, 3e-3, 1e-2]).any(1)
+    assert set(rec.method) == {"softmax", "sparsemax"} and (rec.lr_bracketed | extended).all()   # an edge choice: extended once
+    plan = tuned_grids(build_parser().parse_args(args[:4] + ["--profile", "smoke", "--stage", "complete"]))
+    assert {tuple(g.seeds) for _, g in plan} == {tuple(str(s) for s in range(3, 10))}  # the other seeds, at the chosen rates
