@@ -586,8 +586,8 @@ test_close(_b.loc[(10, "topk_softmax_025"), "gain"], (_a - _s)[[0, 1, 2]].mean()
 #
 # Before this protocol, a first round tuned three methods per headline dataset over a smaller grid (`FIRST_ROUND`,
 # committed under `recipes/`, all ten seeds at every rate). The same selection rule reads it, so each concept has one
-# implementation; for a dataset the protocol has not reached yet, `fair_recipe_readings` stands the first round in for
-# it and says so in its `source` column.
+# implementation; for a dataset whose candidate rates the protocol has not all run yet, `fair_recipe_readings` stands
+# the first round in for it and says so in its `source` column.
 
 # %%
 #| export
@@ -607,7 +607,8 @@ def fair_recipe_readings(results_dir, main_runs=None) -> dict:
         if not len(cur): continue
         rec, cand = choose_recipes(cur, bad, search), choose_lr(cur, bad, search)
         taken = {d for r in recipes for d in r.dataset}
-        ready = [d for d in search if d not in taken and set(search[d].methods) <= set(rec[rec.dataset == d].method)]
+        ready = [d for d in search if d not in taken and set(search[d].methods) <= set(rec[rec.dataset == d].method)
+                 and not (cand[cand.dataset == d].status == "missing").any()]      # every candidate rate run: the choice is settled
         recipes.append(rec[rec.dataset.isin(ready)].assign(source=source))
         candidates.append(cand[cand.dataset.isin(ready)].assign(source=source))
         curves.append(cur[cur.dataset.isin(ready)].assign(source=source))

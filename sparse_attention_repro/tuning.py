@@ -335,7 +335,8 @@ def fair_recipe_readings(results_dir, main_runs=None) -> dict:
         if not len(cur): continue
         rec, cand = choose_recipes(cur, bad, search), choose_lr(cur, bad, search)
         taken = {d for r in recipes for d in r.dataset}
-        ready = [d for d in search if d not in taken and set(search[d].methods) <= set(rec[rec.dataset == d].method)]
+        ready = [d for d in search if d not in taken and set(search[d].methods) <= set(rec[rec.dataset == d].method)
+                 and not (cand[cand.dataset == d].status == "missing").any()]      # every candidate rate run: the choice is settled
         recipes.append(rec[rec.dataset.isin(ready)].assign(source=source))
         candidates.append(cand[cand.dataset.isin(ready)].assign(source=source))
         curves.append(cur[cur.dataset.isin(ready)].assign(source=source))

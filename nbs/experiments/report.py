@@ -322,8 +322,17 @@ if len(trec):
            + "; ".join(f"{r.dataset}: {r.identical} of {r.compared} test accuracies identical to the committed runs"
                        + (f" (differing: {r.differing_methods})" if r.differing_methods else "") for r in same.itertuples())
            + " (same subsets, weights, batch order and masks; the curves are evaluations only). Bit-identity holds on one "
-           "machine kind: the C kernels are built for the CPU that runs them, and a CPU with other vector units may round a "
-           "kernel's last bits differently, after which training follows another path.")
+           "machine kind: PyTorch's CPU kernels are built per instruction set (each row records `cpu_capability`), and on "
+           "another one sparsemax and top-k amplify last-bit differences into another training path.")
+    prog = T.tuned_runs(RES)
+    if len(prog):
+        done = [f"{ds} {len(g)} runs ({g.lr.nunique()} rates, seeds {', '.join(map(str, sorted(set(g.seed))))})"
+                for ds, g in prog.groupby("dataset")]
+        psame = T.identical_to_main(T.tuned_curves(prog), runs)
+        md("**The protocol's grid so far** (`tuned/`; a dataset is read from it once every candidate rate has run): "
+           + "; ".join(done) + ". " + " ".join(f"At the paper's recipe, {r.identical} of {r.compared} of its {r.dataset} test accuracies "
+                                               f"equal the committed ones" + (f" (differing: {r.differing_methods})." if r.differing_methods else ".")
+                                               for r in psame.itertuples()))
     ag = T.val_test_agreement(tcur); ag.to_csv(TAB / "val_test_agreement.csv", index=False)
     md("**Does validation predict test?** Spearman's ρ between the candidates' mean validation and mean test accuracy "
        "(every method, rate and epoch), and between their gains over softmax at the same rate and epoch:")
