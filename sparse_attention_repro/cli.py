@@ -108,23 +108,25 @@ def _reproduce_args(sub):
     return a
 
 # %% ../nbs/07_cli.ipynb
-def _ablations_args(sub):
-    "`ablations`: the confound ablations, each a grid into `<out>/ablations/<name>`."
-    x = sub.add_parser("ablations", help="the ablations of the paper's confounds, paired with a main grid's seeds")
+def _named_grids_args(sub, command, text, names, stack_help, fast=False):
+    "A command that runs named grids into `<out>/<folder>/<name>` on a main grid's seeds (`ablations`, `follow-ups`)."
+    x = sub.add_parser(command, help=text)
     x.add_argument("--profile", default="paper"); x.add_argument("--out", required=True, help="the main results folder")
-    x.add_argument("--only", nargs="+", help="ablation names (default: all, in order)"); x.add_argument("--seeds", nargs="+")
-    x.add_argument("--stack-seeds", type=int, default=1, help="seeds trained as one stacked model per task (the GPU path)")
-    x.add_argument("--fast", action="store_true", help=FAST_HELP)
+    x.add_argument("--only", nargs="+", help=f"{names} names (default: all, in order)"); x.add_argument("--seeds", nargs="+")
+    x.add_argument("--stack-seeds", type=int, default=1, help=stack_help)
+    if fast: x.add_argument("--fast", action="store_true", help=FAST_HELP)
     _executor_args(x)
     return x
 
+def _ablations_args(sub):
+    "`ablations`: the confound ablations, each a grid into `<out>/ablations/<name>`."
+    return _named_grids_args(sub, "ablations", "the ablations of the paper's confounds, paired with a main grid's seeds", "ablation",
+                             "seeds trained as one stacked model per task (the GPU path)", fast=True)
+
 def _follow_ups_args(sub):
     "`follow-ups`: the named grids of `stats.FOLLOW_UPS` into `<out>/follow_ups/<name>`."
-    x = sub.add_parser("follow-ups", help="the follow-up experiments of stats.FOLLOW_UPS (e.g. alpha_start), paired with a main grid's seeds")
-    x.add_argument("--profile", default="paper"); x.add_argument("--out", required=True, help="the main results folder")
-    x.add_argument("--only", nargs="+", help="follow-up names (default: all, in order)"); x.add_argument("--seeds", nargs="+")
-    x.add_argument("--stack-seeds", type=int, default=1, help="seeds trained as one stacked model per task")
-    _executor_args(x)
+    return _named_grids_args(sub, "follow-ups", "the follow-up experiments of stats.FOLLOW_UPS (e.g. alpha_start), paired with a "
+                             "main grid's seeds", "follow-up", "seeds trained as one stacked model per task")
 
 def _tuned_args(sub):
     "`tuned`: the tuned-recipe protocol of `tuning.TUNED_SEARCH`, stage by stage, into `<out>/tuned/<dataset>_lr<rate>`."
@@ -404,22 +406,22 @@ def ablation_grids(args, table=None, folder="ablations", kind="ablation"):
         grids.append((n, g))
     return grids
 
-def cmd_ablations(args):
-    "Run the requested ablation grids one after the other; returns the failures."
+def _run_named_grids(args, table=None, folder="ablations", kind="ablation"):
+    "Run the requested named grids of `table` one after the other; returns the failures."
     fails = {}
-    for name, g in ablation_grids(args):
-        print(f"ablation {name}: {g.out}")
+    for name, g in ablation_grids(args, table, folder, kind):
+        print(f"{kind} {name}: {g.out}")
         fails.update({f"{name}:{k}": v for k, v in cmd_grid(g).items()})
     return fails
+
+def cmd_ablations(args):
+    "Run the requested ablation grids (`stats.ABLATIONS`) one after the other; returns the failures."
+    return _run_named_grids(args)
 
 def cmd_follow_ups(args):
     "Run the follow-up grids (`stats.FOLLOW_UPS`) one after the other; returns the failures."
     from sparse_attention_repro.stats import FOLLOW_UPS
-    fails = {}
-    for name, g in ablation_grids(args, FOLLOW_UPS, "follow_ups", "follow-up"):
-        print(f"follow-up {name}: {g.out}")
-        fails.update({f"{name}:{k}": v for k, v in cmd_grid(g).items()})
-    return fails
+    return _run_named_grids(args, FOLLOW_UPS, "follow_ups", "follow-up")
 
 # %% ../nbs/07_cli.ipynb
 def tuned_grids(args):
