@@ -29,8 +29,8 @@ _src, _dst = pathlib.Path('nbs/experiments'), pathlib.Path(cfg['lib_path']) / 'e
 if _src.is_dir():
     _dst.mkdir(exist_ok=True)
     for _nb in _src.glob('*.ipynb'): shutil.copyfile(_nb, _dst / _nb.name)
-if pathlib.Path('nbs/00_kernels.c').is_file():             # the C kernels' source, read by kernels.kernel_source()
-    shutil.copyfile('nbs/00_kernels.c', pathlib.Path(cfg['lib_path']) / 'kernels.c')
+if pathlib.Path('nbs/csrc').is_dir():                     # the C kernels' sources, read by kernels.kernel_folder()
+    shutil.copytree('nbs/csrc', pathlib.Path(cfg['lib_path']) / 'csrc', dirs_exist_ok=True)
 
 setuptools.setup(
     name=cfg['lib_name'],
@@ -42,7 +42,7 @@ setuptools.setup(
                 + (['License :: ' + lic[1]] if lic[1] else []),
     packages=setuptools.find_packages(include=[cfg['lib_name'], cfg['lib_name'] + '.*']),
     include_package_data=True,
-    package_data={cfg['lib_name']: ['experiments/*.ipynb', 'kernels.c']},
+    package_data={cfg['lib_name']: ['experiments/*.ipynb', 'csrc/*.c', 'csrc/*.h']},
     install_requires=requirements,
     extras_require={'dev': dev_requirements, **extras, 'all': sorted({r for v in extras.values() for r in v})},
     dependency_links=cfg.get('dep_links', '').split(),

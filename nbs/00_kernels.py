@@ -36,7 +36,7 @@
 
 # %%
 #| export
-import ctypes, fcntl, functools, hashlib, os, platform, shutil, subprocess, tempfile, warnings
+import ctypes, fcntl, functools, hashlib, os, platform, re, shutil, subprocess, tempfile, warnings
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,21 +50,44 @@ from fastcore.test import test_eq, test_close, test_fail
 # %% [markdown]
 # ## The C source
 #
-# The kernels are one C file, `nbs/00_kernels.c`, read beside this notebook: each exported function takes contiguous
-# float32 rows and writes its result rows, and its comments explain the numerics (lanes for short rows, the Cephes
-# `exp`/`log`, top-k's threshold search). A regular install ships it inside the package as `kernels.c`.
+# The kernels live in `nbs/csrc/`, one file per concern behind one header:
+#
+# | file | holds |
+# |---|---|
+# | `kernels.h` | the normalizer kinds (`enum normalizer_kind`, one code everywhere), the limits, the entry points |
+# | `fastmath.h` | the branch-free `exp`/`log` (Cephes polynomials) and a row maximum |
+# | `lanes.h` | moving 16 short rows into vector lanes and back, and the backward softmax, sparsemax and entmax-1.5 share |
+# | `sparsemax.c`, `entmax.c`, `topk.c`, `softmax.c` | each normalizer's forward and backward side by side, rows and lanes |
+# | `attention.c` | the fused attention core, forward and backward |
+# | `random.c` | the two dropout generators (Philox, torch's Mersenne Twister) |
+# | `kernels.c` | the build's one translation unit: it includes the others in that order |
+#
+# Each exported function takes contiguous float32 rows and writes its result rows; the comments explain the numerics.
+# One translation unit keeps the helpers `static` and inlined, as they were when the source was a single file; a
+# regular install ships the folder inside the package as `csrc/`.
 
 # %%
 #| export
-def kernel_source() -> str:
-    "The C source of the kernels: the checkout's `nbs/00_kernels.c`, else the copy installed with the package."
+def kernel_folder() -> Path:
+    "The folder of the C sources: the checkout's `nbs/csrc`, else the copy installed with the package."
     pkg = Path(sparse_attention_repro.__file__).resolve().parent
-    for f in (pkg.parent / "nbs" / "00_kernels.c", pkg / "kernels.c"):
-        if f.is_file(): return f.read_text()
-    raise RuntimeError(f"kernel source not found ({pkg.parent / 'nbs' / '00_kernels.c'} or {pkg / 'kernels.c'}); reinstall the package")
+    for d in (pkg.parent / "nbs" / "csrc", pkg / "csrc"):
+        if (d / "kernels.c").is_file(): return d
+    raise RuntimeError(f"kernel source not found ({pkg.parent / 'nbs' / 'csrc'} or {pkg / 'csrc'}); reinstall the package")
+
+def kernel_files() -> dict:
+    "Every C source and header of `kernel_folder()`, name: text, in name order."
+    return {f.name: f.read_text() for f in sorted(kernel_folder().iterdir()) if f.suffix in (".c", ".h")}
+
+def kernel_source() -> str:
+    "All the C source as one text (what the build hashes and the checks below search)."
+    return "".join(f"/* ==== {name} ==== */\n{text}" for name, text in kernel_files().items())
+
+def _header_ints(pattern) -> dict:
+    "Integer constants of `kernels.h` matching `pattern` (a regex with a name group and a value group)."
+    return {m.group(1): int(m.group(2)) for m in re.finditer(pattern, kernel_files()["kernels.h"])}
 
 
-# %% [markdown]
 # ## Building and loading
 #
 # The library is compiled with `-O3 -march=native` into the cache folder (`$SPARSE_REPRO_CACHE`, else
@@ -113,9 +136,9 @@ def build_kernels(cache_dir=None) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)                         # one builder at a time; the others wait, then load
         if out.exists(): return out
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-            src, lib = Path(tmp) / "normalizers.c", Path(tmp) / "normalizers.so"
-            src.write_text(source)
-            r = subprocess.run([cc, *CFLAGS, str(src), "-o", str(lib), "-lm"], capture_output=True, text=True)
+            for name, text in kernel_files().items(): (Path(tmp) / name).write_text(text)
+            lib = Path(tmp) / "normalizers.so"
+            r = subprocess.run([cc, *CFLAGS, str(Path(tmp) / "kernels.c"), "-o", str(lib), "-lm"], capture_output=True, text=True)
             if r.returncode: raise RuntimeError(f"{cc} failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
             os.replace(lib, out)
     return out
@@ -147,15 +170,17 @@ def usable(x) -> bool:
 
 
 # %% [markdown]
-# Every function the Python side calls is defined in the source, with as many parameters as its ctypes signature says:
+# Every function the Python side calls is declared in `kernels.h` and defined in one `.c` file, both with as many
+# parameters as its ctypes signature says:
 
 # %%
-import re
-_src = kernel_source()
+_files = kernel_files()
 for name, sig in _SIGNATURES.items():
-    m = re.search(rf"^(void|long) {name}\(([^)]*)\)", _src, re.M)
-    assert m, f"{name} is not defined in 00_kernels.c"
-    test_eq((m.group(1), len(m.group(2).split(","))), ("long" if name in _RETURNS else "void", len(sig)))
+    want = ("long" if name in _RETURNS else "void", len(sig))
+    decl = re.search(rf"^(void|long) {name}\(([^)]*)\);", _files["kernels.h"], re.M)
+    defs = [m for f, t in _files.items() if f.endswith(".c") for m in re.finditer(rf"^(void|long) {name}\(([^)]*)\) {{", t, re.M)]
+    assert decl and len(defs) == 1, f"{name}: declared {bool(decl)}, defined {len(defs)} times"
+    for m in (decl, defs[0]): test_eq((m.group(1), len(m.group(2).split(","))), want)
 
 # %% [markdown]
 # ## Calling a kernel
@@ -251,8 +276,8 @@ def softmax_bwd(p, g):
 
 # %%
 #| export
-ATTENTION_KINDS = {"softmax": 0, "sparsemax": 1, "entmax15": 2, "entmax_alpha": 3, "topk_softmax": 4}
-ATTENTION_MAX_HEAD = 64                          # values per head the kernel takes (ATTENTION_MAX_HEAD in the C source)
+ATTENTION_KINDS = {k.lower(): v for k, v in _header_ints(r"KIND_(\w+) = (\d+)").items()}   # enum normalizer_kind
+ATTENTION_MAX_HEAD = _header_ints(r"#define (ATTENTION_MAX_HEAD) (\d+)")["ATTENTION_MAX_HEAD"]   # values per head it takes
 
 def _attention_scratch(T, D):
     "Scratch of one chunk of heads, as long as the C source's `attention_scratch` says."
