@@ -27,15 +27,20 @@
 
 # %%
 #| export
-import math, statistics, time
+import hashlib, json, math, statistics, time
+from pathlib import Path
 from dataclasses import replace
 import pandas as pd
 import torch
 import torch.nn as nn
-from sparse_attention_repro.normalizers import get_normalizer, parse_topk_ratio, adaptive_alpha, ORIGINAL_BISECT_STEPS
+from sparse_attention_repro.normalizers import (get_normalizer, parse_topk_ratio, adaptive_alpha, resolve_normalizer, fused_kernel_args,
+                                                ORIGINAL_BISECT_STEPS)
 from sparse_attention_repro.study import PAPER_METHODS, method_order
-from sparse_attention_repro.kernels import use_kernels
-from sparse_attention_repro.train import PAPER_SIZES, PROFILES, profile_config, run_methods, run_stacked, load_run_data, train_model, _new_model
+from sparse_attention_repro.kernels import use_kernels, kernels, kernel_dir, kernel_source, _cpu_tag
+from sparse_attention_repro.data import has_bf16_units
+from sparse_attention_repro.files import atomic_write
+from sparse_attention_repro.options import check_options, option_defaults
+from sparse_attention_repro.train import TrainConfig, PAPER_SIZES, PROFILES, profile_config, run_methods, run_stacked, load_run_data, train_model, _new_model
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
@@ -145,6 +150,127 @@ xs = x.detach().float()
 test_close(_original("topk_softmax_025", 4)(xs), topk_softmax(xs, 0.25), eps=1e-6)
 
 # %% [markdown]
+# ## The fast path, chosen by measurement
+#
+# `--fast` has three levers: Philox dropout masks (`dropout_rng="philox"`), bf16 autocast (`precision="bf16"`) and
+# the fused attention kernel (`attention="fused"`). Whether each pays depends on the CPU: on one AVX-512 Xeon bf16
+# autocast made training 1.36× *slower* and Philox 1.15× slower, while both paid on an AMD EPYC. So the levers are not
+# fixed: `calibrate_fast` times every combination this machine can run — the default path among them — on a few real
+# training steps of the grid's own methods and datasets, interleaved and repeated, and picks the one with the least
+# projected training time. The default path is a candidate, so the choice is never slower than it as measured. The
+# result is cached per CPU, kernel build, torch version, thread count and grid (a second grid starts at once), and
+# the grid records the choice and every measured per-step time in its `manifest.json`. bf16 is tried only where the
+# CPU or GPU multiplies bf16 in hardware (elsewhere autocast emulates it), fused attention only where every method of
+# the grid has a fused kernel.
+
+# %%
+#| export
+DEFAULT_LEVERS = dict(dropout_rng="torch", precision="fp32", attention="torch")
+CALIBRATION_STEPS, CALIBRATION_REPEATS = 16, 3          # training steps per timing, interleaved rounds (median kept)
+
+def lever_candidates(bf16=False, fused=False) -> list:
+    "Every combination of the fast path's levers this machine can run, as `TrainConfig` overrides; the first is the default path."
+    return [dict(dropout_rng=r, precision=p, attention=a) for r in ("torch", "philox") for p in ("fp32", "bf16")[:1 + bool(bf16)]
+            for a in ("torch", "fused")[:1 + bool(fused)]]
+
+def lever_label(levers) -> str:
+    "`default`, or the values that differ from the default path joined by `+` (e.g. `philox+fused`)."
+    return "+".join(v for k, v in levers.items() if v != DEFAULT_LEVERS[k]) or "default"
+
+SPEED_NEUTRAL = ("lr", "epochs", "epoch_eval", "val_fraction")   # options that do not change a step's cost
+
+def variant_options(options=None) -> dict:
+    "The grid's `TrainConfig` overrides that shape a training step (patching, masking, …), without the levers and the recipe."
+    defaults = option_defaults(TrainConfig)
+    check_options(TrainConfig, options := {**defaults, **(options or {})})
+    return {k: v for k, v in options.items() if v != defaults[k] and k not in SPEED_NEUTRAL and k not in DEFAULT_LEVERS}
+
+def measure_levers(dataset, methods, candidates, profile="paper", options=None, threads=1, device="cpu",
+                   steps=CALIBRATION_STEPS, repeats=CALIBRATION_REPEATS) -> pd.DataFrame:
+    """Median milliseconds per training step of all `methods` in lock-step on `dataset`, per candidate (candidates
+    interleaved), with the grid's `profile` and variant `options`."""
+    cfg = profile_config(profile, dataset, epochs=1, progress=False, test_limit=32, device=device, **variant_options(options))
+    cfg = replace(cfg, train_limit=steps * cfg.batch_size)
+    data, old = load_run_data(dataset, 0, cfg), torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        run_methods(dataset, list(methods), 0, cfg, data)                   # warm-up: allocations, thread pools, the kernel build
+        times = {lever_label(c): [] for c in candidates}
+        for _ in range(repeats):
+            for c in candidates:
+                rows = run_methods(dataset, list(methods), 0, replace(cfg, **c), data)
+                times[lever_label(c)].append(sum(r["train_seconds"] for r in rows) / steps)
+    finally: torch.set_num_threads(old)
+    return pd.DataFrame([dict(dataset=dataset, levers=k, ms_per_step=1e3 * statistics.median(v)) for k, v in times.items()])
+
+def choose_levers(measured, candidates) -> dict:
+    "The candidate with the least training time over the grid: per-step time × the paper's steps per run, summed over datasets."
+    steps = {d: PAPER_SIZES[d][0] * PAPER_SIZES[d][1] for d in measured.dataset.unique()}   # epochs × examples ∝ steps
+    total = measured.assign(cost=measured.ms_per_step * measured.dataset.map(steps)).groupby("levers", sort=False).cost.sum()
+    return next(c for c in candidates if lever_label(c) == total.idxmin())
+
+def _calibration_path(key, cache_dir=None) -> Path:
+    return kernel_dir(cache_dir).parent / "calibration" / f"fast-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.json"
+
+def fused_ok(methods) -> bool:
+    "Whether the fused attention kernel serves every one of `methods` here (all arms of a grid run on one path)."
+    return kernels() is not None and all(fused_kernel_args(resolve_normalizer(m).build()) is not None for m in methods)
+
+def calibrate_fast(datasets, methods, profile="paper", options=None, threads=1, device="cpu", bf16=False, fused=False,
+                   cache_dir=None, remeasure=False) -> dict:
+    """The fast path's levers for a grid of `methods` on `datasets` (its `profile` and variant `options`), measured on this
+    machine and cached. Returns `levers` (TrainConfig overrides), their `label`, every candidate's `ms_per_step` per
+    dataset, and what it was measured on."""
+    device, variant = getattr(device, "type", str(device)), variant_options(options)
+    key = dict(cpu=_cpu_tag(), kernels=hashlib.sha256(kernel_source().encode()).hexdigest()[:12], torch=torch.__version__,
+               threads=threads, device=device, datasets=sorted(datasets), methods=sorted(methods), profile=profile,
+               options=variant, bf16=bool(bf16), fused=bool(fused))
+    path = _calibration_path(key, cache_dir)
+    if path.exists() and not remeasure: return json.loads(path.read_text())
+    candidates = lever_candidates(bf16, fused)
+    measured = pd.concat([measure_levers(d, methods, candidates, profile, variant, threads, device) for d in datasets], ignore_index=True)
+    levers = choose_levers(measured, candidates)
+    record = dict(levers=levers, label=lever_label(levers), cpu_capability=torch.backends.cpu.get_cpu_capability(),
+                  torch_version=torch.__version__, threads=threads, profile=profile, options=variant, steps=CALIBRATION_STEPS,
+                  repeats=CALIBRATION_REPEATS,
+                  ms_per_step={d: {r.levers: round(r.ms_per_step, 3) for r in g.itertuples()} for d, g in measured.groupby("dataset")})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1)))
+    return record
+
+# %% [markdown]
+# The candidates are every combination, default first; the choice is the cheapest over the grid, weighting each
+# dataset by its steps per run. Here on made-up timings where Philox pays and bf16 does not:
+
+# %%
+_c = lever_candidates(bf16=True, fused=True)
+test_eq(len(_c), 8); test_eq(_c[0], DEFAULT_LEVERS); test_eq(len({lever_label(c) for c in _c}), 8)
+test_eq([lever_label(c) for c in lever_candidates()], ["default", "philox"])
+_m = pd.DataFrame([dict(dataset="fashion_mnist", levers=lever_label(c),
+                        ms_per_step=10 - 2 * (c["dropout_rng"] == "philox") + 3 * (c["precision"] == "bf16")) for c in _c])
+test_eq(lever_label(choose_levers(_m, _c)), "philox")
+test_eq(choose_levers(_m.assign(ms_per_step=10.0), _c), DEFAULT_LEVERS)       # a tie keeps the default path (listed first)
+# a grid's variant shapes the step and is measured with it; its recipe and the levers themselves do not key the calibration
+test_eq(variant_options(dict(patch_size=4, mask_padding=True, lr=1e-3, epochs=12, precision="bf16")), dict(patch_size=4, mask_padding=True))
+test_eq(variant_options(), {})
+
+# %% [markdown]
+# A real calibration, a few steps of two methods (its timings are this machine's; the test checks its shape and that
+# the choice is the measured minimum, not a speed):
+
+# %%
+import tempfile as _tf
+with _tf.TemporaryDirectory() as _d:
+    _cal = calibrate_fast(["fashion_mnist"], ["softmax", "sparsemax"], cache_dir=_d, fused=True)
+    test_eq(_cal["options"], {})
+    _ms = _cal["ms_per_step"]["fashion_mnist"]
+    test_eq(set(_ms), {"default", "fused", "philox", "philox+fused"})
+    test_eq(_ms[_cal["label"]], min(_ms.values()))
+    test_eq(calibrate_fast(["fashion_mnist"], ["softmax", "sparsemax"], cache_dir=_d, fused=True,
+                           options=dict(lr=3e-3, epochs=12)), _cal)     # cached; the recipe does not change a step's cost
+_cal
+
+# %% [markdown]
 # ## Training
 #
 # Each path trains the methods of seed 0 for `epochs` epochs on the paper's train subset of each dataset (same data,
@@ -159,7 +285,7 @@ PATHS = {"reimplemented_original": dict(kernels=False, lockstep=False, original=
          "kernels+lockstep": dict(kernels=True, lockstep=True),
          "kernels+lockstep+philox": dict(kernels=True, lockstep=True, dropout_rng="philox"),
          "kernels+lockstep+philox+bf16": dict(kernels=True, lockstep=True, dropout_rng="philox", precision="bf16"),
-         "fast": dict(kernels=True, lockstep=True, dropout_rng="philox", precision="bf16", attention="fused")}
+         "fast": dict(kernels=True, lockstep=True, calibrated=True)}     # the levers calibrate_fast picks here
 
 class OriginalNormalizer(nn.Module):
     "The original study's implementation of normalizer `name` (see `_original`; sparsemax: the `entmax` package's, sort-based)."
@@ -214,8 +340,10 @@ def bench_grid(datasets=("fashion_mnist", "twenty_news"), epochs=1, repeats=1, m
         cfg = profile_config("paper", ds, epochs=epochs, progress=False, test_limit=200,
                              **({"train_limit": train_limit} if train_limit else {}))
         data = load_run_data(ds, 0, cfg)
+        fast = calibrate_fast([ds], methods, threads=torch.get_num_threads(), bf16=has_bf16_units("cpu"), fused=fused_ok(methods))["levers"]
         for r in range(repeats):
             for path, opt in PATHS.items():
+                if opt.get("calibrated"): opt = {**opt, **fast}
                 with use_kernels(opt["kernels"]):
                     t0 = time.perf_counter()
                     rows = (_original_rows(ds, methods, 0, cfg, data) if opt.get("original") else

@@ -52,9 +52,10 @@ def _executor_args(sp):
     sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto = CUDA when available, else CPU")
 
 # %% ../nbs/07_cli.ipynb
-FAST_HELP = ("every opt-in speed lever at once: Philox dropout masks, bf16 autocast where the CPU or GPU has bf16 units, and "
-             "fused attention (one C kernel per head) on the CPU where every method has it; the levers are recorded in the "
-             "manifest and each row; results change run by run, not the conclusions")
+FAST_HELP = ("the opt-in speed levers that pay on this machine: Philox dropout masks, bf16 autocast (where the CPU or GPU has "
+             "bf16 units) and fused attention (one C kernel per head, where every method has it), each combination timed "
+             "here on a few steps at first use (cached) and the fastest kept, the default path included; the choice and "
+             "its timings go in the manifest, the levers in each row; results change run by run, not the conclusions")
 
 def _grid_args(sub):
     "`grid`: the study A grid and its variants."
@@ -154,8 +155,9 @@ def _maps_args(sub):
 def _bench_args(sub):
     "`bench`: speed, side by side in one process."
     b = sub.add_parser("bench", help="speed benchmarks: ratios measured side by side in one process")
-    b.add_argument("what", choices=["normalizers", "grid", "stack", "compare", "floor"],
-                   help="normalizers (forward+backward), grid (training epochs), stack (seeds in lock-step vs one stacked model), "
+    b.add_argument("what", choices=["normalizers", "grid", "fast", "stack", "compare", "floor"],
+                   help="normalizers (forward+backward), grid (training epochs), fast (time --fast's lever combinations here, "
+                        "as its calibration does, and cache the choice), stack (seeds in lock-step vs one stacked model), "
                         "compare (two results folders) or floor (a results folder against the machine's matmul rate)")
     b.add_argument("--results", nargs="+", help="compare: two results folders (e.g. default path vs --plain)")
     b.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 20 for normalizers, 1 for grid)")
@@ -213,6 +215,23 @@ def _check_baseline(folder, base, options, datasets, seeds):
         raise UsageError(f"--baseline {folder} has no runs for {', '.join(missing[:3])}{' …' if len(missing) > 3 else ''}; choose its seeds and datasets")
 
 # %% ../nbs/07_cli.ipynb
+def _fast_calibration(args, specs, datasets, stacked, run) -> dict:
+    """--fast's levers: the results folder's own calibration when it has one (every run of a folder takes one path),
+    else the baseline's (a comparison pairs runs of one path), else `bench.calibrate_fast` on this machine (cached)."""
+    import json
+    from sparse_attention_repro.data import has_bf16_units, resolve_device
+    from sparse_attention_repro.bench import calibrate_fast
+    for folder in [args.out] + ([args.baseline] if getattr(args, "baseline", None) else []):
+        made = Path(folder) / "manifest.json"
+        if made.is_file() and (cal := json.loads(made.read_text()).get("study_a", {}).get("fast_calibration")): return cal
+    device = resolve_device(args.device)
+    print(f"--fast: timing its levers on this machine ({', '.join(datasets)}; once per CPU, build and grid) …", flush=True)
+    cal = calibrate_fast(datasets, [s.name for s in specs], args.profile, run, threads_per_job(args.jobs), device,
+                         bf16=has_bf16_units(device), fused=not _fused_refusal(specs, device, stacked))
+    print(f"--fast: {cal['label']} (ms per step: " + "; ".join(f"{d}: " + ", ".join(f"{k} {v:.1f}" for k, v in t.items())
+                                                           for d, t in cal["ms_per_step"].items()) + ")", flush=True)
+    return cal
+
 def _fused_refusal(specs, device, stacked) -> str | None:
     "Why the fused attention kernel cannot serve every method of a grid (all arms run on one path), or None."
     from sparse_attention_repro import kernels as K
@@ -247,27 +266,26 @@ def grid_tasks(args):
     except ValueError as e: raise UsageError(str(e)) from None
     run = {k: getattr(args, k) for k in option_defaults(TrainConfig)}    # TrainConfig's options, checked by their own rules
     stacked = getattr(args, "stack_seeds", 1) > 1
-    if getattr(args, "fast", False):                                    # resolved here into the levers themselves
-        if (run["dropout_rng"], run["precision"], run["attention"]) != ("torch", "fp32", "torch"):
-            raise UsageError("--fast sets --dropout-rng, --precision and --attention itself; drop them")
-        from sparse_attention_repro.data import has_bf16_units
-        device = resolve_device(args.device)
-        run.update(dropout_rng="philox", precision="bf16" if has_bf16_units(device) else "fp32",
-                   attention="fused" if not _fused_refusal(specs, device, stacked) else "torch")
-    elif run["attention"] == "fused" and (why := _fused_refusal(specs, resolve_device(args.device), stacked)):
-        raise UsageError(f"--attention fused: {why}; use --attention torch")
     try: check_options(TrainConfig, run)
     except ValueError as e: raise UsageError(str(e)) from None
     if args.epoch_eval and args.stack_seeds > 1: raise UsageError("--epoch-eval runs on the lock-step or plain path; drop --stack-seeds")
-    options = dict(profile=args.profile, **run)
-    if base is not None: _check_baseline(args.baseline, base, options, datasets, seeds)
+    if args.stack_seeds < 1: raise UsageError(f"--stack-seeds must be >= 1, got {args.stack_seeds}")
+    if args.stack_seeds > 1 and args.plain: raise UsageError("--plain and --stack-seeds exclude each other: a stack trains every method together")
+    if getattr(args, "fast", False) and (run["dropout_rng"], run["precision"], run["attention"]) != ("torch", "fp32", "torch"):
+        raise UsageError("--fast sets --dropout-rng, --precision and --attention itself; drop them")
     for d in datasets:                           # data present and readable? (also warms the decode cache once)
         try: load_dataset(d, 0, 1, 1, patch_size=args.patch_size or None, marker_vocab=args.marker_vocab, marker_design=args.marker_design,
                           download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e).splitlines()[0]) from None
         except ValueError as e: raise UsageError(str(e)) from None
-    if args.stack_seeds < 1: raise UsageError(f"--stack-seeds must be >= 1, got {args.stack_seeds}")
-    if args.stack_seeds > 1 and args.plain: raise UsageError("--plain and --stack-seeds exclude each other: a stack trains every method together")
+    calibration = None
+    if getattr(args, "fast", False):                                    # resolved here into the levers measured to pay here
+        calibration = _fast_calibration(args, specs, datasets, stacked, run)
+        run.update(calibration["levers"])
+    elif run["attention"] == "fused" and (why := _fused_refusal(specs, resolve_device(args.device), stacked)):
+        raise UsageError(f"--attention fused: {why}; use --attention torch")
+    options = dict(profile=args.profile, **run, **({"fast_calibration": calibration} if calibration else {}))
+    if base is not None: _check_baseline(args.baseline, base, options, datasets, seeds)
     out, nb = Path(args.out).resolve(), experiments_dir() / "study_a.ipynb"
     threads = threads_per_job(args.jobs)
     tasks = []
@@ -502,7 +520,8 @@ def cmd_attention_maps(args):
 
 def cmd_bench(args):
     "Print the normalizer or the training benchmark tables."
-    import torch
+    import time, torch
+    import pandas as pd
     from sparse_attention_repro import bench
     if args.repeats is None: args.repeats = 20 if args.what == "normalizers" else 1
     if args.threads < 1: raise UsageError(f"--threads must be >= 1, got {args.threads}")
@@ -511,7 +530,6 @@ def cmd_bench(args):
     if args.what == "floor":
         if len(args.results or []) != 1 or not (Path(args.results[0]) / "runs.csv").exists():
             raise UsageError("bench floor needs one results folder with a runs.csv: --results DIR")
-        import pandas as pd
         rate = bench.matmul_rate(threads=args.threads)
         print(f"best fp32 matmul rate at the model's shapes, {args.threads} thread(s): {rate:.1f} GFLOP/s "
               f"(bf16: {bench.matmul_rate(threads=args.threads, dtype=torch.bfloat16):.1f})")
@@ -539,6 +557,17 @@ def cmd_bench(args):
     for d in datasets:
         if d not in PAPER_SIZES: raise UsageError(f"unknown dataset {d!r}; choose from {', '.join(PAPER_SIZES)}")
     if args.epochs < 1: raise UsageError(f"--epochs must be >= 1, got {args.epochs}")
+    if args.what == "fast":
+        from sparse_attention_repro.data import has_bf16_units
+        from sparse_attention_repro.study import PAPER_METHODS
+        t0 = time.perf_counter()
+        cal = bench.calibrate_fast(datasets, list(PAPER_METHODS), threads=args.threads, bf16=has_bf16_units("cpu"),
+                                   fused=bench.fused_ok(PAPER_METHODS), remeasure=True)
+        print(f"milliseconds per training step of the {len(PAPER_METHODS)} paper methods in lock-step, per lever combination "
+              f"({cal['steps']} steps, median of {cal['repeats']}; measured in {time.perf_counter() - t0:.0f} s):")
+        print(pd.DataFrame(cal["ms_per_step"]).round(2).to_string())
+        print(f"chosen for --fast on these datasets: {cal['label']}")
+        return {}
     if args.what == "stack":
         if min(args.stack_seeds) < 1: raise UsageError(f"--stack-seeds must be >= 1, got {min(args.stack_seeds)}")
         from sparse_attention_repro.data import resolve_device

@@ -5,9 +5,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-def cli(*args, timeout=900, **kw):
-    "Run `sparse-repro ARGS` and return the CompletedProcess (text output)."
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def cli(*args, timeout=900, env_extra=None, **kw):
+    "Run `sparse-repro ARGS` (with `env_extra` added to the environment) and return the CompletedProcess (text output)."
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
     return subprocess.run(["sparse-repro", *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=ROOT, **kw)
 
