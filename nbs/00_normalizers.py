@@ -130,7 +130,7 @@ test_close(softmax(x, mask), torch.softmax(x.masked_fill(~mask, -1e9), -1), eps=
 # ## Sparsemax
 #
 # Sparsemax (Martins & Astudillo, 2016) is the Euclidean projection of the scores onto the probability simplex,
-# $\mathrm{sparsemax}(s) = \arg\min_{p \in \Delta} \lVert p - s \rVert^2 = [s - \tau]_+$.
+# $\mathrm{sparsemax}(s) = \mathrm{arg\,min}_{p \in \Delta} \lVert p - s \rVert^2 = [s - \tau]_+$.
 # It is sparse because the projection lands on a face of the simplex: every score below the threshold $\tau$ gets
 # exactly zero. $\tau$ solves $f(\tau) = \sum_i [z_i - \tau]_+ - 1 = 0$, a piecewise-linear, convex, decreasing function.
 # We find it without sorting by **Michelot's algorithm** (Newton's method on $f$ from the left):

@@ -47,24 +47,128 @@ assert report_notebook().name == "report.ipynb"
 
 
 # %% [markdown]
-# ## HTML export
+# ## HTML export, offline
 #
 # `embed_images=True` inlines the PNGs as data URIs — that is what makes the report self-contained; `exclude_input`
 # hides the code (the report is for readers of results; the `.ipynb` beside it keeps the code). A raw front-matter cell
 # (`skip_exec: true`, which keeps `nbdev_test` off the experiment notebooks) is instructions for tools, not for readers,
 # so it is left out of the HTML.
+#
+# nbconvert's own pages load MathJax and require.js from a CDN, so offline every formula shows as raw
+# `$\mathrm{softmax}(s)_i = …$`. Ours are built to need no network: each formula of a markdown cell is converted to
+# MathML when the page is built (by `latex2mathml`, a small pure-Python converter; every current browser renders
+# MathML natively), and the template drops the CDN scripts. A formula the converter cannot read stops the build with
+# the formula and its page named, instead of showing up as raw TeX.
 
 # %%
 #| export
-def to_html(nb_path, html_path=None, exclude_input=False):
-    "Convert a notebook to one self-contained HTML file (images embedded); returns the HTML path."
+import re
+import jinja2
+from latex2mathml.converter import convert as latex_to_mathml
+from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
+
+class MathMLRenderer(IPythonRenderer):
+    "nbconvert's markdown renderer with every `$…$` and `$$…$$` turned into MathML at build time."
+    def _math(self, tex, display):
+        try: out = latex_to_mathml(tex.strip(), display=display)
+        except Exception as e: out, why = None, f"{type(e).__name__}: {e}"
+        else: why = "unknown command " + m.group(1) if (m := re.search(r">[^<]*?(\\[A-Za-z]+)", out)) else None   # passed through raw
+        if why: raise ValueError(f"{self.path or 'a notebook'}: formula ${tex}$ cannot be converted to MathML ({why}); "
+                                 "rewrite it in plainer TeX")
+        return out
+    def _src_to_base64(self, src):
+        "An image embedded as a data URI when it lies under `image_root` (nbconvert's own rule: under the notebook's folder)."
+        import base64, mimetypes
+        f = (Path(self.path) / src).resolve()
+        if not f.is_file() or not f.is_relative_to(Path(getattr(self, "image_root", None) or self.path).resolve()): return None
+        return f"data:{mimetypes.guess_type(f.name)[0]};base64,{base64.b64encode(f.read_bytes()).decode('ascii')}"
+    def inline_math(self, body): return self._math(body, "inline")
+    def block_math(self, body): return self._math(body, "block")
+    def latex_environment(self, name, body): return self._math(f"\\begin{{{name}}}{body}\\end{{{name}}}", "block")
+
+# %% [markdown]
+# Every page shares one template: nbconvert's `lab` page without its CDN scripts, plus the site's style and a
+# navigation bar listing every page in reading order (the current one marked), in the manner of an nbdev site.
+
+# %%
+#| export
+SITE_CSS = """
+body { margin: 0; }
+nav.site-nav { position: fixed; top: 0; left: 0; bottom: 0; width: 15rem; overflow-y: auto; padding: 1rem 0.8rem;
+  box-sizing: border-box; background: #f6f8fa; border-right: 1px solid #d0d7de; font: 14px/1.4 system-ui, sans-serif; }
+nav.site-nav .site-title { display: block; font-weight: 600; font-size: 15px; margin-bottom: 0.8rem; color: #1f2328; text-decoration: none; }
+nav.site-nav ol { list-style: none; padding: 0; margin: 0; }
+nav.site-nav li a { display: block; padding: 0.25rem 0.5rem; border-radius: 6px; color: #0969da; text-decoration: none; }
+nav.site-nav li a:hover { background: #eaeef2; }
+nav.site-nav li a[aria-current="page"] { background: #ddf4ff; color: #1f2328; font-weight: 600; }
+body > main { margin-left: 15rem; padding: 1rem 2rem; max-width: 70rem; }
+math[display="block"] { margin: 0.6em 0; }
+@media (max-width: 50rem) { nav.site-nav { position: static; width: auto; border-right: none; } body > main { margin-left: 0; } }
+"""
+
+SITE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
+{%- block html_head_js -%}{%- endblock html_head_js -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block extra_css -%}<style type="text/css">{{ resources.site_css }}</style>{%- endblock extra_css -%}
+{%- block body_header -%}
+<body class="jp-Notebook" data-jp-theme-light="true" data-jp-theme-name="JupyterLab Light">{{ resources.site_nav }}<main>
+{%- endblock body_header -%}
+"""
+
+class OfflineHTMLExporter(HTMLExporter):
+    """nbconvert's HTML exporter with build-time MathML, no CDN scripts, the site's style and an optional navigation bar;
+    images are embedded from anywhere under `image_root` (default: the notebook's folder)."""
+    def __init__(self, image_root=None, **kw):
+        super().__init__(template_name="lab", template_file="site.html.j2", embed_images=True,
+                         extra_loaders=[jinja2.DictLoader({"site.html.j2": SITE_TEMPLATE})], **kw)
+        self.image_root = image_root
+
+    @jinja2.pass_context
+    def markdown2html(self, context, source):
+        cell = context.get("cell", {})
+        renderer = MathMLRenderer(escape=False, attachments=cell.get("attachments", {}), embed_images=self.embed_images,
+                                  path=context.get("resources", {}).get("metadata", {}).get("path", ""),
+                                  anchor_link_text=self.anchor_link_text, exclude_anchor_links=self.exclude_anchor_links,
+                                  **self.lexer_options)
+        renderer.image_root = self.image_root
+        return MarkdownWithMath(renderer=renderer).render(source)
+
+def site_nav(pages, current=None) -> str:
+    "The navigation bar: `pages` as (href, title) in reading order, `current` (an href) marked as this page."
+    items = "".join(f'<li><a href="{html.escape(h)}"' + (' aria-current="page"' if h == current else "") + f">{html.escape(t)}</a></li>"
+                    for h, t in pages)
+    return f'<nav class="site-nav"><a class="site-title" href="index.html">sparse_attention_repro</a><ol>{items}</ol></nav>'
+
+def to_html(nb_path, html_path=None, exclude_input=False, nav="", src_dir=None, image_root=None):
+    """Convert a notebook to one self-contained HTML file (images embedded, maths as MathML, no network); returns its path.
+    Relative image links resolve from `src_dir` (default: the notebook's folder) and are embedded when they lie under
+    `image_root` (default: that folder)."""
     nb_path = Path(nb_path); html_path = Path(html_path or nb_path.with_suffix(".html"))
-    ex = HTMLExporter(template_name="lab", embed_images=True, exclude_input=exclude_input)
     nb = nbformat.read(nb_path, as_version=4)
     nb.cells = [c for c in nb.cells if not (c.cell_type == "raw" and c.source.lstrip().startswith("---"))]
-    body, _ = ex.from_notebook_node(nb, resources={"metadata": {"path": str(nb_path.parent)}})
+    body, _ = OfflineHTMLExporter(exclude_input=exclude_input, image_root=image_root).from_notebook_node(
+        nb, resources={"metadata": {"path": str(src_dir or nb_path.parent), "name": nb_path.stem}, "site_css": SITE_CSS, "site_nav": nav})
     html_path.write_text(body, encoding="utf-8")
     return html_path
+
+# %% [markdown]
+# A page with a formula gets MathML and no script or stylesheet from elsewhere; a formula the converter cannot read
+# is named:
+
+# %%
+with tempfile.TemporaryDirectory() as d:
+    d = Path(d)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Maths\n\nInline $\\alpha = 1.5$ and\n\n"
+                                                                          "$$\\mathrm{softmax}(s)_i = \\frac{e^{s_i}}{\\sum_j e^{s_j}}$$")])
+    nbformat.write(nb, d / "m.ipynb")
+    page = to_html(d / "m.ipynb", nav=site_nav([("m.html", "Maths"), ("x.html", "Other")], "m.html")).read_text()
+    assert page.count("<math") == 2 and "<mfrac>" in page and "$" not in page.split("<main>")[1]
+    assert not re.search(r'<(script|link)[^>]+(src|href)="https?://', page)          # nothing loaded from a network
+    test_eq(re.findall(r'<a ([^>]*)>(Maths|Other)</a>', page), [('aria-current="page" href="m.html"', "Maths"), ('href="x.html"', "Other")])
+    for bad, why in [("x^", "MissingSuperScriptOrSubscriptError"), (r"\arg\min_p f", r"unknown command \arg")]:
+        nb.cells[0].source = f"# Bad\n\n${bad}$"; nbformat.write(nb, d / "bad.ipynb")
+        test_fail(lambda: to_html(d / "bad.ipynb"), contains=why)
 
 
 # %% [markdown]
@@ -148,13 +252,35 @@ def versus_report(results_dir, baseline_dir) -> Path:
 # %% [markdown]
 # ## The documentation site
 #
-# `render_site` converts the library notebooks (`nbs/*.ipynb`: the protocol page, then the numbered notebooks in
-# file-name order = reading order) plus, optionally, a
-# report (an executed `.ipynb`, or an `.html` that is copied), and writes an `index.html` linking them. Each entry is
-# titled by the notebook's first `# heading`. The notebooks are stored without outputs (they are source code), so by
+# `render_site` converts the library notebooks — `nbs/index.ipynb` as the home page (`index.html`, the same text as
+# the README), the protocol page, then the numbered notebooks in file-name order = reading order — plus, optionally, a
+# report (an executed `.ipynb`, or an `.html` that is copied). Each page is titled by the notebook's first `# heading`
+# and carries the navigation bar of all pages. The notebooks are stored without outputs (they are source code), so by
 # default each one is **executed** first, in its own folder, and rendered with what every cell produced — the tables,
 # plots and printed measurements a reader wants to see next to the code; `execute=False` renders them as stored.
 # A notebook that fails to execute stops the site with its name and the error.
+#
+# Links between notebooks are written as they work in Jupyter (`protocol.ipynb`, `../outputs/paper/report.html`);
+# `rebase_links` rewrites them for where a page is read: on the site a notebook link goes to its page and any other
+# file is reached from the site's folder; in the README (`readme_markdown`) every link is taken from `nbs/` to the
+# repository root.
+
+# %%
+#| export
+_LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
+
+def rebase_links(markdown, rebase, images=True) -> str:
+    "Apply `rebase(target)` to each relative link (and image, if `images`) target of `markdown`; URLs and anchors are kept."
+    def sub(m):
+        bang, text, target = m.groups()
+        if re.match(r"^([a-z][a-z0-9+.-]*:|#|/)", target) or (bang and not images): return m.group(0)
+        return f"{bang}[{text}]({rebase(target)})"
+    return _LINK.sub(sub, markdown)
+
+# %%
+test_eq(rebase_links("[a](protocol.ipynb), ![f](../x.png), [u](https://e.org/a.ipynb), [s](#top)", lambda t: "R/" + t),
+        "[a](R/protocol.ipynb), ![f](R/../x.png), [u](https://e.org/a.ipynb), [s](#top)")
+test_eq(rebase_links("![f](../x.png) [a](b.md)", str.upper, images=False), "![f](../x.png) [a](B.MD)")
 
 # %%
 #| export
@@ -177,39 +303,84 @@ def executed_copy(nb_path, out_path, timeout=3600):
     nbformat.write(nb, out_path)
     return Path(out_path)
 
+def site_pages(nbs) -> list:
+    "The notebooks in reading order: `index` first, then the unnumbered pages (the protocol), then the numbered ones."
+    return sorted(nbs, key=lambda q: (q.stem != "index", q.stem[:1].isdigit(), q.name))
+
+def _page(nb) -> str: return "index.html" if Path(nb).stem == "index" else f"{Path(nb).stem}.html"
+
 def render_site(out="outputs/site", # output folder
                 report=None, # an executed report .ipynb or a report .html to include
                 notebooks=None, # notebooks to render; default: nbs/*.ipynb of the repository
                 execute=True, # execute each notebook first, so the pages show every cell's output
                ):
-    "Render the library notebooks (and a report) to HTML in `out` with an index.html in reading order; returns index."
-    out = Path(out); out.mkdir(parents=True, exist_ok=True)
-    nbs = sorted((Path(p) for p in notebooks) if notebooks else (_repo_root() / "nbs").glob("*.ipynb"),
-                 key=lambda q: (q.stem[:1].isdigit(), q.name))                   # unnumbered pages (the protocol) first
-    entries = []
+    "Render the library notebooks (and a report) to HTML in `out`, every page with the navigation bar; returns index.html."
+    out = Path(out).resolve(); out.mkdir(parents=True, exist_ok=True)
+    nbs = site_pages([Path(p).resolve() for p in notebooks] if notebooks else list((_repo_root() / "nbs").glob("*.ipynb")))
+    pages = [(_page(nb), _title(nb)) for nb in nbs] + ([("report.html", "Reproduction report")] if report else [])
+    by_file = {nb.resolve(): _page(nb) for nb in nbs}
+    report_file = Path(report).resolve() if report else None
     for nb in nbs:
+        def rebase(target, src=nb.parent):
+            path, _, anchor = target.partition("#")
+            f = (src / path).resolve()
+            if f in by_file: page = by_file[f]
+            elif report_file is not None and f in (report_file, report_file.with_suffix(".html")): page = "report.html"
+            else: page = os.path.relpath(f, out)
+            return page + (f"#{anchor}" if anchor else "")
         src = executed_copy(nb, out / f"{nb.stem}.ipynb") if execute else nb
-        entries.append((to_html(src, out / f"{nb.stem}.html").name, _title(nb)))
+        page_nb = nbformat.read(src, as_version=4)
+        for c in page_nb.cells:
+            if c.cell_type == "markdown": c.source = rebase_links(c.source, rebase, images=False)   # images are embedded from nbs/
+            if c.cell_type == "code":                                         # nbdev's `#|` directives are for tools
+                c.source = "\n".join(l for l in c.source.splitlines() if not l.lstrip().startswith("#|")).strip("\n")
+        page_nb.cells = [c for c in page_nb.cells if c.cell_type != "code" or c.source or c.get("outputs")]
+        nbformat.write(page_nb, staged := out / f".{nb.stem}.page.ipynb")
+        try: to_html(staged, out / _page(nb), nav=site_nav(pages, _page(nb)), src_dir=nb.parent, image_root=nb.parent.parent)
+        finally: staged.unlink()
     if report:
-        report = Path(report)
-        if report.suffix == ".html": shutil.copy(report, out / "report.html")
-        else: to_html(report, out / "report.html", exclude_input=True)
-        entries.append(("report.html", "Reproduction report"))
-    items = "\n".join(f'<li><a href="{html.escape(h)}">{html.escape(t)}</a> <small>({html.escape(h)})</small></li>'
-                      for h, t in entries)
-    idx = out / "index.html"
-    idx.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>sparse_attention_repro</title></head>"
-                   f"<body><h1>sparse_attention_repro</h1><p>Notebooks in reading order.</p><ol>\n{items}\n</ol>"
-                   f"</body></html>", encoding="utf-8")
-    return idx
+        if report_file.suffix == ".html": shutil.copy(report_file, out / "report.html")
+        else: to_html(report_file, out / "report.html", exclude_input=True, nav=site_nav(pages, "report.html"))
+    if not any(nb.stem == "index" for nb in nbs):           # a partial site still gets a home page listing its pages
+        to_html(_index_stub(out, pages), out / "index.html", nav=site_nav(pages, "index.html"))
+        (out / ".index.ipynb").unlink()
+    return out / "index.html"
+
+def _index_stub(out, pages) -> Path:
+    "A one-cell notebook listing `pages`, for a site rendered without `nbs/index.ipynb`."
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        "# sparse_attention_repro\n\nNotebooks in reading order:\n\n" + "\n".join(f"1. [{t}]({h})" for h, t in pages))])
+    nbformat.write(nb, out / ".index.ipynb")
+    return out / ".index.ipynb"
 
 
 # %%
 with tempfile.TemporaryDirectory() as d:
     idx = render_site(d, notebooks=[_repo_root() / "nbs" / "00_normalizers.ipynb"], execute=False)
-    s = idx.read_text()
+    s = idx.read_text()                                   # no index.ipynb among the pages: a stub home page lists them
     assert 'href="00_normalizers.html"' in s and "Attention normalizers" in s
-    assert "<html" in (Path(d) / "00_normalizers.html").read_text()[:2000].lower()
+    page = (Path(d) / "00_normalizers.html").read_text()
+    assert '<a aria-current="page" href="00_normalizers.html">' in page and page.count("<math") > 20
+
+# %% [markdown]
+# A home page's links go to the pages they name, and to other files from the site's folder:
+
+# %%
+with tempfile.TemporaryDirectory() as d:
+    d = Path(d); (d / "nbs").mkdir(); (d / "outputs").mkdir(); (d / "outputs" / "r.csv").write_text("a\n")
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        "# Home\n\nSee [the page](01_page.ipynb#part) and [the runs](../outputs/r.csv).\n\n![a figure](../outputs/f.png)")]),
+        d / "nbs" / "index.ipynb")
+    (d / "outputs" / "f.png").write_bytes(b"\x89PNG not really")
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# A page\n\n[home](index.ipynb)"),
+        nbformat.v4.new_code_cell("#| export"), nbformat.v4.new_code_cell("#| export\nx = 41 + 1")]), d / "nbs" / "01_page.ipynb")
+    render_site(d / "site", notebooks=sorted((d / "nbs").glob("*.ipynb")), execute=False)
+    home, other = (d / "site" / "index.html").read_text(), (d / "site" / "01_page.html").read_text()
+    assert 'href="01_page.html#part"' in home and 'href="../outputs/r.csv"' in home and 'href="index.html"' in other
+    assert 'src="data:image/png;base64,iVBORyBub3QgcmVhbGx5"' in home        # an image of the repository, embedded
+    assert "export" not in other and other.count('class="jp-Cell jp-CodeCell') == 1          # directives dropped, and a cell of nothing else
+    assert '<a href="01_page.html">A page</a>' in home and '<a aria-current="page" href="index.html">Home</a>' in home   # the nav
+    test_eq(sorted(p.name for p in (d / "site").iterdir()), ["01_page.html", "index.html"])      # nothing staged is left
 
 # %% [markdown]
 # Executed, a page shows what its cells computed — here a two-cell notebook whose output exists only after execution —
@@ -225,3 +396,49 @@ with tempfile.TemporaryDirectory() as d:
     assert "5050" in (d / "site" / "tiny.html").read_text() and "5050" not in (d / "tiny.ipynb").read_text()
     nb.cells[1].source = "1 / 0"; nbformat.write(nb, d / "bad.ipynb")
     test_fail(lambda: render_site(d / "site", notebooks=[d / "bad.ipynb"]), contains="bad.ipynb failed to execute")
+
+# %% [markdown]
+# ## The README, from the home notebook
+#
+# `nbs/index.ipynb` is the home page of the site and the source of the README, as `settings.ini`'s `readme_nb` says.
+# nbdev's own `nbdev_readme` renders it through Quarto, which cannot be installed from the package registries this
+# project builds from, so `readme_markdown` uses nbconvert's markdown exporter instead: the notebook's markdown cells
+# as they are, its code cells as fenced blocks (with their outputs, if stored), every relative link taken from `nbs/`
+# to the repository root. `write_readme` writes it; a test checks that the committed README is what the committed
+# home notebook gives, as the CI checks the exported library against the notebooks.
+
+# %%
+#| export
+README_HEADER = "<!-- generated from nbs/index.ipynb by `sparse-repro readme`: edit the notebook, not this file -->"
+
+def readme_markdown(index_nb) -> str:
+    "The README text of the home notebook `index_nb` (in the repository's `nbs/`), links rebased to the repository root."
+    from nbconvert import MarkdownExporter
+    index_nb = Path(index_nb).resolve(); root = index_nb.parent.parent
+    nb = nbformat.read(index_nb, as_version=4)
+    nb.cells = [c for c in nb.cells if not (c.cell_type == "raw" and c.source.lstrip().startswith("---"))]
+    nb.metadata.setdefault("language_info", {"name": "python"})          # code fences say their language
+    def rebase(target):
+        path, hash_, anchor = target.partition("#")
+        return Path(os.path.relpath((index_nb.parent / path).resolve(), root)).as_posix() + hash_ + anchor
+    for c in nb.cells:
+        if c.cell_type == "markdown": c.source = rebase_links(c.source, rebase)
+    body, _ = MarkdownExporter().from_notebook_node(nb)
+    return README_HEADER + "\n\n" + re.sub(r"\n{3,}", "\n\n", body).strip() + "\n"
+
+def write_readme(index_nb, readme) -> bool:
+    "Write `readme_markdown(index_nb)` to `readme`; True when the file changed."
+    text = readme_markdown(index_nb)
+    if Path(readme).exists() and Path(readme).read_text(encoding="utf-8") == text: return False
+    atomic_write(readme, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return True
+
+# %%
+with tempfile.TemporaryDirectory() as d:
+    d = Path(d); (d / "nbs").mkdir()
+    nbformat.write(nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# Home\n\nRead [the protocol](protocol.ipynb#data), ![a figure](../outputs/f.png) and [the site](https://e.org/x)."),
+        nbformat.v4.new_code_cell("print(1 + 1)")]), d / "nbs" / "index.ipynb")
+    assert write_readme(d / "nbs" / "index.ipynb", d / "README.md") and not write_readme(d / "nbs" / "index.ipynb", d / "README.md")
+    test_eq((d / "README.md").read_text(), README_HEADER + "\n\n# Home\n\nRead [the protocol](nbs/protocol.ipynb#data), "
+            "![a figure](outputs/f.png) and [the site](https://e.org/x).\n\n```python\nprint(1 + 1)\n```\n")

@@ -4,7 +4,7 @@
 
 # %% auto 0
 __all__ = ['FAST_HELP', 'SUBCOMMANDS', 'STUDY_A_KEYS', 'CRISP_KEYS', 'COMMANDS', 'UsageError', 'usable_cores', 'threads_per_job',
-           'build_parser', 'grid_tasks', 'cmd_grid', 'crisp_tasks', 'cmd_crisp', 'cmd_report', 'cmd_site',
+           'build_parser', 'grid_tasks', 'cmd_grid', 'crisp_tasks', 'cmd_crisp', 'cmd_report', 'cmd_readme', 'cmd_site',
            'cmd_reproduce', 'ablation_grids', 'cmd_ablations', 'cmd_follow_ups', 'tuned_grids', 'cmd_tuned',
            'cmd_attention_maps', 'cmd_bench', 'main']
 
@@ -88,7 +88,14 @@ def _report_args(sub):
     "`report`: statistics, figures and claims of a results folder."
     r = sub.add_parser("report", help="statistics, figures and the claims table of a results folder")
     r.add_argument("--results", required=True)
-    r.add_argument("--readme", default=None, help="also rewrite the answer block of this README from the report's tables")
+    r.add_argument("--readme", default=None, help="also rewrite the answer block of this README from the report's tables (in its source "
+                   "notebook nbs/index.ipynb, when the README has one, and the README from it)")
+    return r
+
+def _readme_args(sub):
+    "`readme`: the README from the home notebook."
+    r = sub.add_parser("readme", help="write the README from its source, the home notebook nbs/index.ipynb")
+    r.add_argument("--index", default="nbs/index.ipynb", help="the home notebook"); r.add_argument("--out", default="README.md")
     return r
 
 def _site_args(sub):
@@ -171,7 +178,8 @@ def _bench_args(sub):
     return b
 
 # %% ../nbs/07_cli.ipynb
-SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "report": _report_args, "site": _site_args, "reproduce": _reproduce_args,
+SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "report": _report_args, "readme": _readme_args, "site": _site_args,
+               "reproduce": _reproduce_args,
                "ablations": _ablations_args, "follow-ups": _follow_ups_args, "tuned": _tuned_args,
                "attention-maps": _maps_args, "bench": _bench_args}
 
@@ -381,7 +389,19 @@ def cmd_report(args):
     print(f"report: {make_report(args.results)}")
     if readme:
         from sparse_attention_repro.tuning import sync_readme
-        print(f"readme: {readme} {'updated' if sync_readme(readme, args.results) else 'already current'}")
+        from sparse_attention_repro.report import write_readme
+        source = Path(readme).parent / "nbs" / "index.ipynb"            # the README's source, where it has one
+        if not source.is_file(): print(f"readme: {readme} {'updated' if sync_readme(readme, args.results) else 'already current'}")
+        else:
+            changed = sync_readme(source, args.results) | write_readme(source, readme)
+            print(f"readme: {source} and {readme} {'updated' if changed else 'already current'}")
+    return {}
+
+def cmd_readme(args):
+    "Write the README from the home notebook."
+    from sparse_attention_repro.report import write_readme
+    if not Path(args.index).is_file(): raise UsageError(f"--index {args.index} is not a notebook; give the home notebook (nbs/index.ipynb)")
+    print(f"readme: {args.out} {'written' if write_readme(args.index, args.out) else 'already current'} from {args.index}")
     return {}
 
 def cmd_site(args):
@@ -590,7 +610,7 @@ def cmd_bench(args):
     return {}
 
 # %% ../nbs/07_cli.ipynb
-COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "site": cmd_site, "reproduce": cmd_reproduce,
+COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "readme": cmd_readme, "site": cmd_site, "reproduce": cmd_reproduce,
             "ablations": cmd_ablations, "follow-ups": cmd_follow_ups, "tuned": cmd_tuned,
             "attention-maps": cmd_attention_maps, "bench": cmd_bench}
 

@@ -44,19 +44,20 @@ def test_experiment_notebooks_name_their_kernel_and_parameters():
         assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in meta["cells"]), nb.name
 
 def test_readme_answer_is_generated_from_the_committed_tables():
-    "The README's answer block is exactly what the committed tables give: no number in it is typed by hand."
+    """The answer block of the README's source (the home notebook) is exactly what the committed tables give — no number
+    in it is typed by hand — and the committed README is what that notebook gives."""
+    import nbformat
     from pathlib import Path
     from sparse_attention_repro.tuning import answer_markdown, README_MARKERS
+    from sparse_attention_repro.report import readme_markdown
     root = Path(__file__).resolve().parent.parent
-    text = (root / "README.md").read_text(encoding="utf-8")
+    index = root / "nbs" / "index.ipynb"
+    text = next(c.source for c in nbformat.read(index, as_version=4).cells if README_MARKERS[0] in c.source)
     a, b = README_MARKERS
     block = text[text.index(a) + len(a):text.index(b)].strip()
-    import os
-    here = os.getcwd()
-    try:
-        os.chdir(root)                                     # the figure link is relative to the README
-        assert block == answer_markdown("outputs/paper").strip()
-    finally: os.chdir(here)
+    assert block == answer_markdown(root / "outputs" / "paper", relative_to=index.parent).strip()
+    assert (root / "README.md").read_text(encoding="utf-8") == readme_markdown(index), "README.md is stale: run `sparse-repro readme`"
+    assert "](outputs/paper/figures/gain_vs_epochs.png)" in (root / "README.md").read_text(encoding="utf-8")   # rebased to the root
 
 def test_tuned_tests_recomputed_with_scipy():
     "Each committed tuned comparison: its paired t-test recomputed with scipy from the committed learning curves."
@@ -76,3 +77,14 @@ def test_tuned_tests_recomputed_with_scipy():
         assert len(j) == r.n
         np.testing.assert_allclose(r.gain, (j.a - j.b).mean(), rtol=1e-9)
         np.testing.assert_allclose(r.p, stats.ttest_rel(j.a, j.b).pvalue, rtol=1e-6)
+
+def test_readme_command_writes_the_readme_from_the_home_notebook(tmp_path):
+    "`sparse-repro readme`: the README of the home notebook, written where asked; a missing notebook is one line, exit 2."
+    from conftest import ROOT, cli
+    from sparse_attention_repro.report import readme_markdown
+    res = cli("readme", "--out", tmp_path / "README.md")
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "README.md").read_text(encoding="utf-8") == readme_markdown(ROOT / "nbs" / "index.ipynb")
+    res = cli("readme", "--index", tmp_path / "none.ipynb", "--out", tmp_path / "R.md")
+    assert res.returncode == 2 and "is not a notebook" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not (tmp_path / "R.md").exists()
