@@ -1,13 +1,30 @@
 """Each example normalizer against its paper's formula written out directly, and through the lab's registry."""
-import math, subprocess, sys
+import itertools, math, subprocess, sys
 import pytest
 import torch
 from sparse_attention_repro.normalizers import resolve_normalizer, check_normalizer, get_normalizer
 from sparse_attention_examples.sigmoid_attention import sigmoid_attention
 from sparse_attention_examples.scalable_softmax import ScalableSoftmax, S_START
 from sparse_attention_examples.softpick import softpick, EPS
+from sparse_attention_examples.softmax_sink import softmax_sink
+from sparse_attention_examples.stick_breaking import stick_breaking
+from sparse_attention_examples.relu_attention import relu_attention
+from sparse_attention_examples.normmax import normmax
+from sparse_attention_examples.learned_temperature_softmax import LearnedTemperatureSoftmax, N_KEYS
 
-NAMES = ("sigmoid_attention", "scalable_softmax", "softpick")
+NAMES = ("sigmoid_attention", "scalable_softmax", "softpick", "softmax_sink", "stick_breaking", "relu_attention", "normmax",
+         "learned_temperature_softmax")
+SUMS_TO_ONE = {"scalable_softmax", "normmax", "learned_temperature_softmax"}
+LEARNED = {"scalable_softmax": "s", "learned_temperature_softmax": "t"}
+MASK = torch.tensor([True, True, False, True, False, False]).view(1, 1, 1, 6)     # keys 0, 1 and 3 valid
+
+
+def by_element(f, s, mask=None):
+    "`f(row, valid, i) -> list` (i: the query's index) applied to every query row of `s [..., Tq, Tk]` in Python floats (float64)."
+    valid = [True] * s.shape[-1] if mask is None else [bool(v) for v in mask.reshape(-1)]
+    rows = s.reshape(-1, s.shape[-2], s.shape[-1])
+    out = [[f([float(v) for v in row], valid, i) for i, row in enumerate(m)] for m in rows]
+    return torch.tensor(out, dtype=torch.float64).view(s.shape)
 
 
 def test_sigmoid_attention_is_the_papers_formula():
@@ -46,11 +63,144 @@ def test_softpick_is_the_papers_formula():
 def test_registered_and_conforming(name):
     spec = resolve_normalizer(name)
     assert spec.name == name and check_normalizer(spec) == []
-    assert spec.sums_to_one == (name == "scalable_softmax")
+    assert spec.sums_to_one == (name in SUMS_TO_ONE) and spec.learned == tuple(LEARNED.get(name, ""))
 
 
 def test_entry_points_resolve_in_a_fresh_process():
     code = ("from sparse_attention_repro.normalizers import resolve_normalizer as r; "
-            "print(' '.join(r(n).name + ':' + ','.join(r(n).learned) for n in ('sigmoid_attention', 'scalable_softmax', 'softpick')))")
+            f"print(' '.join(r(n).name + ':' + ','.join(r(n).learned) for n in {NAMES!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["sigmoid_attention:", "scalable_softmax:s", "softpick:"]
+    assert out == [f"{n}:{LEARNED.get(n, '')}" for n in NAMES]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradient_matches_finite_differences_with_masks_and_empty_rows(name):
+    norm = get_normalizer(name, num_heads=2).double()
+    s = (torch.randn(3, 2, 4, 6, dtype=torch.float64) * 2).requires_grad_()
+    mask = MASK.expand(3, 1, 1, 6).clone(); mask[2] = False                       # example 2: no valid key at all
+    assert torch.autograd.gradcheck(lambda t: norm(t, mask), (s,), eps=1e-6, atol=1e-6)
+    p = norm(s, mask)
+    assert torch.equal(p[2], torch.zeros_like(p[2])) and (p[:2][~mask[:2].expand(2, 2, 4, 6)] == 0).all()
+    (p * torch.randn_like(p)).sum().backward()
+    assert torch.equal(s.grad[2], torch.zeros_like(s.grad[2])) and torch.isfinite(s.grad).all()
+
+
+def test_softmax_sink_is_the_papers_formula():
+    s = torch.randn(2, 3, 4, 6, dtype=torch.float64) * 2
+    def sink(x, valid, i):
+        e = [math.exp(v) if ok else 0.0 for v, ok in zip(x, valid)]
+        return [v / (1 + sum(e)) for v in e]                                      # e^x_i / (1 + sum_j e^x_j)
+    torch.testing.assert_close(softmax_sink(s), by_element(sink, s))
+    torch.testing.assert_close(softmax_sink(s, MASK), by_element(sink, s, MASK))
+    assert (softmax_sink(s).sum(-1) < 1).all()
+    big = torch.tensor([[800.0, 799.0, -3.0]], dtype=torch.float64)               # e^800 overflows; the stable form does not
+    torch.testing.assert_close(softmax_sink(big), torch.softmax(big, -1))        # the sink's share e^-800 is 0 in float64
+    torch.testing.assert_close(softmax_sink(torch.zeros(1, 3)), torch.full((1, 3), 0.25))
+
+
+def test_stick_breaking_is_the_papers_formula():
+    def sticks(x, valid, i):
+        order = sorted(range(len(x)), key=lambda j: (abs(j - i), j))              # nearest first, i - d before i + d
+        out, rest = [0.0] * len(x), 1.0
+        for j in order:
+            if not valid[j]: continue                                             # a masked key takes nothing
+            beta = 1 / (1 + math.exp(-x[j]))
+            out[j], rest = beta * rest, rest / (1 + math.exp(x[j]))               # break off beta; 1 - beta = sigmoid(-x) exactly
+        return out
+    for tq in (6, 4):                                                             # self-attention, and fewer queries than keys
+        s = torch.randn(2, 3, tq, 6, dtype=torch.float64) * 2
+        torch.testing.assert_close(stick_breaking(s), by_element(sticks, s))
+        torch.testing.assert_close(stick_breaking(s, MASK), by_element(sticks, s, MASK))
+    causal = torch.randn(1, 1, 5, 5, dtype=torch.float64)                         # the paper's case: the last query, keys before it
+    j = torch.arange(5)
+    p = stick_breaking(causal, (j < 4).view(1, 1, 1, 5))[0, 0, 4]
+    b = torch.sigmoid(causal[0, 0, 4])
+    torch.testing.assert_close(p[:4], torch.stack([b[k] * torch.prod(1 - b[k + 1:4]) for k in range(4)]))
+    big = torch.tensor([[[60.0, -60.0, 30.0]]])                                   # float32: log space stays finite and exact
+    torch.testing.assert_close(stick_breaking(big).double(), by_element(sticks, big.double()), rtol=1e-5, atol=1e-30)
+    assert (stick_breaking(s).sum(-1) < 1).all()
+
+
+def test_relu_attention_is_the_papers_formula():
+    s = torch.randn(2, 3, 4, 6, dtype=torch.float64)
+    def rela(x, valid, i):
+        n = sum(valid)
+        return [max(v, 0.0) / n if ok else 0.0 for v, ok in zip(x, valid)]       # ReLU(s) / n over the n valid keys
+    torch.testing.assert_close(relu_attention(s), by_element(rela, s))
+    torch.testing.assert_close(relu_attention(s, MASK), by_element(rela, s, MASK))
+    assert (relu_attention(s)[s < 0] == 0).all()
+
+
+def _normmax_brute_force(x, valid, i):
+    "The simplex point of <p, x> - ||p||_2's optimality conditions, trying every support: (x - tau)_+ normalised, sum (x - tau)_+^2 = 1."
+    keys = [j for j in range(len(x)) if valid[j]]
+    for k in range(1, len(keys) + 1):
+        for sup in itertools.combinations(keys, k):
+            S, Q = sum(x[j] for j in sup), sum(x[j] ** 2 for j in sup)
+            disc = S * S - k * (Q - 1)                                            # k tau^2 - 2 S tau + Q - 1 = 0
+            if disc < 0: continue
+            tau = (S - math.sqrt(disc)) / k                                       # the root below the support's scores
+            if all(x[j] > tau for j in sup) and all(x[j] <= tau for j in keys if j not in sup):
+                q = [x[j] - tau if j in sup else 0.0 for j in range(len(x))]
+                return [v / sum(q) for v in q]
+    raise AssertionError("no support satisfies the optimality conditions")
+
+
+def test_normmax_is_the_papers_formula():
+    s = torch.randn(2, 3, 4, 6, dtype=torch.float64) * 1.5
+    ref = by_element(_normmax_brute_force, s)
+    torch.testing.assert_close(normmax(s), ref)
+    torch.testing.assert_close(normmax(s, MASK), by_element(_normmax_brute_force, s, MASK))
+    p, z = ref.view(-1, 6), s.view(-1, 6)                                           # p is the argmax of <p, z> - ||p||_2 ...
+    q = torch.distributions.Dirichlet(torch.full((6,), 0.3, dtype=torch.float64)).sample((2000,))   # ... over random simplex points
+    best = (z * p).sum(-1) - p.norm(dim=-1)
+    assert (best[:, None] >= z @ q.T - q.norm(dim=-1) - 1e-12).all()
+    assert (normmax(s)[s < s.amax(-1, keepdim=True) - 1] == 0).all()             # keys more than 1 below the top are dropped
+    x = torch.tensor([[0.0, -3.0, -0.5, -0.25]])                                   # shift invariant, in float32 too
+    torch.testing.assert_close(normmax(x + 1e4), normmax(x))
+
+
+def test_normmax_matches_the_entmax_package():
+    entmax = pytest.importorskip("entmax")
+    s = torch.randn(5, 3, 4, 11, dtype=torch.float64) * 3
+    torch.testing.assert_close(normmax(s), entmax.normmax_bisect(s, alpha=2, n_iter=100))
+    x = s.clone().requires_grad_(); y = s.clone().requires_grad_()
+    g = torch.randn_like(s)
+    (normmax(x) * g).sum().backward(); (entmax.normmax_bisect(y, alpha=2, n_iter=100) * g).sum().backward()
+    torch.testing.assert_close(x.grad, y.grad)
+
+
+def test_learned_temperature_softmax_is_the_formula_and_starts_at_ssmax():
+    norm = LearnedTemperatureSoftmax(num_heads=3).double()
+    assert N_KEYS == 17 and torch.allclose(norm.t, torch.full((3,), S_START * math.log(17), dtype=torch.float64))
+    z = torch.randn(2, 3, 4, 17, dtype=torch.float64)
+    torch.testing.assert_close(norm(z), ScalableSoftmax(3).double()(z))           # = SSMax at 17 keys at initialisation
+    torch.testing.assert_close(get_normalizer("learned_temperature_softmax", 3, n_keys=97).t.detach(),
+                               ScalableSoftmax(3).s.detach() * math.log(97))
+    temps = (0.5, 1.0, 3.0)
+    with torch.no_grad(): norm.t.copy_(torch.tensor(temps))
+    mask = torch.zeros(1, 1, 1, 17, dtype=torch.bool); mask[..., ::3] = True
+    for m in (None, mask):
+        for h, t in enumerate(temps):
+            def tempered(x, valid, i):
+                e = [math.exp(t * v) if ok else 0.0 for v, ok in zip(x, valid)]
+                return [v / sum(e) for v in e]                                     # softmax(t_h z)
+            torch.testing.assert_close(norm(z, m)[:, h], by_element(tempered, z[:, h], m))
+
+
+def test_learned_temperature_gets_a_gradient_and_stacks():
+    norm = LearnedTemperatureSoftmax(num_heads=3).double()
+    z = torch.randn(2, 3, 4, 6, dtype=torch.float64)
+    t = norm.t.detach().clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: torch.func.functional_call(norm, {"t": t}, (z, MASK)), (t,), eps=1e-6, atol=1e-6)
+    (norm(z, MASK) * torch.randn(2, 3, 4, 6, dtype=torch.float64)).sum().backward()
+    assert norm.t.grad.shape == (3,) and (norm.t.grad != 0).all()
+    stack = get_normalizer("learned_temperature_softmax", num_heads=3, num_models=2).double()
+    assert stack.t.shape == (2, 3)
+    with torch.no_grad(): stack.t[1] = 2.0
+    z5 = torch.stack([z, z.flip(0)])                                                # (M, B, H, Tq, Tk)
+    p5 = stack(z5, MASK)
+    torch.testing.assert_close(p5[0], LearnedTemperatureSoftmax(3).double()(z, MASK))
+    torch.testing.assert_close(p5[1], torch.softmax(2.0 * z.flip(0).masked_fill(~MASK, float("-inf")), -1))
+    (p5 * torch.randn_like(p5)).sum().backward()
+    assert (stack.t.grad != 0).all()
