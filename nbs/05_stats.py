@@ -1151,26 +1151,6 @@ cl[["claim_id", "estimate", "ci_low", "ci_high", "p_holm", "verdict"]]
 
 # %%
 #| export
-ABLATIONS = {
-    "masked_padding": dict(datasets=("twenty_news",),
-                           options="--datasets twenty_news --mask-padding --methods softmax sparsemax entmax15 headwise_adaptive_entmax "
-                                   "topk_softmax_0125 topk_softmax_025 topk_softmax_05",
-                           question="Does the 20 Newsgroups gain of the sparse methods survive when padding is masked?"),
-    "original_gradient": dict(datasets=("twenty_news", "fashion_mnist"),
-                              options="--datasets twenty_news fashion_mnist --methods entmax15_bisect headwise_adaptive_entmax_bisect",
-                              rename={"entmax15_bisect": "entmax15", "headwise_adaptive_entmax_bisect": "headwise_adaptive_entmax"},
-                              question="Do the entmax-1.5 and adaptive-entmax results depend on the original's approximate gradient?"),
-    "patch4": dict(datasets=("fashion_mnist",),
-                   options="--datasets fashion_mnist --patch-size 4 --methods softmax topk_softmax_0125 topk_softmax_025 topk_softmax_05",
-                   question="Does top-k's image gain survive with 4×4 patches (T = 50), where top-k is no longer a 3-of-17 gate?"),
-    "learnable_marker": dict(datasets=("synthetic_marker",), options="--datasets synthetic_marker --marker-vocab 12",
-                             question="Does any normalizer find the marker when the task can be learned?"),
-    "jpeg_control": dict(datasets=("fashion_mnist",), options="--datasets fashion_mnist --jpeg-quality 75",
-                         question="Does lossy input (JPEG quality 75, as the offline CIFAR-10 copy) change the top-k gains on Fashion-MNIST?"),
-    "learned_pad_row": dict(datasets=("twenty_news",),
-                            options="--datasets twenty_news --learned-pad-row --methods softmax sparsemax entmax15 headwise_adaptive_entmax",
-                            question="How much does a learned padding embedding change the 20 Newsgroups results?"),
-}
 ABLATION_COLS = ["dataset", "method", "n", "gain_main", "gain_variant", "gain_variant_ci_low", "gain_variant_ci_high",
                  "gain_variant_p_holm", "gain_change", "gain_change_ci_low", "gain_change_ci_high", "gain_change_p",
                  "gain_change_p_tost", "variant_minus_main", "variant_minus_main_p", "accuracy_variant"]
@@ -1218,7 +1198,7 @@ test_close(ab.loc["sparsemax", "gain_change"], 0.0, eps=1e-12)
 test_close(ab.loc["sparsemax", "gain_variant"], pt.set_index(["family", "dataset", "method"]).loc[("main", "twenty_news", "sparsemax"), "mean_delta"])
 test_eq(len(ab), 6); test_eq(set(ab.dataset), {"twenty_news"})
 only = var_fx[var_fx.method == "entmax15"].assign(method="entmax15_bisect")      # no softmax in the variant: main's is used
-ab2 = ablation_tests(main_fx, only, rename=ABLATIONS["original_gradient"]["rename"]).set_index("method")
+ab2 = ablation_tests(main_fx, only, rename={"entmax15_bisect": "entmax15"}).set_index("method")
 test_eq(list(ab2.index), ["entmax15"]); test_close(ab2.loc["entmax15", "gain_change"], 0.01, eps=1e-12)
 test_eq(len(ablation_tests(main_fx, None)), 0)
 
@@ -1230,14 +1210,6 @@ test_eq(len(ablation_tests(main_fx, None)), 0)
 
 # %%
 #| export
-def ablation_expected(name) -> set:
-    "The (dataset, method) change tests ablation `name` contributes when complete: its sparse methods (renamed) on its datasets."
-    spec, words = ABLATIONS[name], ABLATIONS[name]["options"].split()
-    methods = words[words.index("--methods") + 1:] if "--methods" in words else list(PAPER_METHODS)
-    methods = [m for m in (w for w in methods if not w.startswith("--")) if m != BASELINE]
-    methods = [spec.get("rename", {}).get(m, m) for m in methods]
-    return {(d, m) for d in spec["datasets"] for m in methods}
-
 def ablation_family(tables: dict):
     "Concatenate `ablation_tests` tables (name -> table), Holm-adjust the gain changes across them all, add the change verdict."
     parts = [t.assign(ablation=name) for name, t in tables.items() if len(t)]
@@ -1264,9 +1236,6 @@ fam1 = ablation_family({"a": ab.reset_index()}).set_index("method")
 test_eq(fam1.loc["entmax15", "change_verdict"], "undecided")            # a constant +1 pt: not inside ±1 pt, no t-test possible
 test_eq(fam1.loc["sparsemax", "change_verdict"], "equivalent within ±1.0 pt")   # unchanged on every seed
 test_eq(len(ablation_family({})), 0)
-test_eq(ablation_expected("patch4"), {("fashion_mnist", m) for m in TOPK_METHODS})
-test_eq(ablation_expected("original_gradient"), {(d, m) for d in ("twenty_news", "fashion_mnist") for m in ("entmax15", "headwise_adaptive_entmax")})
-test_eq(len(ablation_expected("learnable_marker")), 6); test_eq(len(ablation_expected("masked_padding")), 6)
 
 # %% [markdown]
 # The answer of an ablation in one sentence, and its table for reading (effects in points):
@@ -1404,15 +1373,6 @@ test_eq(len(deviations()), 0)
 # `--epoch-eval` carries its learning curve (`epoch_metrics`, JSON); `run_curves` unpacks the rows of a grid into one
 # long table, one row per (dataset, method, seed, learning rate, epoch). The tuned-recipe protocol (`05b_tuning`) reads
 # its grids through it.
-
-# %%
-#| export
-FOLLOW_UPS = {   # follow-up experiments, each a grid into `<results>/follow_ups/<name>` on the main runs' seeds
-    "alpha_start": dict(options="--datasets fashion_mnist twenty_news --methods headwise_adaptive_entmax_start12 headwise_adaptive_entmax_start18",
-                        question="Does the learned α settle near 1.51 from any start, or stay where it starts?"),
-    "selection_marker": dict(options="--datasets synthetic_marker --marker-design label_once --epochs 3 --epoch-eval --val-fraction 0.25",
-                             question="On a marker task whose one informative token must be picked out of 97, does any normalizer find it faster or better?"),
-}
 
 # %%
 #| export

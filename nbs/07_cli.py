@@ -135,6 +135,12 @@ def _report_args(sub):
                    "notebook nbs/index.ipynb, when the README has one, and the README from it)")
     return r
 
+def _index_args(sub):
+    "`index`: the index of the committed results."
+    i = sub.add_parser("index", help="write <outputs>/README.md: every catalogue experiment with runs there, its question and verdict line")
+    i.add_argument("--outputs", default="outputs", help="the folder of results roots (paper/, literature/, speed/, …)")
+    return i
+
 def _readme_args(sub):
     "`readme`: the README from the home notebook."
     r = sub.add_parser("readme", help="write the README from its source, the home notebook nbs/index.ipynb")
@@ -176,8 +182,8 @@ def _ablations_args(sub):
                              "seeds trained as one stacked model per task (the GPU path)", fast=True)
 
 def _follow_ups_args(sub):
-    "`follow-ups`: the named grids of `stats.FOLLOW_UPS` into `<out>/follow_ups/<name>`."
-    return _named_grids_args(sub, "follow-ups", "the follow-up experiments of stats.FOLLOW_UPS (e.g. alpha_start), paired with a "
+    "`follow-ups`: the named grids of `catalogue.FOLLOW_UPS` into `<out>/follow_ups/<name>`."
+    return _named_grids_args(sub, "follow-ups", "the follow-up experiments of the catalogue (e.g. alpha_start), paired with a "
                              "main grid's seeds", "follow-up", "seeds trained as one stacked model per task")
 
 def _tuned_args(sub):
@@ -223,7 +229,7 @@ def _bench_args(sub):
 
 # %%
 #| export
-SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "report": _report_args, "readme": _readme_args, "site": _site_args,
+SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "report": _report_args, "readme": _readme_args, "index": _index_args, "site": _site_args,
                "reproduce": _reproduce_args,
                "ablations": _ablations_args, "follow-ups": _follow_ups_args, "tuned": _tuned_args,
                "attention-maps": _maps_args, "bench": _bench_args}
@@ -560,6 +566,17 @@ def cmd_report(args):
             print(f"readme: {source} and {readme} {'updated' if changed else 'already current'}")
     return {}
 
+def cmd_index(args):
+    "Write the index of the committed results from the catalogue."
+    from sparse_attention_repro.catalogue import outputs_index
+    from sparse_attention_repro.files import atomic_write
+    if not Path(args.outputs).is_dir(): raise UsageError(f"--outputs {args.outputs} is not a folder; give the folder of results roots")
+    text, path = outputs_index(args.outputs), Path(args.outputs) / "README.md"
+    same = path.exists() and path.read_text(encoding="utf-8") == text
+    if not same: atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    print(f"index: {path} {'already current' if same else 'written'}")
+    return {}
+
 def cmd_readme(args):
     "Write the README from the home notebook."
     from sparse_attention_repro.report import write_readme
@@ -592,23 +609,23 @@ def cmd_reproduce(args):
 # %% [markdown]
 # ## Ablations
 #
-# `ablations` runs each ablation of `stats.ABLATIONS` — masked padding, the original's gradient, 4×4 patches, a learnable
+# `ablations` runs each ablation of the catalogue (`catalogue.ABLATIONS`) — masked padding, the original's gradient, 4×4 patches, a learnable
 # marker task, a learned padding embedding — as a grid with its options into `<out>/ablations/<name>`, on the profile's
 # seeds (the main runs' seeds), one after the other; every grid resumes like any other, and the report of `<out>` picks
 # them up. All are validated before the first one starts.
 
 # %%
 #| export
-def ablation_grids(args, table=None, folder="ablations", kind="ablation"):
-    "The grid arguments of every requested experiment of `table` (default `stats.ABLATIONS`), validated, in order."
-    from sparse_attention_repro.stats import ABLATIONS
+def ablation_grids(args, table=None, kind="ablation"):
+    "The grid arguments of every requested catalogue entry of `table` (default `catalogue.ABLATIONS`), validated, in order."
+    from sparse_attention_repro.catalogue import ABLATIONS
     table = ABLATIONS if table is None else table
     names = _split(args.only) if args.only else list(table)
     for n in names:
         if n not in table: raise UsageError(f"unknown {kind} {n!r}; choose from {', '.join(table)}")
     grids = []
     for n in names:
-        argv = ["grid", "--profile", args.profile, "--out", str(Path(args.out) / folder / n), *table[n]["options"].split(),
+        argv = ["grid", "--profile", args.profile, "--out", str(Path(args.out) / table[n].folder), *table[n].grid_args(),
                 "--jobs", str(args.jobs), "--executor", args.executor, "--device", args.device]
         argv += (["--seeds", *args.seeds] if args.seeds else []) + (["--scheduler", args.scheduler] if args.scheduler else [])
         argv += (["--download"] if args.download else []) + ["--stack-seeds", str(args.stack_seeds)] + (["--fast"] if getattr(args, "fast", False) else [])
@@ -617,22 +634,22 @@ def ablation_grids(args, table=None, folder="ablations", kind="ablation"):
         grids.append((n, g))
     return grids
 
-def _run_named_grids(args, table=None, folder="ablations", kind="ablation"):
+def _run_named_grids(args, table=None, kind="ablation"):
     "Run the requested named grids of `table` one after the other; returns the failures."
     fails = {}
-    for name, g in ablation_grids(args, table, folder, kind):
+    for name, g in ablation_grids(args, table, kind):
         print(f"{kind} {name}: {g.out}")
         fails.update({f"{name}:{k}": v for k, v in cmd_grid(g).items()})
     return fails
 
 def cmd_ablations(args):
-    "Run the requested ablation grids (`stats.ABLATIONS`) one after the other; returns the failures."
+    "Run the requested ablation grids (`catalogue.ABLATIONS`) one after the other; returns the failures."
     return _run_named_grids(args)
 
 def cmd_follow_ups(args):
-    "Run the follow-up grids (`stats.FOLLOW_UPS`) one after the other; returns the failures."
-    from sparse_attention_repro.stats import FOLLOW_UPS
-    return _run_named_grids(args, FOLLOW_UPS, "follow_ups", "follow-up")
+    "Run the follow-up grids (`catalogue.FOLLOW_UPS`) one after the other; returns the failures."
+    from sparse_attention_repro.catalogue import FOLLOW_UPS
+    return _run_named_grids(args, FOLLOW_UPS, "follow-up")
 
 # %% [markdown]
 # `tuned` runs the tuned-recipe protocol (`05b_tuning`): it reads what has run under `<out>/tuned/`, asks `tuned_plan`
@@ -706,8 +723,8 @@ test_eq([n for n, _ in _ab], ["learnable_marker", "patch4"])
 test_eq(ablation_grids(build_parser().parse_args(["ablations", "--profile", "smoke", "--out", str(_out), "--only", "patch4", "--fast"]))[0][1].fast, True)
 test_eq((_ab[0][1].marker_vocab, _ab[0][1].datasets, _ab[1][1].patch_size, _ab[1][1].out), (12, ["synthetic_marker"], 4, str(_out / "ablations" / "patch4")))
 test_fail(lambda: ablation_grids(build_parser().parse_args(["ablations", "--out", "x", "--only", "dropout"])), exc=UsageError, contains="unknown ablation")
-from sparse_attention_repro.stats import FOLLOW_UPS
-_fu = ablation_grids(build_parser().parse_args(["follow-ups", "--profile", "smoke", "--out", str(_out), "--seeds", "0"]), FOLLOW_UPS, "follow_ups")
+from sparse_attention_repro.catalogue import FOLLOW_UPS
+_fu = ablation_grids(build_parser().parse_args(["follow-ups", "--profile", "smoke", "--out", str(_out), "--seeds", "0"]), FOLLOW_UPS, "follow-up")
 test_eq([(n, g.methods, g.out) for n, g in _fu],
         [("alpha_start", ["headwise_adaptive_entmax_start12", "headwise_adaptive_entmax_start18"], str(_out / "follow_ups" / "alpha_start")),
          ("selection_marker", None, str(_out / "follow_ups" / "selection_marker"))])          # None: every paper method
@@ -827,7 +844,7 @@ def cmd_bench(args):
 
 # %%
 #| export
-COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "readme": cmd_readme, "site": cmd_site, "reproduce": cmd_reproduce,
+COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "readme": cmd_readme, "index": cmd_index, "site": cmd_site, "reproduce": cmd_reproduce,
             "ablations": cmd_ablations, "follow-ups": cmd_follow_ups, "tuned": cmd_tuned,
             "attention-maps": cmd_attention_maps, "bench": cmd_bench}
 

@@ -39,7 +39,9 @@
 # [`nbs/protocol.ipynb`](protocol.ipynb); the tuned-recipe protocol behind "tuned" is declared in
 # [`nbs/05b_tuning.ipynb`](05b_tuning.ipynb), before its runs. Three normalizers from recent papers (sigmoid
 # attention, Scalable-Softmax, softpick) were run against the committed baselines under the paper's recipe
-# (`outputs/literature/`); their fair reading is still to come.
+# (`outputs/literature/`); their fair reading is still to come. Five more in the example package (softmax with a sink,
+# stick-breaking, ReLU attention, normmax, and a learned-temperature softmax as Scalable-Softmax's control) are tested
+# against their papers' formulas and have not been run in a grid yet.
 
 # %% [markdown]
 # ## Install (one command)
@@ -53,7 +55,8 @@
 # test tools. The library's core — the normalizers, the kernels and the model — needs only torch and numpy
 # (`pip install .`); the extras are `experiments` (grids and Crisp), `report`, `dask`, `all` (the three) and `dev`. The
 # editable install runs the experiment notebooks of the checkout; a regular install runs the copies it ships. `-e examples`
-# adds the example package of outside normalizers (sigmoid attention, scalable softmax, softpick), which the tests run.
+# adds the example package of outside normalizers (sigmoid attention, Scalable-Softmax, softpick, softmax with a sink,
+# stick-breaking, ReLU attention, normmax, and the learned-temperature softmax control), which the tests run.
 #
 # **Data.** Online, add `--download` to any command: the loaders fetch the official distributions (torchvision,
 # scikit-learn, the Hugging Face hub for SST-2) into `~/.cache/sparse_attention_repro`. Offline, point `SPARSE_REPRO_DATA`
@@ -131,6 +134,7 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # | `sparse-repro reproduce --profile P --out DIR` | grid + crisp + report |
 # | `sparse-repro ablations --profile P --out DIR [--only …]` | the confound ablations (masked padding, the original's gradient, 4×4 patches, a learnable marker, a learned pad row), each a grid into `DIR/ablations/<name>` on the main runs' seeds; the report of `DIR` includes them |
 # | `sparse-repro site [--out outputs/site] [--report DIR/report.ipynb] [--no-execute]` | the notebooks, executed, as a browsable site that works offline: this page as its home, a navigation bar in reading order, formulas as MathML built in (no CDN, no script) |
+# | `sparse-repro index [--outputs outputs]` | `outputs/README.md`: every experiment of the catalogue with committed runs, its folder, question and verdict line from the committed tables |
 # | `sparse-repro readme` | this README, written from its source, the home notebook `nbs/index.ipynb` (links rebased to the repository root) |
 # | `sparse-repro tuned --out DIR [--stage select\|complete\|power] [--datasets …] [--dry-run]` | the tuned-recipe protocol (`nbs/05b_tuning.ipynb`): *select* runs every candidate learning rate of each dataset on seeds 0–2 (then the next rate beyond one chosen on an edge, and a 1.5× longer run for an epoch chosen on an edge), *complete* runs seeds 3–9 at each arm's chosen rate and length, *power* adds seeds (up to 30) to the headline comparisons until TOST at ±1 pt has 80 % power; one grid per (dataset, rate) in `DIR/tuned/<dataset>_lr<rate>`, resumable; the report chooses each arm's rate and epoch on validation and tests the tuned gains |
 # | `sparse-repro follow-ups --out DIR [--only alpha_start]` | follow-up experiments, paired with the main runs' seeds, into `DIR/follow_ups/<name>` (`alpha_start`: the adaptive entmax started at α = 1.2 and 1.8) |
@@ -190,14 +194,15 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # | `nbs/04_crisp.ipynb` | Crisp attention on a transformers encoder; SST-2 fine-tuning |
 # | `nbs/05_stats.ipynb`, `nbs/05a_report.ipynb` | paired tests (pingouin), Holm families, single-seed critique, the report |
 # | `nbs/05b_tuning.ipynb` | the tuned-recipe protocol: the declared search, the staged selection on validation, bracketing, TOST power, the tuned verdicts and the README's answer |
+# | `nbs/05c_catalogue.ipynb` | the catalogue of experiments: each one's question, design (datasets, methods, options, seeds), folder and analysis as one typed entry; the ablation and follow-up commands run its entries, the report reads them, and it writes `outputs/README.md` |
 # | `nbs/06_runner.ipynb`, `nbs/07_cli.ipynb` | resumable papermill execution (local or dask) and the command line |
 # | `nbs/08_bench.ipynb` | the benchmarks behind `sparse-repro bench` |
 # | `nbs/09_tutorial_own_normalizer.ipynb` | tutorial: write a normalizer, register it, run it against the committed baselines and read the answer |
 # | `nbs/experiments/` | the parameterised notebooks papermill executes: `study_a`, `crisp`, `report` |
 # | `sparse_attention_repro/` | the library, exported by nbdev (never edit it by hand) |
 # | `tests/` | pytest: CLI, papermill runs, crash/resume, dask, properties, statistics, an outside normalizer end to end |
-# | `examples/` | an installable package of three normalizers from recent papers, registered through the entry point, each tested against its paper's formula |
-# | `outputs/paper/`, `outputs/example/` | committed results; other run folders under `outputs/` are git-ignored |
+# | `examples/` | an installable package of eight normalizers from the literature, registered through the entry point, each tested against its paper's formula |
+# | `outputs/paper/`, `outputs/literature/`, `outputs/speed/`, `outputs/example/` | committed results, indexed with their questions and verdicts in [`outputs/README.md`](../outputs/README.md); other run folders under `outputs/` are git-ignored |
 #
 # Every notebook is paired with a jupytext `py:percent` script (`nbs/*.py`) so reviews read as plain diffs. Edit either,
 # then `jupytext --sync nbs/*.ipynb nbs/experiments/*.ipynb && nbdev_export && nbdev_clean`, and after editing this page,

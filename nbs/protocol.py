@@ -120,7 +120,7 @@
 #
 # **Families.** The paper's own Holm families stay as they were: the main family of 24 comparisons (four datasets × six
 # sparse methods), KMNIST's 6 on their own, the adaptive entmax against entmax-1.5 per dataset. The ablations form one
-# further family: every "change of a gain" test of every ablation in `stats.ABLATIONS` (each of its sparse methods on
+# further family: every "change of a gain" test of every ablation of the catalogue (`catalogue.ABLATIONS`) (each of its sparse methods on
 # each of its datasets) is Holm-corrected together. Until every ablation of that table has run with all its methods, the
 # family is incomplete and its adjusted p-values are provisional; the report says which tests are missing.
 #

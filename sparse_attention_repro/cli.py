@@ -4,9 +4,9 @@
 
 # %% auto 0
 __all__ = ['FAST_HELP', 'SUBCOMMANDS', 'STUDY_A_KEYS', 'CRISP_KEYS', 'COMMANDS', 'UsageError', 'usable_cores', 'threads_per_job',
-           'build_parser', 'grid_tasks', 'cmd_grid', 'crisp_tasks', 'cmd_crisp', 'cmd_report', 'cmd_readme', 'cmd_site',
-           'cmd_reproduce', 'ablation_grids', 'cmd_ablations', 'cmd_follow_ups', 'tuned_grids', 'cmd_tuned',
-           'cmd_attention_maps', 'cmd_bench', 'main']
+           'build_parser', 'grid_tasks', 'cmd_grid', 'crisp_tasks', 'cmd_crisp', 'cmd_report', 'cmd_index',
+           'cmd_readme', 'cmd_site', 'cmd_reproduce', 'ablation_grids', 'cmd_ablations', 'cmd_follow_ups',
+           'tuned_grids', 'cmd_tuned', 'cmd_attention_maps', 'cmd_bench', 'main']
 
 # %% ../nbs/07_cli.ipynb
 import argparse, os, sys
@@ -92,6 +92,12 @@ def _report_args(sub):
                    "notebook nbs/index.ipynb, when the README has one, and the README from it)")
     return r
 
+def _index_args(sub):
+    "`index`: the index of the committed results."
+    i = sub.add_parser("index", help="write <outputs>/README.md: every catalogue experiment with runs there, its question and verdict line")
+    i.add_argument("--outputs", default="outputs", help="the folder of results roots (paper/, literature/, speed/, …)")
+    return i
+
 def _readme_args(sub):
     "`readme`: the README from the home notebook."
     r = sub.add_parser("readme", help="write the README from its source, the home notebook nbs/index.ipynb")
@@ -132,8 +138,8 @@ def _ablations_args(sub):
                              "seeds trained as one stacked model per task (the GPU path)", fast=True)
 
 def _follow_ups_args(sub):
-    "`follow-ups`: the named grids of `stats.FOLLOW_UPS` into `<out>/follow_ups/<name>`."
-    return _named_grids_args(sub, "follow-ups", "the follow-up experiments of stats.FOLLOW_UPS (e.g. alpha_start), paired with a "
+    "`follow-ups`: the named grids of `catalogue.FOLLOW_UPS` into `<out>/follow_ups/<name>`."
+    return _named_grids_args(sub, "follow-ups", "the follow-up experiments of the catalogue (e.g. alpha_start), paired with a "
                              "main grid's seeds", "follow-up", "seeds trained as one stacked model per task")
 
 def _tuned_args(sub):
@@ -178,7 +184,7 @@ def _bench_args(sub):
     return b
 
 # %% ../nbs/07_cli.ipynb
-SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "report": _report_args, "readme": _readme_args, "site": _site_args,
+SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "report": _report_args, "readme": _readme_args, "index": _index_args, "site": _site_args,
                "reproduce": _reproduce_args,
                "ablations": _ablations_args, "follow-ups": _follow_ups_args, "tuned": _tuned_args,
                "attention-maps": _maps_args, "bench": _bench_args}
@@ -397,6 +403,17 @@ def cmd_report(args):
             print(f"readme: {source} and {readme} {'updated' if changed else 'already current'}")
     return {}
 
+def cmd_index(args):
+    "Write the index of the committed results from the catalogue."
+    from sparse_attention_repro.catalogue import outputs_index
+    from sparse_attention_repro.files import atomic_write
+    if not Path(args.outputs).is_dir(): raise UsageError(f"--outputs {args.outputs} is not a folder; give the folder of results roots")
+    text, path = outputs_index(args.outputs), Path(args.outputs) / "README.md"
+    same = path.exists() and path.read_text(encoding="utf-8") == text
+    if not same: atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    print(f"index: {path} {'already current' if same else 'written'}")
+    return {}
+
 def cmd_readme(args):
     "Write the README from the home notebook."
     from sparse_attention_repro.report import write_readme
@@ -426,16 +443,16 @@ def cmd_reproduce(args):
     return fails
 
 # %% ../nbs/07_cli.ipynb
-def ablation_grids(args, table=None, folder="ablations", kind="ablation"):
-    "The grid arguments of every requested experiment of `table` (default `stats.ABLATIONS`), validated, in order."
-    from sparse_attention_repro.stats import ABLATIONS
+def ablation_grids(args, table=None, kind="ablation"):
+    "The grid arguments of every requested catalogue entry of `table` (default `catalogue.ABLATIONS`), validated, in order."
+    from sparse_attention_repro.catalogue import ABLATIONS
     table = ABLATIONS if table is None else table
     names = _split(args.only) if args.only else list(table)
     for n in names:
         if n not in table: raise UsageError(f"unknown {kind} {n!r}; choose from {', '.join(table)}")
     grids = []
     for n in names:
-        argv = ["grid", "--profile", args.profile, "--out", str(Path(args.out) / folder / n), *table[n]["options"].split(),
+        argv = ["grid", "--profile", args.profile, "--out", str(Path(args.out) / table[n].folder), *table[n].grid_args(),
                 "--jobs", str(args.jobs), "--executor", args.executor, "--device", args.device]
         argv += (["--seeds", *args.seeds] if args.seeds else []) + (["--scheduler", args.scheduler] if args.scheduler else [])
         argv += (["--download"] if args.download else []) + ["--stack-seeds", str(args.stack_seeds)] + (["--fast"] if getattr(args, "fast", False) else [])
@@ -444,22 +461,22 @@ def ablation_grids(args, table=None, folder="ablations", kind="ablation"):
         grids.append((n, g))
     return grids
 
-def _run_named_grids(args, table=None, folder="ablations", kind="ablation"):
+def _run_named_grids(args, table=None, kind="ablation"):
     "Run the requested named grids of `table` one after the other; returns the failures."
     fails = {}
-    for name, g in ablation_grids(args, table, folder, kind):
+    for name, g in ablation_grids(args, table, kind):
         print(f"{kind} {name}: {g.out}")
         fails.update({f"{name}:{k}": v for k, v in cmd_grid(g).items()})
     return fails
 
 def cmd_ablations(args):
-    "Run the requested ablation grids (`stats.ABLATIONS`) one after the other; returns the failures."
+    "Run the requested ablation grids (`catalogue.ABLATIONS`) one after the other; returns the failures."
     return _run_named_grids(args)
 
 def cmd_follow_ups(args):
-    "Run the follow-up grids (`stats.FOLLOW_UPS`) one after the other; returns the failures."
-    from sparse_attention_repro.stats import FOLLOW_UPS
-    return _run_named_grids(args, FOLLOW_UPS, "follow_ups", "follow-up")
+    "Run the follow-up grids (`catalogue.FOLLOW_UPS`) one after the other; returns the failures."
+    from sparse_attention_repro.catalogue import FOLLOW_UPS
+    return _run_named_grids(args, FOLLOW_UPS, "follow-up")
 
 # %% ../nbs/07_cli.ipynb
 def tuned_grids(args):
@@ -610,7 +627,7 @@ def cmd_bench(args):
     return {}
 
 # %% ../nbs/07_cli.ipynb
-COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "readme": cmd_readme, "site": cmd_site, "reproduce": cmd_reproduce,
+COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "readme": cmd_readme, "index": cmd_index, "site": cmd_site, "reproduce": cmd_reproduce,
             "ablations": cmd_ablations, "follow-ups": cmd_follow_ups, "tuned": cmd_tuned,
             "attention-maps": cmd_attention_maps, "bench": cmd_bench}
 

@@ -4,17 +4,16 @@
 
 # %% auto 0
 __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'SPARSE_METHODS', 'TOPK_METHODS', 'CRISP_MASKED', 'RESULT_COLUMNS',
-           'EQUIVALENCE_MARGINS', 'TEST_COLS', 'PUBLISHED_CRISP_GAIN', 'ABLATIONS', 'ABLATION_COLS', 'FOLLOW_UPS',
-           'CURVE_COLS', 'DATASET_ORDER', 'VERSUS_COLS', 'load_runs', 'load_crisp', 'check_results_file',
-           'paired_stats', 'holm', 'tost_paired', 'equivalence_verdict', 'family_of', 'paired_tests', 'crisp_tests',
-           'crisp_normalizer_tests', 'seed_deltas', 'single_seed_summary', 'single_pair_exceedance', 'mde_paired',
-           'mde_unpaired', 'discordance_from_deltas', 'power_table', 'accuracy_ci', 'select_topk', 'alpha_long',
-           'pad_attention', 'time_ratios', 'layer_sparsity', 'crisp_learning_curve', 'crisp_by_lr', 'alpha_start_tests',
-           'alpha_start_verdicts', 'prediction_interval', 'verdict', 'fmt_p', 'claims_table', 'ablation_tests',
-           'ablation_expected', 'ablation_family', 'ablation_answer', 'readable_ablation', 'readable_single_seed',
-           'readable_power', 'deviations', 'run_curves', 'gain_verdict', 'crisp_lr_verdicts', 'readable_tests',
-           'run_description', 'paper_deltas', 'readable_claims', 'analyse', 'versus_baseline', 'pairing_check',
-           'versus_answer', 'readable_versus']
+           'EQUIVALENCE_MARGINS', 'TEST_COLS', 'PUBLISHED_CRISP_GAIN', 'ABLATION_COLS', 'CURVE_COLS', 'DATASET_ORDER',
+           'VERSUS_COLS', 'load_runs', 'load_crisp', 'check_results_file', 'paired_stats', 'holm', 'tost_paired',
+           'equivalence_verdict', 'family_of', 'paired_tests', 'crisp_tests', 'crisp_normalizer_tests', 'seed_deltas',
+           'single_seed_summary', 'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas',
+           'power_table', 'accuracy_ci', 'select_topk', 'alpha_long', 'pad_attention', 'time_ratios', 'layer_sparsity',
+           'crisp_learning_curve', 'crisp_by_lr', 'alpha_start_tests', 'alpha_start_verdicts', 'prediction_interval',
+           'verdict', 'fmt_p', 'claims_table', 'ablation_tests', 'ablation_family', 'ablation_answer',
+           'readable_ablation', 'readable_single_seed', 'readable_power', 'deviations', 'run_curves', 'gain_verdict',
+           'crisp_lr_verdicts', 'readable_tests', 'run_description', 'paper_deltas', 'readable_claims', 'analyse',
+           'versus_baseline', 'pairing_check', 'versus_answer', 'readable_versus']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -592,26 +591,6 @@ def claims_table(runs=None, crisp=None, tests=None, ctests=None, claims=CLAIMS):
     return pd.DataFrame(rows)[cols]
 
 # %% ../nbs/05_stats.ipynb
-ABLATIONS = {
-    "masked_padding": dict(datasets=("twenty_news",),
-                           options="--datasets twenty_news --mask-padding --methods softmax sparsemax entmax15 headwise_adaptive_entmax "
-                                   "topk_softmax_0125 topk_softmax_025 topk_softmax_05",
-                           question="Does the 20 Newsgroups gain of the sparse methods survive when padding is masked?"),
-    "original_gradient": dict(datasets=("twenty_news", "fashion_mnist"),
-                              options="--datasets twenty_news fashion_mnist --methods entmax15_bisect headwise_adaptive_entmax_bisect",
-                              rename={"entmax15_bisect": "entmax15", "headwise_adaptive_entmax_bisect": "headwise_adaptive_entmax"},
-                              question="Do the entmax-1.5 and adaptive-entmax results depend on the original's approximate gradient?"),
-    "patch4": dict(datasets=("fashion_mnist",),
-                   options="--datasets fashion_mnist --patch-size 4 --methods softmax topk_softmax_0125 topk_softmax_025 topk_softmax_05",
-                   question="Does top-k's image gain survive with 4×4 patches (T = 50), where top-k is no longer a 3-of-17 gate?"),
-    "learnable_marker": dict(datasets=("synthetic_marker",), options="--datasets synthetic_marker --marker-vocab 12",
-                             question="Does any normalizer find the marker when the task can be learned?"),
-    "jpeg_control": dict(datasets=("fashion_mnist",), options="--datasets fashion_mnist --jpeg-quality 75",
-                         question="Does lossy input (JPEG quality 75, as the offline CIFAR-10 copy) change the top-k gains on Fashion-MNIST?"),
-    "learned_pad_row": dict(datasets=("twenty_news",),
-                            options="--datasets twenty_news --learned-pad-row --methods softmax sparsemax entmax15 headwise_adaptive_entmax",
-                            question="How much does a learned padding embedding change the 20 Newsgroups results?"),
-}
 ABLATION_COLS = ["dataset", "method", "n", "gain_main", "gain_variant", "gain_variant_ci_low", "gain_variant_ci_high",
                  "gain_variant_p_holm", "gain_change", "gain_change_ci_low", "gain_change_ci_high", "gain_change_p",
                  "gain_change_p_tost", "variant_minus_main", "variant_minus_main_p", "accuracy_variant"]
@@ -644,14 +623,6 @@ def ablation_tests(main, variant, rename=None, baseline=BASELINE):
     return out.rename(columns={"p_holm": "gain_variant_p_holm"})[ABLATION_COLS]
 
 # %% ../nbs/05_stats.ipynb
-def ablation_expected(name) -> set:
-    "The (dataset, method) change tests ablation `name` contributes when complete: its sparse methods (renamed) on its datasets."
-    spec, words = ABLATIONS[name], ABLATIONS[name]["options"].split()
-    methods = words[words.index("--methods") + 1:] if "--methods" in words else list(PAPER_METHODS)
-    methods = [m for m in (w for w in methods if not w.startswith("--")) if m != BASELINE]
-    methods = [spec.get("rename", {}).get(m, m) for m in methods]
-    return {(d, m) for d in spec["datasets"] for m in methods}
-
 def ablation_family(tables: dict):
     "Concatenate `ablation_tests` tables (name -> table), Holm-adjust the gain changes across them all, add the change verdict."
     parts = [t.assign(ablation=name) for name, t in tables.items() if len(t)]
@@ -748,14 +719,6 @@ def deviations(runs=None, crisp=None):
         add("B", "one run per configuration, validation split only", f"{crisp.seed.nunique()} seeds, validation and the labelled test split",
             "one run cannot separate an effect from seed noise", "B1–B3 (the paper's evidence, not ours)")
     return pd.DataFrame(rows, columns=["study", "paper", "ours", "why", "could_move"])
-
-# %% ../nbs/05_stats.ipynb
-FOLLOW_UPS = {   # follow-up experiments, each a grid into `<results>/follow_ups/<name>` on the main runs' seeds
-    "alpha_start": dict(options="--datasets fashion_mnist twenty_news --methods headwise_adaptive_entmax_start12 headwise_adaptive_entmax_start18",
-                        question="Does the learned α settle near 1.51 from any start, or stay where it starts?"),
-    "selection_marker": dict(options="--datasets synthetic_marker --marker-design label_once --epochs 3 --epoch-eval --val-fraction 0.25",
-                             question="On a marker task whose one informative token must be picked out of 97, does any normalizer find it faster or better?"),
-}
 
 # %% ../nbs/05_stats.ipynb
 CURVE_COLS = ["dataset", "method", "seed", "lr", "epoch", "val_accuracy", "val_loss", "test_accuracy", "test_loss"]

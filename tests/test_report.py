@@ -88,3 +88,15 @@ def test_readme_command_writes_the_readme_from_the_home_notebook(tmp_path):
     res = cli("readme", "--index", tmp_path / "none.ipynb", "--out", tmp_path / "R.md")
     assert res.returncode == 2 and "is not a notebook" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert not (tmp_path / "R.md").exists()
+
+def test_outputs_index_is_generated_from_the_catalogue(tmp_path):
+    "The committed outputs/README.md is what the catalogue and the committed tables give; `sparse-repro index` writes it."
+    from conftest import ROOT, cli
+    from sparse_attention_repro.catalogue import outputs_index, CATALOGUE
+    text = (ROOT / "outputs" / "README.md").read_text(encoding="utf-8")
+    assert text == outputs_index(ROOT / "outputs"), "outputs/README.md is stale: run `sparse-repro index`"
+    for e in CATALOGUE.values():                               # every committed experiment folder of the catalogue is listed
+        f = ROOT / "outputs" / e.root / e.folder
+        if (f / "runs.csv").exists() and e.folder != ".": assert f"`{e.root}/{e.folder}`" in text, e.name
+    res = cli("index", "--outputs", tmp_path / "none")
+    assert res.returncode == 2 and "is not a folder" in res.stderr, res.stderr

@@ -26,7 +26,7 @@ import seaborn as sns
 import torch
 from IPython.display import Image, Markdown, display
 
-from sparse_attention_repro import stats as S, tuning as T
+from sparse_attention_repro import stats as S, tuning as T, catalogue as C
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 sns.set_theme(style="whitegrid", context="notebook")
@@ -389,24 +389,23 @@ else: md("These runs have no validation split, so the top-k ratio cannot be chos
 # family; "no change" is claimed only when the change is equivalent to zero within ±1 pt (TOST).
 
 # %%
-abl_dir = RES / "ablations"
-found = {name: S.load_runs(abl_dir / name / "runs.csv") for name in S.ABLATIONS if (abl_dir / name / "runs.csv").exists()}
+found = {name: S.load_runs(RES / e.folder / "runs.csv") for name, e in C.ABLATIONS.items() if (RES / e.folder / "runs.csv").exists()}
 if not found:
     md("_No ablation results in this folder yet. They are run with:_\n\n" + "\n".join(
-        f"* `{name}` — {spec['question']} `sparse-repro grid --profile paper --out <results>/ablations/{name} {spec['options']}`"
-        for name, spec in S.ABLATIONS.items()))
+        f"* `{name}` — {e.question} `sparse-repro grid --profile paper --out <results>/{e.folder} {' '.join(e.grid_args())}`"
+        for name, e in C.ABLATIONS.items()))
 else:
-    fam = S.ablation_family({name: S.ablation_tests(runs, vr, S.ABLATIONS[name].get("rename")) for name, vr in found.items()})
+    fam = S.ablation_family({name: S.ablation_tests(runs, vr, C.ABLATIONS[name].design.rename) for name, vr in found.items()})
     fam.to_csv(TAB / "ablation_family.csv", index=False)
     for name in found:
         t = fam[fam.ablation == name].drop(columns="ablation").reset_index(drop=True)
         t.to_csv(TAB / f"ablation_{name}.csv", index=False)
-        md(f"### `{name}`: {S.ABLATIONS[name]['question']}")
+        md(f"### `{name}`: {C.ABLATIONS[name].question}")
         md(S.ablation_answer(name, t))
         table(S.readable_ablation(t))
         if name == "learnable_marker": md(marker_line(found[name], marker_vocab=12))
     present = set(zip(fam.ablation, fam.dataset, fam.method))
-    missing = [f"{n}: {m} on {d}" for n in S.ABLATIONS for d, m in sorted(S.ablation_expected(n)) if (n, d, m) not in present]
+    missing = [f"{n}: {m} on {d}" for n, e in C.ABLATIONS.items() for d, m in sorted(e.expected_tests()) if (n, d, m) not in present]
     if missing: md(f"**The ablation family is incomplete** ({len(missing)} of {len(missing) + len(present)} change tests not run yet: "
                    + "; ".join(missing) + "). Its Holm-adjusted p-values are provisional and will grow when they are added.")
     sig = fam[fam.change_verdict == "different"]
