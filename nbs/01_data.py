@@ -34,16 +34,11 @@ from sparse_attention_repro.files import atomic_write_bytes
 
 # %%
 #| export
-DATASETS = ("cifar10", "fashion_mnist", "kmnist", "twenty_news", "synthetic_marker")
 TEXT_VOCAB = 20000  # hashed vocabulary of 20 Newsgroups: ids 2..19999
 TEXT_LEN = 96       # tokens per document / marker sequence, without the CLS token
 PAD_ID, MARKER_ID = 0, 1
 CACHE_VERSION = "v3"  # bump when the content of a cached array changes
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
-# The protocol's run sizes per dataset: epochs, train / test examples (the paper's "run family" table)
-PAPER_SIZES = {"fashion_mnist": (6, 8000, 2000), "cifar10": (6, 8000, 2000), "twenty_news": (6, 4000, 1500),
-               "synthetic_marker": (6, 8000, 2000), "kmnist": (8, 12000, 3000)}
-MAIN_FAMILY = ("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker")   # the paper's main family; kmnist is a follow-up
 
 
 # %% [markdown]
@@ -810,24 +805,16 @@ test_close(marker_baselines([0], 500, 1000, 12)["most_frequent_token"], most_fre
 
 # %%
 #| export
-_HINTS = {
-    "fashion_mnist": "install the Debian package dataset-fashion-mnist, set SPARSE_REPRO_DATA (or data_root) to a folder with FashionMNIST/raw/*-ubyte.gz, or pass download=True when online",
-    "kmnist": "set SPARSE_REPRO_DATA (or data_root) to a folder with KMNIST/raw/*-ubyte.gz, or pass download=True when online",
-    "cifar10": "set SPARSE_REPRO_DATA (or data_root) to a folder with cifar10-jpeg/cifar10-jpeg-q75.tar.gz and cifar10-jpeg/official_order.npz, or pass download=True when online (official torchvision CIFAR-10)",
-    "twenty_news": "set SPARSE_REPRO_DATA (or data_root) to a folder with 20newsgroups/20news-bydate.tar.gz, or pass download=True when online (scikit-learn fetch_20newsgroups)",
-}
-_TV_CLASSES = {"fashion_mnist": "FashionMNIST", "kmnist": "KMNIST", "cifar10": "CIFAR10"}
-
 def source_identity(paths) -> list:
     "Name, size and modification time (ns) of each source file; a cache entry built from other files is stale."
     return [[Path(p).name, Path(p).stat().st_size, Path(p).stat().st_mtime_ns] for p in paths]
 
-def _torchvision_arrays(name: str, cache: Path) -> dict:
-    "Download (if needed) through torchvision into `cache/torchvision` and return uint8 images / int64 labels."
+def _torchvision_arrays(tv_class: str, cache: Path) -> dict:
+    "Download (if needed) torchvision's `tv_class` into `cache/torchvision` and return uint8 images / int64 labels."
     import torchvision
     out = {}
     for split in ("train", "test"):
-        ds = getattr(torchvision.datasets, _TV_CLASSES[name])(root=str(cache / "torchvision"), train=split == "train", download=True)
+        ds = getattr(torchvision.datasets, tv_class)(root=str(cache / "torchvision"), train=split == "train", download=True)
         x = ds.data.numpy() if torch.is_tensor(ds.data) else np.asarray(ds.data)   # [N,28,28] or [N,32,32,3] uint8
         out[f"{split}_x"], out[f"{split}_y"] = x.astype(np.uint8), np.asarray(ds.targets, dtype=np.int64)
     return out
@@ -855,28 +842,141 @@ def _local_news_arrays(tar_path: Path, cache: Path) -> dict:
         out[f"{split}_x"], out[f"{split}_y"] = encode_news(texts), y
     return out
 
+def _at(root, rel): return root / rel if root else None
+def _show(root, rel): return str(root / rel) if root else f"$SPARSE_REPRO_DATA/{rel} (SPARSE_REPRO_DATA unset)"
+def _files(*paths): return list(paths) if all(p is not None and p.is_file() for p in paths) else None
+def _idx_list(folder): return [_idx_file(folder, s) for s in _IDX_FILES.values()] if idx_files_present(folder) else None
+
+def idx_sources(rel: str, debian: str | None = None):
+    "The offline sources of an IDX dataset: `$ROOT/<rel>`, then a Debian package's folder if it has one."
+    def sources(root, cache):
+        srcs = [("local:idx", _show(root, rel), _idx_list(_at(root, rel)), lambda: load_idx_folder(_at(root, rel)))]
+        if debian: srcs.append(("debian", debian, _idx_list(Path(debian)), lambda: load_idx_folder(Path(debian))))
+        return srcs
+    return sources
+
+def cifar_jpeg_sources(root, cache):
+    "The offline source of CIFAR-10: the lossy JPEG copy with the official row order."
+    rel, order = "cifar10-jpeg/cifar10-jpeg-q75.tar.gz", "cifar10-jpeg/official_order.npz"
+    return [("local:jpeg-q75", f"{_show(root, rel)} with {order}", _files(_at(root, rel), _at(root, order)),
+             lambda: decode_cifar_jpeg_tar(_at(root, rel), _at(root, order)))]
+
+NEWS_ARCHIVE = "20newsgroups/20news-bydate.tar.gz"
+
+def news_sources(root, cache):
+    "The offline source of 20 Newsgroups: the intact `20news-bydate` archive."
+    return [("local:20news-bydate", _show(root, NEWS_ARCHIVE), _files(_at(root, NEWS_ARCHIVE)), lambda: _local_news_arrays(_at(root, NEWS_ARCHIVE), cache))]
+
+def torchvision_download(tv_class: str):
+    "The online source of an image dataset: torchvision's own download."
+    return lambda cache: ("torchvision", f"torchvision.datasets.{tv_class}", lambda: _torchvision_arrays(tv_class, cache))
+
+def sklearn_news_download(cache):
+    "The online source of 20 Newsgroups: scikit-learn's `fetch_20newsgroups`."
+    return ("sklearn", "scikit-learn fetch_20newsgroups", lambda: _sklearn_news_arrays(cache))
+
+# %% [markdown]
+# ## The dataset registry
+#
+# Each dataset declares its facts once, in a `DatasetSpec`: what its examples are (`image` patches, `tokens`, or a task
+# `generated` from the seed), its classes, the protocol's run sizes (epochs, train and test examples: the paper's "run
+# family" table), its Holm family, its patch size, where its files are offline and online, and the one line that says
+# how to get them. `register_dataset` adds one, as `register_normalizer` adds a normalizer; `DATASETS`, `PAPER_SIZES`
+# and `MAIN_FAMILY` are views of the registry in its one order (the report's: the main family, then the follow-up).
+
+# %%
+#| export
+from collections.abc import Mapping, Sequence
+from typing import Callable
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    "One dataset's facts, declared once."
+    name: str
+    kind: str                        # "image" (pixel patches), "tokens" (token ids) or "generated" (from the seed, no files)
+    n_classes: int
+    epochs: int                      # the protocol's run: epochs, train examples, test examples
+    train_n: int
+    test_n: int
+    family: str = "main"             # the paper's Holm family: "main" or "follow-up"
+    patch: int | None = None         # image patch side: T = (side / patch)² tokens
+    offline: Callable | None = None  # (root, cache) -> [(dataset_source, shown, files or None, build)], tried in order
+    online: Callable | None = None   # cache -> (dataset_source, shown, build): the official download (`download=True`)
+    hint: str = ""                   # how to get the files, in the one-line error when none is found
+
+    @property
+    def paper_sizes(self) -> tuple: return (self.epochs, self.train_n, self.test_n)
+
+DATASET_REGISTRY: dict = {}
+
+def register_dataset(spec: DatasetSpec) -> DatasetSpec:
+    "Add `spec` to the registry (checked); returns it."
+    if spec.kind not in ("image", "tokens", "generated"): raise ValueError(f"dataset {spec.name!r}: kind must be image, tokens or generated, got {spec.kind!r}")
+    if spec.kind != "generated" and spec.offline is None and spec.online is None: raise ValueError(f"dataset {spec.name!r} declares no source")
+    if spec.kind == "image" and not spec.patch: raise ValueError(f"image dataset {spec.name!r} needs a patch size")
+    if spec.family not in ("main", "follow-up"): raise ValueError(f"dataset {spec.name!r}: family must be main or follow-up")
+    DATASET_REGISTRY[spec.name] = spec
+    return spec
+
+def get_dataset(name: str) -> DatasetSpec:
+    "The registered `DatasetSpec` of `name`, or a one-line error naming the valid ones."
+    if name not in DATASET_REGISTRY: raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_REGISTRY)}")
+    return DATASET_REGISTRY[name]
+
+class _Names(Sequence):
+    "The registered dataset names (of a family), in registry order, read live."
+    def __init__(self, family=None): self.family = family
+    def _names(self): return [n for n, s in DATASET_REGISTRY.items() if self.family is None or s.family == self.family]
+    def __getitem__(self, i): return self._names()[i]
+    def __len__(self): return len(self._names())
+    def __repr__(self): return repr(tuple(self._names()))
+
+class _Sizes(Mapping):
+    "name -> (epochs, train examples, test examples) of every registered dataset, in registry order, read live."
+    def __getitem__(self, name): return DATASET_REGISTRY[name].paper_sizes
+    def __iter__(self): return iter(DATASET_REGISTRY)
+    def __len__(self): return len(DATASET_REGISTRY)
+    def __repr__(self): return repr(dict(self))
+
+DATASETS, MAIN_FAMILY, PAPER_SIZES = _Names(), _Names("main"), _Sizes()
+
+_ROOT_HINT = "set SPARSE_REPRO_DATA (or data_root) to a folder with "
+register_dataset(DatasetSpec("cifar10", "image", 10, 6, 8000, 2000, patch=8, offline=cifar_jpeg_sources, online=torchvision_download("CIFAR10"),
+                             hint=_ROOT_HINT + "cifar10-jpeg/cifar10-jpeg-q75.tar.gz and cifar10-jpeg/official_order.npz, or pass "
+                                               "download=True when online (official torchvision CIFAR-10)"))
+register_dataset(DatasetSpec("fashion_mnist", "image", 10, 6, 8000, 2000, patch=7,
+                             offline=idx_sources("FashionMNIST/raw", debian="/usr/share/datasets/fashion-mnist"),
+                             online=torchvision_download("FashionMNIST"),
+                             hint="install the Debian package dataset-fashion-mnist, " + _ROOT_HINT + "FashionMNIST/raw/*-ubyte.gz, "
+                                  "or pass download=True when online"))
+register_dataset(DatasetSpec("twenty_news", "tokens", 20, 6, 4000, 1500, offline=news_sources, online=sklearn_news_download,
+                             hint=_ROOT_HINT + NEWS_ARCHIVE + ", or pass download=True when online (scikit-learn fetch_20newsgroups)"))
+register_dataset(DatasetSpec("synthetic_marker", "generated", 10, 6, 8000, 2000))
+register_dataset(DatasetSpec("kmnist", "image", 10, 8, 12000, 3000, family="follow-up", patch=7, offline=idx_sources("KMNIST/raw"),
+                             online=torchvision_download("KMNIST"), hint=_ROOT_HINT + "KMNIST/raw/*-ubyte.gz, or pass download=True when online"))
+
+# %% [markdown]
+# The views read the registry: the paper's run table, its main family, and the one-line refusal of an unknown name.
+
+# %%
+test_eq(dict(PAPER_SIZES), {"cifar10": (6, 8000, 2000), "fashion_mnist": (6, 8000, 2000), "twenty_news": (6, 4000, 1500),
+                            "synthetic_marker": (6, 8000, 2000), "kmnist": (8, 12000, 3000)})
+test_eq(tuple(MAIN_FAMILY), ("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker"))
+assert "kmnist" in DATASETS and "mnist" not in DATASETS and list(DATASETS)[-1] == "kmnist"
+test_fail(lambda: get_dataset("mnist"), contains="valid names: cifar10, fashion_mnist")
+test_fail(lambda: register_dataset(DatasetSpec("x", "image", 10, 1, 1, 1, offline=cifar_jpeg_sources)), contains="needs a patch size")
+test_fail(lambda: register_dataset(DatasetSpec("x", "tokens", 2, 1, 1, 1)), contains="declares no source")
+
+# %%
+#| export
 def _sources(name: str, root: Path | None, cache: Path, download: bool) -> list[tuple]:
     "(dataset_source, path shown in messages, source files (empty: none to check), builder) for each candidate, in order."
+    spec = get_dataset(name)
     if download:
-        if name == "twenty_news": return [("sklearn", "scikit-learn fetch_20newsgroups", [], lambda: _sklearn_news_arrays(cache))]
-        return [("torchvision", f"torchvision.datasets.{_TV_CLASSES[name]}", [], lambda: _torchvision_arrays(name, cache))]
-    at = lambda rel: root / rel if root else None
-    show = lambda rel: str(root / rel) if root else f"$SPARSE_REPRO_DATA/{rel} (SPARSE_REPRO_DATA unset)"
-    files = lambda *paths: list(paths) if all(p is not None and p.is_file() for p in paths) else None
-    if name in ("fashion_mnist", "kmnist"):
-        idx = lambda folder: [_idx_file(folder, s) for s in _IDX_FILES.values()] if idx_files_present(folder) else None
-        rel = f"{_TV_CLASSES[name]}/raw"
-        srcs = [("local:idx", show(rel), idx(at(rel)), lambda: load_idx_folder(at(rel)))]
-        if name == "fashion_mnist":
-            deb = Path("/usr/share/datasets/fashion-mnist")
-            srcs.append(("debian", str(deb), idx(deb), lambda: load_idx_folder(deb)))
-        return srcs
-    if name == "cifar10":
-        rel, order = "cifar10-jpeg/cifar10-jpeg-q75.tar.gz", "cifar10-jpeg/official_order.npz"
-        return [("local:jpeg-q75", f"{show(rel)} with {order}", files(at(rel), at(order)),
-                 lambda: decode_cifar_jpeg_tar(at(rel), at(order)))]
-    rel = "20newsgroups/20news-bydate.tar.gz"
-    return [("local:20news-bydate", show(rel), files(at(rel)), lambda: _local_news_arrays(at(rel), cache))]
+        if spec.online is None: raise DataUnavailableError(f"{name}: no online source is declared; {spec.hint}")
+        source, shown, build = spec.online(cache)
+        return [(source, shown, [], build)]
+    return spec.offline(root, cache) if spec.offline else []
 
 def full_arrays(name: str, data_root=None, cache_dir=None, download=False) -> tuple[dict, str]:
     "All rows of a real dataset, `{train,test}_{x,y}` numpy arrays in canonical row order, and the `dataset_source`."
@@ -890,12 +990,12 @@ def full_arrays(name: str, data_root=None, cache_dir=None, download=False) -> tu
         tried.append(shown)
         if src_files is None: continue
         try: arrays = build()
-        except DataUnavailableError as e: raise DataUnavailableError(f"{name}: {e}; {_HINTS[name]}") from None
+        except DataUnavailableError as e: raise DataUnavailableError(f"{name}: {e}; {get_dataset(name).hint}") from None
         except Exception as e:  # e.g. a failed torchvision / scikit-learn download
-            raise DataUnavailableError(f"{name}: {shown} failed ({_one_line(e)}); {_HINTS[name]}") from None
+            raise DataUnavailableError(f"{name}: {shown} failed ({_one_line(e)}); {get_dataset(name).hint}") from None
         save_cached(folder, arrays, {"name": name, "source": source, "from": shown, "identity": identity})
         return arrays, source
-    raise DataUnavailableError(f"{name}: data not found; tried {'; '.join(tried)}; {_HINTS[name]}")
+    raise DataUnavailableError(f"{name}: data not found; tried {'; '.join(tried)}; {get_dataset(name).hint}")
 
 
 # %% [markdown]
@@ -933,35 +1033,40 @@ def _token_split(ids: np.ndarray, y: np.ndarray, idx, mask_padding: bool) -> Spl
     x = torch.from_numpy(ids[idx].astype(np.int64))                                # [n, 96]
     return Split(x, torch.from_numpy(y[idx].astype(np.int64)), (x != PAD_ID) if mask_padding else None)
 
-def load_dataset(name: str, seed: int, train_limit: int | None, test_limit: int | None, *, val_fraction: float = 0.0,
-                 patch_size: int | None = None, mask_padding: bool = False, marker_vocab: int = TEXT_VOCAB,
-                 marker_design: str = "random", jpeg_quality: int = 0, data_root=None, cache_dir=None,
-                 download: bool = False) -> DatasetBundle:
-    "Seeded train/test(/val) subsets of `name` as tensors, following the Study-A protocol."
-    if name not in DATASETS: raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
-    if name == "synthetic_marker":
-        if train_limit is None or test_limit is None: raise ValueError("synthetic_marker needs explicit train_limit and test_limit")
+@dataclass(frozen=True)
+class DataOptions:
+    "The variants of a dataset a grid may ask for, as one object; an option that does not apply to a dataset is ignored."
+    patch_size: int | None = None      # image patch side instead of the dataset's own (e.g. 4: T = 49 + 1 on 28×28 images)
+    mask_padding: bool = False         # 20 Newsgroups: key_mask = ids != 0 (the paper does not mask)
+    marker_vocab: int = TEXT_VOCAB     # marker task: the id vocabulary (12: a learnable task)
+    marker_design: str = "random"      # marker task: random | balanced | label_once
+    jpeg_quality: int = 0              # images: a JPEG round trip at this quality first (0: none)
+
+def load_dataset(name: str, seed: int, train_limit: int | None, test_limit: int | None, options: DataOptions | None = None, *,
+                 val_fraction: float = 0.0, data_root=None, cache_dir=None, download: bool = False) -> DatasetBundle:
+    "Seeded train/test(/val) subsets of `name` as tensors, following the Study-A protocol, with the variants of `options`."
+    spec, o = get_dataset(name), options or DataOptions()
+    if spec.kind == "generated":
+        if train_limit is None or test_limit is None: raise ValueError(f"{name} needs explicit train_limit and test_limit")
         n_val = round(val_fraction * int(train_limit)) if val_fraction > 0 else 0
         if not 0 <= val_fraction < 1 or (val_fraction > 0 and n_val < 1):
             raise ValueError(f"val_fraction must be in [0, 1) and give a non-empty validation split, got {val_fraction}")
-        make, vocab = marker_generator(marker_design, marker_vocab)
+        make, vocab = marker_generator(o.marker_design, o.marker_vocab)
         mk = lambda n, s: _token_split(*make(n, np.random.default_rng(s)), np.arange(n), False)
         return DatasetBundle(name, "tokens", mk(int(train_limit), seed), mk(int(test_limit), seed + TEST_SEED_OFFSET),
-                             mk(n_val, seed + VAL_SEED_OFFSET) if n_val else None, 10, None, vocab, TEXT_LEN,
-                             "generated" if marker_design == "random" else f"generated:{marker_design}")
+                             mk(n_val, seed + VAL_SEED_OFFSET) if n_val else None, spec.n_classes, None, vocab, TEXT_LEN,
+                             "generated" if o.marker_design == "random" else f"generated:{o.marker_design}")
     arrays, source = full_arrays(name, data_root, cache_dir, download)
     tr_idx, va_idx = train_val_indices(len(arrays["train_y"]), train_limit, seed, val_fraction)
     te_idx = subset_indices(len(arrays["test_y"]), test_limit, seed + TEST_SEED_OFFSET)
-    if name == "twenty_news":
-        mk = lambda split, i: _token_split(arrays[f"{split}_x"], arrays[f"{split}_y"], i, mask_padding)
+    if spec.kind == "tokens":
+        mk = lambda split, i: _token_split(arrays[f"{split}_x"], arrays[f"{split}_y"], i, o.mask_padding)
         return DatasetBundle(name, "tokens", mk("train", tr_idx), mk("test", te_idx), None if va_idx is None else mk("train", va_idx),
-                             20, None, TEXT_VOCAB, TEXT_LEN, source)
-    p = patch_size or (8 if name == "cifar10" else 7)
-    mk = lambda split, i: _image_split(arrays[f"{split}_x"], arrays[f"{split}_y"], i, p, jpeg_quality)
+                             spec.n_classes, None, TEXT_VOCAB, TEXT_LEN, source)
+    mk = lambda split, i: _image_split(arrays[f"{split}_x"], arrays[f"{split}_y"], i, o.patch_size or spec.patch, o.jpeg_quality)
     tr, te = mk("train", tr_idx), mk("test", te_idx)
-    return DatasetBundle(name, "image", tr, te, None if va_idx is None else mk("train", va_idx),
-                         10, tr.x.shape[-1], None, tr.x.shape[1], source + (f"+jpeg-q{jpeg_quality}" if jpeg_quality else ""))
-
+    return DatasetBundle(name, "image", tr, te, None if va_idx is None else mk("train", va_idx), spec.n_classes, tr.x.shape[-1],
+                         None, tr.x.shape[1], source + (f"+jpeg-q{o.jpeg_quality}" if o.jpeg_quality else ""))
 
 # %% [markdown]
 # ### Synthetic marker through `load_dataset`
@@ -978,16 +1083,36 @@ b2 = load_dataset("synthetic_marker", seed=5, train_limit=300, test_limit=100, v
 test_eq(b2.train.x, b.train.x); test_eq(b2.test.x, b.test.x)                       # validation leaves train and test alone
 test_eq(b2.val.x.numpy(), make_marker(60, np.random.default_rng(5 + 20000))[0])
 test_ne(load_dataset("synthetic_marker", seed=6, train_limit=300, test_limit=100).train.x, b.train.x)
-bb = load_dataset("synthetic_marker", seed=3, train_limit=40, test_limit=20, marker_design="balanced")
+bb = load_dataset("synthetic_marker", seed=3, train_limit=40, test_limit=20, options=DataOptions(marker_design="balanced"))
 test_eq(bb.test.x.numpy(), make_balanced_marker(20, np.random.default_rng(3 + 10000))[0])
 test_eq((bb.vocab_size, bb.dataset_source), (12, "generated:balanced"))
-bo = load_dataset("synthetic_marker", seed=3, train_limit=40, test_limit=20, marker_design="label_once")
+bo = load_dataset("synthetic_marker", seed=3, train_limit=40, test_limit=20, options=DataOptions(marker_design="label_once"))
 test_eq(bo.train.x.numpy(), make_label_once_marker(40, np.random.default_rng(3))[0])
 test_eq((bo.vocab_size, bo.dataset_source), (62, "generated:label_once"))
-test_fail(lambda: load_dataset("synthetic_marker", 0, 10, 10, marker_design="sorted"), contains="marker_design must be")
-b12 = load_dataset("synthetic_marker", seed=0, train_limit=200, test_limit=50, marker_vocab=12)
+test_fail(lambda: load_dataset("synthetic_marker", 0, 10, 10, options=DataOptions(marker_design="sorted")), contains="marker_design must be")
+b12 = load_dataset("synthetic_marker", seed=0, train_limit=200, test_limit=50, options=DataOptions(marker_vocab=12))
 test_eq(b12.vocab_size, 12); assert int(b12.train.x.max()) == 11
 test_fail(lambda: load_dataset("mnist", 0, 10, 10), exc=ValueError, contains="valid names: cifar10, fashion_mnist")
+
+# %% [markdown]
+# **A new dataset is one declaration.** Here a tiny 28×28 one from four IDX files in a folder of its own: registered,
+# it loads through `load_dataset` with seeded subsets, patches of its declared size and its `dataset_source`, and the
+# run sizes of the protocol see it (`PAPER_SIZES`), with no other edit.
+
+# %%
+with tempfile.TemporaryDirectory() as d:
+    d = Path(d); rng = np.random.default_rng(3)
+    for k, stem in _IDX_FILES.items():
+        n = 6 if k.startswith("train") else 2
+        write_idx(d / f"{stem}.gz", rng.integers(0, 256, (n, 28, 28)) if k.endswith("x") else rng.integers(0, 10, n))
+    tiny = lambda root, cache: [("local:tiny", str(d), _idx_list(d), lambda: load_idx_folder(d, n_train=6, n_test=2))]
+    register_dataset(DatasetSpec("tiny_idx", "image", 10, 2, 4, 2, family="follow-up", patch=14, offline=tiny, hint="a test folder"))
+    try:
+        tb = load_dataset("tiny_idx", seed=0, train_limit=4, test_limit=2, cache_dir=d / "cache")
+        test_eq((tb.train.x.shape, tb.test.x.shape, tb.dataset_source, tb.num_classes), ((4, 4, 196), (2, 4, 196), "local:tiny", 10))
+        test_eq(PAPER_SIZES["tiny_idx"], (2, 4, 2)); assert "tiny_idx" in DATASETS and "tiny_idx" not in MAIN_FAMILY
+    finally: del DATASET_REGISTRY["tiny_idx"]
+assert "tiny_idx" not in PAPER_SIZES
 
 # %% [markdown]
 # ### KMNIST and Fashion-MNIST (real files, small limits)
@@ -1012,7 +1137,7 @@ if skip_unless_data(have_root, "KMNIST checks: set SPARSE_REPRO_DATA to the offl
     test_eq(km.train.x, torch.from_numpy(raw[sel]).reshape(1200, 4, 7, 4, 7).permute(0, 1, 3, 2, 4).reshape(1200, 16, 49) / 255)
     test_eq(km.test.y.numpy(), read_idx(resolve_data_root() / "KMNIST/raw/t10k-labels-idx1-ubyte.gz")[np.random.default_rng(10000).permutation(10000)[:300]])
     test_ne(load_dataset("kmnist", seed=1, train_limit=1200, test_limit=300, cache_dir=tmp_cache).train.x, km.train.x)
-    k4 = load_dataset("kmnist", seed=0, train_limit=50, test_limit=10, patch_size=4, val_fraction=0.2, cache_dir=tmp_cache)
+    k4 = load_dataset("kmnist", seed=0, train_limit=50, test_limit=10, val_fraction=0.2, cache_dir=tmp_cache, options=DataOptions(patch_size=4))
     test_eq((k4.train.x.shape, k4.val.x.shape, k4.test.x.shape, k4.input_dim, k4.seq_len), ((50, 49, 16), (10, 49, 16), (10, 49, 16), 16, 49))
     test_eq(k4.train.y, km.train.y[:50])                                                    # same train subset with or without val
 
@@ -1030,7 +1155,7 @@ else:
     test_eq(np.bincount(arrs["train_y"]), [6000] * 10)
     test_eq(fm.train.y.numpy(), arrs["train_y"][np.random.default_rng(2).permutation(60000)[:800]])
     # the JPEG control: the same images through a quality-75 JPEG codec (as the offline CIFAR-10 copy), by hand with Pillow
-    fj = load_dataset("fashion_mnist", seed=2, train_limit=800, test_limit=200, cache_dir=tmp_cache, jpeg_quality=75)
+    fj = load_dataset("fashion_mnist", seed=2, train_limit=800, test_limit=200, cache_dir=tmp_cache, options=DataOptions(jpeg_quality=75))
     test_eq(fj.dataset_source, fm.dataset_source + "+jpeg-q75"); test_eq(fj.train.y, fm.train.y)
     import io
     from PIL import Image
@@ -1116,7 +1241,7 @@ with tarfile.open(resolve_data_root() / "cifar10-jpeg/cifar10-jpeg-q75.tar.gz") 
         test_eq(arrs["test_x"][i], jpg(tar, f"test/{CIFAR10_CLASSES[cls]}/{rank:04d}.jpg"))
 i = int(np.random.default_rng(0).permutation(50000)[0])                                   # first train item of seed 0
 test_eq(c.train.x[0], patchify(torch.from_numpy(arrs["train_x"][i].transpose(2, 0, 1).copy())[None], 8)[0] / 255)
-test_eq(load_dataset("cifar10", 0, 10, 10, patch_size=4).train.x.shape, (10, 64, 48))
+test_eq(load_dataset("cifar10", 0, 10, 10, options=DataOptions(patch_size=4)).train.x.shape, (10, 64, 48))
 
 # %% [markdown]
 # ### 20 Newsgroups (slow: extracts the tarball and hashes every document)
@@ -1129,7 +1254,7 @@ test_eq(load_dataset("cifar10", 0, 10, 10, patch_size=4).train.x.shape, (10, 64,
 # %%
 #| slow
 t0 = time.perf_counter(); nw = load_dataset("twenty_news", seed=0, train_limit=4000, test_limit=1500); t1 = time.perf_counter()
-nw2 = load_dataset("twenty_news", seed=0, train_limit=4000, test_limit=1500, mask_padding=True); t2 = time.perf_counter()
+nw2 = load_dataset("twenty_news", seed=0, train_limit=4000, test_limit=1500, options=DataOptions(mask_padding=True)); t2 = time.perf_counter()
 print(f"twenty_news load {t1 - t0:.1f}s (first use extracts + hashes), cached {t2 - t1:.2f}s")
 test_eq((nw.kind, nw.num_classes, nw.vocab_size, nw.seq_len, nw.dataset_source), ("tokens", 20, 20000, 96, "local:20news-bydate"))
 test_eq((nw.train.x.shape, nw.test.x.shape, nw.train.x.dtype, nw.train.key_mask), ((4000, 96), (1500, 96), torch.int64, None))
@@ -1172,9 +1297,9 @@ with tempfile.TemporaryDirectory() as dh:
 def news_words(split: str, idx, data_root=None, cache_dir=None) -> list[list[str]]:
     "The words of rows `idx` of the 20 Newsgroups `split` (offline archive), position by position as their token ids."
     root, cache = resolve_data_root(data_root), resolve_cache_dir(cache_dir)
-    tar = None if root is None else root / "20newsgroups/20news-bydate.tar.gz"
+    tar = None if root is None else root / NEWS_ARCHIVE
     if tar is None or not tar.is_file():
-        raise DataUnavailableError(f"twenty_news: the words need the offline archive ({_HINTS['twenty_news'].split(', or pass')[0]})")
+        raise DataUnavailableError(f"twenty_news: the words need the offline archive ({get_dataset('twenty_news').hint.split(', or pass')[0]})")
     texts, _, _ = news_texts_from_folder(news_home(tar, cache) / f"20news-bydate-{split}")
     return [tokenize(texts[int(i)])[:TEXT_LEN] for i in idx]
 

@@ -67,6 +67,11 @@ import jinja2
 from latex2mathml.converter import convert as latex_to_mathml
 from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
 
+def github_slug(heading: str) -> str:
+    "The anchor GitHub gives a heading: its text without markup, lower-cased, punctuation dropped, spaces as hyphens."
+    text = html.unescape(re.sub(r"<[^>]+>", "", heading)).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
 class MathMLRenderer(IPythonRenderer):
     "nbconvert's markdown renderer with every `$…$` and `$$…$$` turned into MathML at build time."
     def _math(self, tex, display):
@@ -82,6 +87,12 @@ class MathMLRenderer(IPythonRenderer):
         f = (Path(self.path) / src).resolve()
         if not f.is_file() or not f.is_relative_to(Path(getattr(self, "image_root", None) or self.path).resolve()): return None
         return f"data:{mimetypes.guess_type(f.name)[0]};base64,{base64.b64encode(f.read_bytes()).decode('ascii')}"
+    def heading(self, text, level, **attrs):
+        "A heading whose anchor is GitHub's slug of its text, so a notebook's `[…](#the-answer)` links work here too."
+        out = super().heading(text, level, **attrs)
+        if m := re.search(r'id="([^"]*)"', out):
+            out = out.replace(f'id="{m.group(1)}"', f'id="{github_slug(text)}"').replace(f'href="#{m.group(1)}"', f'href="#{github_slug(text)}"')
+        return out
     def inline_math(self, body): return self._math(body, "inline")
     def block_math(self, body): return self._math(body, "block")
     def latex_environment(self, name, body): return self._math(f"\\begin{{{name}}}{body}\\end{{{name}}}", "block")
@@ -166,6 +177,9 @@ with tempfile.TemporaryDirectory() as d:
     assert page.count("<math") == 2 and "<mfrac>" in page and "$" not in page.split("<main>")[1]
     assert not re.search(r'<(script|link)[^>]+(src|href)="https?://', page)          # nothing loaded from a network
     test_eq(re.findall(r'<a ([^>]*)>(Maths|Other)</a>', page), [('aria-current="page" href="m.html"', "Maths"), ('href="x.html"', "Other")])
+    assert 'id="maths"' in page                                             # GitHub's anchor, as notebooks link to it
+    test_eq(github_slug("Study A: accuracy per dataset and method, every seed shown"), "study-a-accuracy-per-dataset-and-method-every-seed-shown")
+    test_eq(github_slug("The <code>tuned</code> grid — 24 tests"), "the-tuned-grid--24-tests")
     for bad, why in [("x^", "MissingSuperScriptOrSubscriptError"), (r"\arg\min_p f", r"unknown command \arg")]:
         nb.cells[0].source = f"# Bad\n\n${bad}$"; nbformat.write(nb, d / "bad.ipynb")
         test_fail(lambda: to_html(d / "bad.ipynb"), contains=why)

@@ -335,7 +335,7 @@ def grid_tasks(args):
     from sparse_attention_repro.train import PROFILES, PAPER_SIZES, TrainConfig
     from sparse_attention_repro.normalizers import resolve_normalizer
     from sparse_attention_repro.study import PAPER_METHODS, BASELINE
-    from sparse_attention_repro.data import load_dataset, DataUnavailableError
+    from sparse_attention_repro.data import load_dataset, DataOptions, DataUnavailableError
     if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
     base = _baseline_runs(args.baseline) if getattr(args, "baseline", None) else None
     datasets = _split(args.datasets) if args.datasets else list(PAPER_SIZES) if base is None else [d for d in PAPER_SIZES if d in set(base.dataset)]
@@ -361,8 +361,8 @@ def grid_tasks(args):
     if getattr(args, "fast", False) and (run["dropout_rng"], run["precision"], run["attention"]) != ("torch", "fp32", "torch"):
         raise UsageError("--fast sets --dropout-rng, --precision and --attention itself; drop them")
     for d in datasets:                           # data present and readable? (also warms the decode cache once)
-        try: load_dataset(d, 0, 1, 1, patch_size=args.patch_size or None, marker_vocab=args.marker_vocab, marker_design=args.marker_design,
-                          download=args.download)
+        try: load_dataset(d, 0, 1, 1, DataOptions(patch_size=args.patch_size or None, marker_vocab=args.marker_vocab,
+                                                  marker_design=args.marker_design), download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e).splitlines()[0]) from None
         except ValueError as e: raise UsageError(str(e)) from None
     calibration = None
@@ -450,7 +450,7 @@ test_eq(Path(_vs[0].produces[-1]).name, "softmax.csv")
 test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--methods", "sparsemax", "--baseline", str(_base), "--lr", "3e-3"])),
           exc=UsageError, contains="was made with lr=0.0 (this grid: 0.003)")
 test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--methods", "sparsemax", "--baseline", str(_base), "--seeds", "7"])),
-          exc=UsageError, contains="has no runs for fashion_mnist seed 7")
+          exc=UsageError, contains="has no runs for cifar10 seed 7")   # the first dataset in registry order
 test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--baseline", str(_out)])), exc=UsageError, contains="holds no runs.csv")
 test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--methods", "softmax", "sparsemax", "softmax"])), exc=UsageError, contains="twice")
 

@@ -188,7 +188,7 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # | `nbs/00_files.ipynb` | the one atomic write behind every result, cache and report file |
 # | `nbs/00_study.ipynb` | the two papers' study designs: their methods, baselines and table order, apart from the registry |
 # | `nbs/00_normalizers.ipynb` | softmax, sparsemax, entmax-1.5, head-wise adaptive entmax, top-k softmax, the original's bisection entmax; the open registry (`register_normalizer`, declared capabilities, entry points) and its conformance suite |
-# | `nbs/01_data.ipynb` | the five datasets of study A, offline and online, seeded subsets |
+# | `nbs/01_data.ipynb` | the five datasets of study A, offline and online, seeded subsets; the dataset registry (`register_dataset`: each dataset's classes, run sizes, family, patching and sources declared once) and the variants as one `DataOptions` |
 # | `nbs/02_model.ipynb` | the compact classifier (parameter count = the paper's); many of them as one stacked model (the same module tree and forward, its leaves stacked) |
 # | `nbs/03_train.ipynb` | study A training: protocol optimiser, lock-step training of a seed's methods, stacked training of several seeds, metrics, profiles |
 # | `nbs/04_crisp.ipynb` | Crisp attention on a transformers encoder; SST-2 fine-tuning |

@@ -262,7 +262,7 @@ def grid_tasks(args):
     from sparse_attention_repro.train import PROFILES, PAPER_SIZES, TrainConfig
     from sparse_attention_repro.normalizers import resolve_normalizer
     from sparse_attention_repro.study import PAPER_METHODS, BASELINE
-    from sparse_attention_repro.data import load_dataset, DataUnavailableError
+    from sparse_attention_repro.data import load_dataset, DataOptions, DataUnavailableError
     if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
     base = _baseline_runs(args.baseline) if getattr(args, "baseline", None) else None
     datasets = _split(args.datasets) if args.datasets else list(PAPER_SIZES) if base is None else [d for d in PAPER_SIZES if d in set(base.dataset)]
@@ -288,8 +288,8 @@ def grid_tasks(args):
     if getattr(args, "fast", False) and (run["dropout_rng"], run["precision"], run["attention"]) != ("torch", "fp32", "torch"):
         raise UsageError("--fast sets --dropout-rng, --precision and --attention itself; drop them")
     for d in datasets:                           # data present and readable? (also warms the decode cache once)
-        try: load_dataset(d, 0, 1, 1, patch_size=args.patch_size or None, marker_vocab=args.marker_vocab, marker_design=args.marker_design,
-                          download=args.download)
+        try: load_dataset(d, 0, 1, 1, DataOptions(patch_size=args.patch_size or None, marker_vocab=args.marker_vocab,
+                                                  marker_design=args.marker_design), download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e).splitlines()[0]) from None
         except ValueError as e: raise UsageError(str(e)) from None
     calibration = None

@@ -4,8 +4,8 @@
 
 # %% auto 0
 __all__ = ['PROFILES', 'TrainConfig', 'profile_config', 'macro_f1', 'evaluate', 'TrainResult', 'train_lockstep', 'train_model',
-           'dropout_generators', 'train_stacked', 'load_run_data', 'epoch_monitor', 'run_methods', 'run_stacked',
-           'run_one', 'run_study_a', 'cls_attention', 'attention_maps']
+           'dropout_generators', 'train_stacked', 'load_run_data', 'data_options', 'epoch_monitor', 'run_methods',
+           'run_stacked', 'run_one', 'run_study_a', 'cls_attention', 'attention_maps']
 
 # %% ../nbs/03_train.ipynb
 import json, time
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
-from .data import load_dataset, resolve_device, autocast, PAPER_SIZES, MAIN_FAMILY, TEXT_VOCAB, MARKER_DESIGNS, PRECISIONS
+from .data import load_dataset, DataOptions, resolve_device, autocast, PAPER_SIZES, MAIN_FAMILY, TEXT_VOCAB, MARKER_DESIGNS, PRECISIONS
 from .data import full_arrays, news_words, subset_indices, TEST_SEED_OFFSET
 from .model import CompactClassifier, ClassifierConfig, MaskTape, StackedClassifiers, count_parameters, DROPOUT_RNGS, ATTENTION_PATHS
 from .normalizers import resolve_normalizer
@@ -263,10 +263,13 @@ def _row(dataset, method, seed, config, data, model, result: TrainResult, lockst
 
 def load_run_data(dataset, seed, config):
     "The seed's subsets of `dataset` as `config` asks for them (sizes, validation split, variants, download)."
-    return load_dataset(dataset, seed, config.train_limit, config.test_limit, val_fraction=config.val_fraction,
-                        patch_size=config.patch_size, mask_padding=config.mask_padding, marker_vocab=config.marker_vocab,
-                        marker_design=config.marker_design, jpeg_quality=config.jpeg_quality,
+    return load_dataset(dataset, seed, config.train_limit, config.test_limit, data_options(config), val_fraction=config.val_fraction,
                         download=config.download)
+
+def data_options(config) -> DataOptions:
+    "The dataset variants a `TrainConfig` asks for."
+    return DataOptions(patch_size=config.patch_size, mask_padding=config.mask_padding, marker_vocab=config.marker_vocab,
+                       marker_design=config.marker_design, jpeg_quality=config.jpeg_quality)
 
 def epoch_monitor(data, precision="fp32"):
     "The `monitor` of `TrainConfig.epoch_eval`: accuracy and loss on the validation (if any) and test splits."
