@@ -42,6 +42,14 @@
 # (`outputs/literature/`); their fair reading is still to come. Five more in the example package (softmax with a sink,
 # stick-breaking, ReLU attention, normmax, and a learned-temperature softmax as Scalable-Softmax's control) are tested
 # against their papers' formulas and have not been run in a grid yet.
+#
+# **The leaderboard** of every normalizer with committed runs — per dataset its gain over softmax under the paper's
+# recipe and at a tuned recipe, and in the pretrained encoder, with CIs and Holm verdicts, its density and cost — is
+# [`outputs/leaderboard.md`](../outputs/leaderboard.md), generated from the committed tables (`sparse-repro
+# leaderboard`); its tuned column fills in as the tuned grids complete. The index of every committed experiment, its
+# question and verdict line, is [`outputs/README.md`](../outputs/README.md).
+#
+# ![Leaderboard: gains over softmax with 95% CIs, a panel per dataset](../outputs/leaderboard.png)
 
 # %% [markdown]
 # ## Install (one command)
@@ -135,6 +143,7 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # | `sparse-repro ablations --profile P --out DIR [--only …]` | the confound ablations (masked padding, the original's gradient, 4×4 patches, a learnable marker, a learned pad row), each a grid into `DIR/ablations/<name>` on the main runs' seeds; the report of `DIR` includes them |
 # | `sparse-repro site [--out outputs/site] [--report DIR/report.ipynb] [--no-execute]` | the notebooks, executed, as a browsable site that works offline: this page as its home, a navigation bar in reading order, formulas as MathML built in (no CDN, no script) |
 # | `sparse-repro index [--outputs outputs]` | `outputs/README.md`: every experiment of the catalogue with committed runs, its folder, question and verdict line from the committed tables |
+# | `sparse-repro leaderboard [--outputs outputs]` | `outputs/leaderboard.csv/.md/.png`: every normalizer with committed runs (the seven, and any judged with `--baseline`), per dataset under both recipes and in the pretrained encoder, from the committed tables |
 # | `sparse-repro readme` | this README, written from its source, the home notebook `nbs/index.ipynb` (links rebased to the repository root) |
 # | `sparse-repro tuned --out DIR [--stage select\|complete\|power] [--datasets …] [--dry-run]` | the tuned-recipe protocol (`nbs/05b_tuning.ipynb`): *select* runs every candidate learning rate of each dataset on seeds 0–2 (then the next rate beyond one chosen on an edge, and a 1.5× longer run for an epoch chosen on an edge), *complete* runs seeds 3–9 at each arm's chosen rate and length, *power* adds seeds (up to 30) to the headline comparisons until TOST at ±1 pt has 80 % power; one grid per (dataset, rate) in `DIR/tuned/<dataset>_lr<rate>`, resumable; the report chooses each arm's rate and epoch on validation and tests the tuned gains |
 # | `sparse-repro follow-ups --out DIR [--only alpha_start]` | follow-up experiments, paired with the main runs' seeds, into `DIR/follow_ups/<name>` (`alpha_start`: the adaptive entmax started at α = 1.2 and 1.8) |
@@ -195,6 +204,7 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # | `nbs/05_stats.ipynb`, `nbs/05a_report.ipynb` | paired tests (pingouin), Holm families, single-seed critique, the report |
 # | `nbs/05b_tuning.ipynb` | the tuned-recipe protocol: the declared search, the staged selection on validation, bracketing, TOST power, the tuned verdicts and the README's answer |
 # | `nbs/05c_catalogue.ipynb` | the catalogue of experiments: each one's question, design (datasets, methods, options, seeds), folder and analysis as one typed entry; the ablation and follow-up commands run its entries, the report reads them, and it writes `outputs/README.md` |
+# | `nbs/05d_leaderboard.ipynb` | the leaderboard: every normalizer with committed runs, joined from the committed tables (no statistic of its own) into `outputs/leaderboard.{csv,md,png}` |
 # | `nbs/06_runner.ipynb`, `nbs/07_cli.ipynb` | resumable papermill execution (local or dask) and the command line |
 # | `nbs/08_bench.ipynb` | the benchmarks behind `sparse-repro bench` |
 # | `nbs/09_tutorial_own_normalizer.ipynb` | tutorial: write a normalizer, register it, run it against the committed baselines and read the answer |

@@ -5,8 +5,8 @@
 # %% auto 0
 __all__ = ['FAST_HELP', 'SUBCOMMANDS', 'STUDY_A_KEYS', 'CRISP_KEYS', 'COMMANDS', 'UsageError', 'usable_cores', 'threads_per_job',
            'build_parser', 'grid_tasks', 'cmd_grid', 'crisp_tasks', 'cmd_crisp', 'cmd_report', 'cmd_index',
-           'cmd_readme', 'cmd_site', 'cmd_reproduce', 'ablation_grids', 'cmd_ablations', 'cmd_follow_ups',
-           'tuned_grids', 'cmd_tuned', 'cmd_attention_maps', 'cmd_bench', 'main']
+           'cmd_leaderboard', 'cmd_readme', 'cmd_site', 'cmd_reproduce', 'ablation_grids', 'cmd_ablations',
+           'cmd_follow_ups', 'tuned_grids', 'cmd_tuned', 'cmd_attention_maps', 'cmd_bench', 'main']
 
 # %% ../nbs/07_cli.ipynb
 import argparse, os, sys
@@ -98,6 +98,13 @@ def _index_args(sub):
     i.add_argument("--outputs", default="outputs", help="the folder of results roots (paper/, literature/, speed/, …)")
     return i
 
+def _leaderboard_args(sub):
+    "`leaderboard`: every normalizer with committed runs, from the committed tables."
+    b = sub.add_parser("leaderboard", help="write <outputs>/leaderboard.csv/.md/.png: every normalizer's gains over softmax, from the committed tables")
+    b.add_argument("--outputs", default="outputs", help="the folder of results roots (paper/, literature/, …)")
+    b.add_argument("--main", default="paper", help="the results root holding the baselines and the report's tables")
+    return b
+
 def _readme_args(sub):
     "`readme`: the README from the home notebook."
     r = sub.add_parser("readme", help="write the README from its source, the home notebook nbs/index.ipynb")
@@ -184,7 +191,7 @@ def _bench_args(sub):
     return b
 
 # %% ../nbs/07_cli.ipynb
-SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "report": _report_args, "readme": _readme_args, "index": _index_args, "site": _site_args,
+SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "report": _report_args, "readme": _readme_args, "index": _index_args, "leaderboard": _leaderboard_args, "site": _site_args,
                "reproduce": _reproduce_args,
                "ablations": _ablations_args, "follow-ups": _follow_ups_args, "tuned": _tuned_args,
                "attention-maps": _maps_args, "bench": _bench_args}
@@ -414,6 +421,15 @@ def cmd_index(args):
     print(f"index: {path} {'already current' if same else 'written'}")
     return {}
 
+def cmd_leaderboard(args):
+    "Write the leaderboard files from the committed tables."
+    from sparse_attention_repro.leaderboard import write_leaderboard
+    if not (Path(args.outputs) / args.main / "tables").is_dir():
+        raise UsageError(f"{Path(args.outputs) / args.main / 'tables'} does not exist; run `sparse-repro report --results {Path(args.outputs) / args.main}` first")
+    out = write_leaderboard(args.outputs, args.main)
+    print(f"leaderboard: {out['normalizers']} normalizers, {out['rows']} rows -> {out['md']}, {out['csv']}, {out['png']}")
+    return {}
+
 def cmd_readme(args):
     "Write the README from the home notebook."
     from sparse_attention_repro.report import write_readme
@@ -627,7 +643,7 @@ def cmd_bench(args):
     return {}
 
 # %% ../nbs/07_cli.ipynb
-COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "readme": cmd_readme, "index": cmd_index, "site": cmd_site, "reproduce": cmd_reproduce,
+COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "readme": cmd_readme, "index": cmd_index, "leaderboard": cmd_leaderboard, "site": cmd_site, "reproduce": cmd_reproduce,
             "ablations": cmd_ablations, "follow-ups": cmd_follow_ups, "tuned": cmd_tuned,
             "attention-maps": cmd_attention_maps, "bench": cmd_bench}
 

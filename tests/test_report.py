@@ -100,3 +100,22 @@ def test_outputs_index_is_generated_from_the_catalogue(tmp_path):
         if (f / "runs.csv").exists() and e.folder != ".": assert f"`{e.root}/{e.folder}`" in text, e.name
     res = cli("index", "--outputs", tmp_path / "none")
     assert res.returncode == 2 and "is not a folder" in res.stderr, res.stderr
+
+def test_leaderboard_is_the_committed_tables(tmp_path):
+    """The committed leaderboard is what the committed tables give; each paper-recipe gain of the seven is the one in
+    paired_tests.csv (recomputed with scipy from the runs for one), and `sparse-repro leaderboard` writes it."""
+    from scipy import stats as sps
+    from conftest import ROOT, cli
+    from sparse_attention_repro.leaderboard import leaderboard_rows
+    committed = pd.read_csv(ROOT / "outputs" / "leaderboard.csv")
+    fresh = leaderboard_rows(ROOT / "outputs")
+    pd.testing.assert_frame_equal(committed, fresh.reset_index(drop=True), check_dtype=False)
+    runs = pd.read_csv(ROOT / "outputs" / "paper" / "runs.csv").query("dataset == 'cifar10'")
+    a = runs[runs.method == "topk_softmax_025"].sort_values("seed").accuracy.to_numpy()
+    b = runs[runs.method == "softmax"].sort_values("seed").accuracy.to_numpy()
+    row = fresh.query("normalizer == 'topk_softmax_025' and dataset == 'cifar10' and reading == 'paper recipe'").iloc[0]
+    assert abs(row.gain - (a - b).mean()) < 1e-12 and row.n == len(a)
+    assert sps.ttest_rel(a, b).pvalue <= row.p_holm + 1e-12                    # Holm only raises a p-value
+    assert {"scalable_softmax", "sigmoid_attention", "softpick", "entmax15"} <= set(fresh.normalizer)
+    res = cli("leaderboard", "--outputs", tmp_path)
+    assert res.returncode == 2 and "does not exist" in res.stderr, res.stderr
