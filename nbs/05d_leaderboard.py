@@ -12,7 +12,7 @@
 # | column | from | Holm family |
 # |---|---|---|
 # | paper-recipe gain over softmax | `paper/tables/paired_tests.csv` (the seven); `<folder>/versus_baseline.csv` of every folder judged against the committed baselines (`grid --baseline`) | the paper's for the seven; each new normalizer's own |
-# | tuned gain over tuned softmax | `paper/tables/tuned_tests.csv` (the protocol's grid where it has run, else the first round) | the paper's |
+# | tuned gain over tuned softmax | `paper/tables/tuned_tests.csv` (the protocol's grid where it has run, else the first round); `<folder>/fair_verdict.csv` of every normalizer searched with `tuned --methods` | the paper's; each new normalizer's own |
 # | pretrained-encoder gain over dense | `paper/tables/crisp_normalizer_tests.csv` (SST-2 test) | its own |
 # | density | the runs' `nonzero_ratio` (mean over seeds, paper recipe) | — |
 # | training cost | `train_seconds` over softmax's in the same lock-step notebook (the seven only: a method run another day is not timed side by side) | — |
@@ -60,6 +60,9 @@ def leaderboard_rows(outputs, main="paper") -> pd.DataFrame:
         t = t[t.source == "tuned"].pipe(lambda x: pd.concat([x, t[(t.source != "tuned") & ~t.set_index(["dataset", "method"]).index.isin(
             x.set_index(["dataset", "method"]).index)]]))        # the protocol's grid first, the first round where it has not run
         parts.append(_rows(t, "tuned", f"{main}/tables/tuned_tests.csv", gain="gain", verdict="verdict"))
+    for f in sorted(outputs.glob("**/fair_verdict.csv")):                  # a new normalizer's own tuned search (`tuned --methods`)
+        t = pd.read_csv(f).query("baseline == @BASELINE")
+        if len(t): parts.append(_rows(t, "tuned", f.relative_to(outputs).as_posix(), gain="gain", verdict="verdict"))
     if (f := tab / "crisp_normalizer_tests.csv").exists():
         t = pd.read_csv(f); t = t[t.family.str.endswith("_test")].assign(dataset="sst2_encoder")
         parts.append(_rows(t, "pretrained encoder", f"{main}/tables/crisp_normalizer_tests.csv"))
@@ -132,12 +135,14 @@ pd.DataFrame([dict(dataset="cifar10", method=m, baseline="softmax", gain=g, ci_l
                                  ("entmax15", -0.009, "undecided", "first round")]]).to_csv(_o / "paper" / "tables" / "tuned_tests.csv", index=False)
 pd.DataFrame([dict(family="versus:mine", dataset="cifar10", method="mine", baseline="softmax", n=10, mean_delta=-0.03, ci_low=-0.05,
                    ci_high=-0.01, p=0.001, p_holm=0.003)]).to_csv(_o / "mine" / "versus_baseline.csv", index=False)
+pd.DataFrame([dict(family="versus:mine", dataset="cifar10", method="mine", baseline="softmax", n=10, gain=0.002, ci_low=-0.004,
+                   ci_high=0.008, p_holm=0.9, verdict="gone")]).to_csv(_o / "mine" / "fair_verdict.csv", index=False)
 _lb = leaderboard_rows(_o)
 test_eq(sorted(zip(_lb.normalizer, _lb.reading, _lb.verdict)),
         [("entmax15", "paper recipe", "n.s."), ("entmax15", "tuned", "undecided"), ("mine", "paper recipe", "worse"),
-         ("sparsemax", "paper recipe", "better"), ("sparsemax", "tuned", "gone")])
+         ("mine", "tuned", "gone"), ("sparsemax", "paper recipe", "better"), ("sparsemax", "tuned", "gone")])
 _tab = leaderboard_table(_lb).set_index("normalizer")
-test_eq(_tab.loc["sparsemax", "cifar10: paper"], "+2.0 (+1.0, +3.0) better"); test_eq(_tab.loc["mine", "cifar10: tuned"], "")
+test_eq(_tab.loc["sparsemax", "cifar10: paper"], "+2.0 (+1.0, +3.0) better"); test_eq(_tab.loc["mine", "cifar10: tuned"], "+0.2 (-0.4, +0.8) gone")
 test_eq(list(_tab.index), ["sparsemax", "entmax15", "mine"])
 
 # %% [markdown]
@@ -184,7 +189,7 @@ def write_leaderboard(outputs, main="paper") -> dict:
 
 # %%
 out = write_leaderboard(_o)
-test_eq((out["rows"], out["normalizers"]), (5, 3)); assert out["png"].stat().st_size > 5000
+test_eq((out["rows"], out["normalizers"]), (6, 3)); assert out["png"].stat().st_size > 5000
 test_eq(pd.read_csv(out["csv"]).gain.round(4).tolist(), _lb.gain.round(4).tolist())
 import re
 assert re.search(r"\| sparsemax +\| \+2\.0 \(\+1\.0, \+3\.0\) better", out["md"].read_text())

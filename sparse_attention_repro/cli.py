@@ -159,6 +159,10 @@ def _tuned_args(sub):
     x.add_argument("--datasets", nargs="+", help="datasets of the search (default: all of tuning.TUNED_SEARCH)")
     x.add_argument("--profile", default="paper")
     x.add_argument("--dry-run", action="store_true", help="print the grid commands the stage still needs and run nothing")
+    x.add_argument("--methods", nargs="+", help="search these normalizers only (a new one: by name, module:name or entry point), "
+                   "into --out; with --baseline, judged against the baselines' tuned grids at each arm's own recipe")
+    x.add_argument("--baseline", default=None, help="a results folder whose tuned/ grids are the baselines (e.g. outputs/paper): "
+                   "writes <out>/fair_verdict.md/.csv once the new method's grids exist")
     _executor_args(x)
 
 def _maps_args(sub):
@@ -501,12 +505,23 @@ def tuned_grids(args):
     datasets = _split(args.datasets) if args.datasets else list(T.TUNED_SEARCH)
     for d in datasets:
         if d not in T.TUNED_SEARCH: raise UsageError(f"dataset {d!r} has no declared recipe search; choose from {', '.join(T.TUNED_SEARCH)}")
+    methods = _split(args.methods) if getattr(args, "methods", None) else None
+    if methods:
+        from sparse_attention_repro.normalizers import resolve_normalizer
+        for m in methods:
+            try: resolve_normalizer(m)
+            except (KeyError, ValueError, ImportError) as e: raise UsageError(str(e).splitlines()[0]) from None
+        if args.stage == "power": raise UsageError("--stage power adds seeds to the paper's headline comparisons; drop --methods")
+    base = getattr(args, "baseline", None)
+    if base and not list(Path(base, "tuned").glob("*/runs.csv")):
+        raise UsageError(f"--baseline {base} holds no tuned grids ({Path(base) / 'tuned'}/*/runs.csv); run `sparse-repro tuned --out {base}` first")
+    search = T.search_for(methods) if methods else None
     runs = T.tuned_runs(args.out)
     curves, failed = T.tuned_curves(runs), T.diverged(runs)
     if args.stage == "power":
         rec = T.choose_recipes(curves, failed)
         plan = [p for p in T.power_plan(curves, rec, T.tuned_tests(curves, rec)) if p["dataset"] in datasets] if len(rec) else []
-    else: plan = T.tuned_plan(curves, failed, stage=args.stage, datasets=datasets)
+    else: plan = T.tuned_plan(curves, failed, search, stage=args.stage, datasets=datasets)
     grids = []
     for p in plan:
         argv = ["grid", "--profile", args.profile, "--out", str(Path(args.out) / "tuned" / p["folder"]), "--datasets", p["dataset"],
@@ -541,6 +556,11 @@ def cmd_tuned(args):
                                     desc=f"tuned ({args.stage}) notebooks")
         if fails or args.stage != "select": break
     else: print(f"tuned ({args.stage}): nothing left to run in {Path(args.out) / 'tuned'}")
+    if getattr(args, "baseline", None) and getattr(args, "methods", None) and not args.dry_run:
+        from sparse_attention_repro.tuning import write_fair_verdict
+        for m in _split(args.methods):
+            try: print(f"tuned: the fair verdict of {m}: {write_fair_verdict(args.out, args.baseline, m)}")
+            except ValueError as e: print(f"tuned: no verdict for {m} yet ({e})")
     return fails
 
 # %% ../nbs/07_cli.ipynb

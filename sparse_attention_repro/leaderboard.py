@@ -38,6 +38,9 @@ def leaderboard_rows(outputs, main="paper") -> pd.DataFrame:
         t = t[t.source == "tuned"].pipe(lambda x: pd.concat([x, t[(t.source != "tuned") & ~t.set_index(["dataset", "method"]).index.isin(
             x.set_index(["dataset", "method"]).index)]]))        # the protocol's grid first, the first round where it has not run
         parts.append(_rows(t, "tuned", f"{main}/tables/tuned_tests.csv", gain="gain", verdict="verdict"))
+    for f in sorted(outputs.glob("**/fair_verdict.csv")):                  # a new normalizer's own tuned search (`tuned --methods`)
+        t = pd.read_csv(f).query("baseline == @BASELINE")
+        if len(t): parts.append(_rows(t, "tuned", f.relative_to(outputs).as_posix(), gain="gain", verdict="verdict"))
     if (f := tab / "crisp_normalizer_tests.csv").exists():
         t = pd.read_csv(f); t = t[t.family.str.endswith("_test")].assign(dataset="sst2_encoder")
         parts.append(_rows(t, "pretrained encoder", f"{main}/tables/crisp_normalizer_tests.csv"))

@@ -7,9 +7,10 @@ __all__ = ['TUNED_SEARCH', 'SELECTION_SEEDS', 'TUNED_SEEDS', 'TUNED_VAL_FRACTION
            'SPARSE', 'TUNED_MARGIN', 'POWER_TARGET', 'RECIPE_COLS', 'TUNED_TEST_COLS', 'MAX_SEEDS', 'HEADLINE',
            'FIRST_ROUND', 'SOURCES', 'README_MARKERS', 'RecipeSearch', 'next_lr', 'tuned_folder', 'tuned_runs',
            'diverged', 'tuned_curves', 'choose_lr', 'arm_length', 'needs_longer', 'choose_recipes', 'tuned_plan',
-           'tuned_tests', 'tost_power', 'seeds_for_tost_power', 'power_plan', 'identical_to_main', 'recipe_budget',
-           'fair_recipe_readings', 'tuned_verdicts', 'val_test_agreement', 'time_to_reach', 'readable_tuned',
-           'answer_lines', 'answer_markdown', 'sync_readme']
+           'tuned_comparison', 'tuned_tests', 'tost_power', 'seeds_for_tost_power', 'power_plan', 'identical_to_main',
+           'recipe_budget', 'fair_recipe_readings', 'tuned_verdicts', 'val_test_agreement', 'time_to_reach',
+           'readable_tuned', 'answer_lines', 'search_for', 'fair_verdict', 'write_fair_verdict', 'answer_markdown',
+           'sync_readme']
 
 # %% ../nbs/05b_tuning.ipynb
 import json, math
@@ -199,27 +200,37 @@ def _test_at(curves, ds, m, lr, ep):
 
 def _recipe_words(r): return f"lr {r.lr:g}, {int(r.epoch)} ep"
 
+def tuned_comparison(curves, rec, ds, m, b, family, margin) -> dict:
+    "Arm `m` against arm `b` on `ds`, each at its own recipe (`rec` indexed by dataset and method), paired by seed on test accuracy."
+    r, rb = rec.loc[(ds, m)], rec.loc[(ds, b)]
+    j = pd.concat(dict(a=_test_at(curves, ds, m, r.lr, r.epoch), b=_test_at(curves, ds, b, rb.lr, rb.epoch),
+                       pa=_test_at(curves, ds, m, PAPER_LR, PAPER_SIZES[ds][0]),
+                       pb=_test_at(curves, ds, b, PAPER_LR, PAPER_SIZES[ds][0])), axis=1)
+    t, paper = j[["a", "b"]].dropna(), j[["pa", "pb"]].dropna()
+    st = paired_stats(t.a, t.b)
+    sd = float((t.a - t.b).std(ddof=1)) if len(t) > 1 else np.nan
+    return dict(family=family, dataset=ds, method=m, baseline=b, recipe=_recipe_words(r), baseline_recipe=_recipe_words(rb),
+                complete=bool(r.complete and rb.complete), bracketed=bool(r.lr_bracketed and r.epoch_bracketed
+                                                                          and rb.lr_bracketed and rb.epoch_bracketed),
+                n=st["n"], accuracy=float(t.a.mean()) if len(t) else np.nan,
+                baseline_accuracy=float(t.b.mean()) if len(t) else np.nan, gain=st["mean_delta"], ci_low=st["ci_low"],
+                ci_high=st["ci_high"], sd=sd, p=st["p"], margin=margin, p_tost=tost_paired(t.a, t.b, margin),
+                gain_paper_recipe=float((paper.pa - paper.pb).mean()) if len(paper) else np.nan,
+                baseline_accuracy_paper_recipe=float(paper.pb.mean()) if len(paper) else np.nan,
+                seeds_for_power=seeds_for_tost_power(sd, margin))
+
+def _verdicts(out, baseline=BASELINE):
+    "The equivalence and verdict words of Holm-adjusted comparisons."
+    out["equivalence"] = [equivalence_verdict(a, b, m) for a, b, m in zip(out.p_tost, out.p_holm, out.margin)]
+    out["verdict"] = [gain_verdict(g, ph, e, f"under {100 * mg:g} pt") if b == baseline else e
+                      for g, ph, e, mg, b in zip(out.gain, out.p_holm, out.equivalence, out.margin, out.baseline)]
+    return out[TUNED_TEST_COLS].reset_index(drop=True)
+
 def tuned_tests(curves, recipes, main_runs=None, baseline=BASELINE) -> pd.DataFrame:
     "Tuned gain over softmax per (dataset, method) and A5 per dataset, in the paper's Holm families, with TOST and the verdict."
     rec = recipes.set_index(["dataset", "method"])
     rows = []
-    def add(ds, m, b, family, margin):
-        r, rb = rec.loc[(ds, m)], rec.loc[(ds, b)]
-        j = pd.concat(dict(a=_test_at(curves, ds, m, r.lr, r.epoch), b=_test_at(curves, ds, b, rb.lr, rb.epoch),
-                           pa=_test_at(curves, ds, m, PAPER_LR, PAPER_SIZES[ds][0]),
-                           pb=_test_at(curves, ds, b, PAPER_LR, PAPER_SIZES[ds][0])), axis=1)
-        t, paper = j[["a", "b"]].dropna(), j[["pa", "pb"]].dropna()
-        st = paired_stats(t.a, t.b)
-        sd = float((t.a - t.b).std(ddof=1)) if len(t) > 1 else np.nan
-        rows.append(dict(family=family, dataset=ds, method=m, baseline=b, recipe=_recipe_words(r), baseline_recipe=_recipe_words(rb),
-                         complete=bool(r.complete and rb.complete), bracketed=bool(r.lr_bracketed and r.epoch_bracketed
-                                                                                   and rb.lr_bracketed and rb.epoch_bracketed),
-                         n=st["n"], accuracy=float(t.a.mean()) if len(t) else np.nan,
-                         baseline_accuracy=float(t.b.mean()) if len(t) else np.nan, gain=st["mean_delta"], ci_low=st["ci_low"],
-                         ci_high=st["ci_high"], sd=sd, p=st["p"], margin=margin, p_tost=tost_paired(t.a, t.b, margin),
-                         gain_paper_recipe=float((paper.pa - paper.pb).mean()) if len(paper) else np.nan,
-                         baseline_accuracy_paper_recipe=float(paper.pb.mean()) if len(paper) else np.nan,
-                         seeds_for_power=seeds_for_tost_power(sd, margin)))
+    def add(ds, m, b, family, margin): rows.append(tuned_comparison(curves, rec, ds, m, b, family, margin))
     for ds in dict.fromkeys(recipes.dataset):
         if (ds, baseline) not in rec.index: continue
         for m in [m for m in method_order(recipes[recipes.dataset == ds].method) if m != baseline]:
@@ -230,11 +241,7 @@ def tuned_tests(curves, recipes, main_runs=None, baseline=BASELINE) -> pd.DataFr
     if not len(out): return pd.DataFrame(columns=TUNED_TEST_COLS)
     fixed = _untuned_family_members(main_runs, set(out.family), set(out.dataset), baseline)
     both = holm(pd.concat([out, fixed], ignore_index=True))
-    out = both.iloc[:len(out)].copy()
-    out["equivalence"] = [equivalence_verdict(a, b, m) for a, b, m in zip(out.p_tost, out.p_holm, out.margin)]
-    out["verdict"] = [gain_verdict(g, ph, e, f"under {100 * mg:g} pt") if b == baseline else e
-                      for g, ph, e, mg, b in zip(out.gain, out.p_holm, out.equivalence, out.margin, out.baseline)]
-    return out[TUNED_TEST_COLS].reset_index(drop=True)
+    return _verdicts(both.iloc[:len(out)].copy(), baseline)
 
 def _untuned_family_members(main_runs, families, datasets, baseline):
     "The paper-recipe comparisons of the main grid that share a Holm family with the tuned ones (the marker task)."
@@ -461,6 +468,52 @@ def answer_lines(tests, paper_tests=None, reach=None) -> list:
     return lines[:5]
 
 # %% ../nbs/05b_tuning.ipynb
+def search_for(methods, search=None) -> dict:
+    "The declared search with its methods replaced by `methods` (a new normalizer's own search: same rates, lengths, seeds)."
+    from dataclasses import replace
+    return {ds: replace(s, methods=tuple(methods)) for ds, s in (TUNED_SEARCH if search is None else search).items()}
+
+def fair_verdict(new_dir, base_dir, method, baselines=PAPER_METHODS, search=None) -> tuple:
+    """`method`'s tuned grids under `new_dir` against the baselines' under `base_dir`, each arm at its own recipe chosen on
+    validation: (tests, recipes, missing datasets), the tests in `method`'s own Holm family."""
+    search = TUNED_SEARCH if search is None else search
+    new_runs, base_runs = tuned_runs(new_dir), tuned_runs(base_dir)
+    if not len(new_runs) or not (new_runs.method == method).any():
+        raise ValueError(f"{Path(new_dir) / 'tuned'} holds no tuned runs of {method!r}; run `sparse-repro tuned --methods {method} "
+                         f"--out {new_dir} --baseline {base_dir}` first")
+    new_curves, base_curves = tuned_curves(new_runs[new_runs.method == method]), tuned_curves(base_runs)
+    recipes = pd.concat([choose_recipes(new_curves, diverged(new_runs), search_for([method], search)),
+                         choose_recipes(base_curves, diverged(base_runs), search)], ignore_index=True)
+    curves, rec = pd.concat([new_curves, base_curves], ignore_index=True), recipes.set_index(["dataset", "method"])
+    rows, missing = [], []
+    for ds in dict.fromkeys(recipes.dataset[recipes.method == method]):
+        have = [b for b in baselines if (ds, b) in rec.index]
+        if not have: missing.append(ds); continue
+        rows += [tuned_comparison(curves, rec, ds, method, b, f"versus:{method}", TUNED_MARGIN) for b in have]
+    if not rows: return pd.DataFrame(columns=TUNED_TEST_COLS), recipes, missing
+    return _verdicts(holm(pd.DataFrame(rows))), recipes, missing
+
+# %% ../nbs/05b_tuning.ipynb
+def write_fair_verdict(new_dir, base_dir, method, baselines=PAPER_METHODS, search=None) -> Path:
+    "Write `fair_verdict.csv`, `fair_recipes.csv` and `fair_verdict.md` of `method` into `new_dir`; returns the page."
+    from sparse_attention_repro.files import atomic_write
+    tests, recipes, missing = fair_verdict(new_dir, base_dir, method, baselines, search)
+    new_dir = Path(new_dir)
+    atomic_write(new_dir / "fair_verdict.csv", lambda tmp: tests.to_csv(tmp, index=False))
+    atomic_write(new_dir / "fair_recipes.csv", lambda tmp: recipes.to_csv(tmp, index=False))
+    vs = tests[tests.baseline == BASELINE]
+    lines = [f"# `{method}`: the fair verdict", "",
+             f"`{method}` against the seven paper methods, every arm at its own learning rate and length chosen on validation "
+             f"(the tuned-recipe protocol), paired by seed on test accuracy; Holm within `{method}`'s own family, TOST at "
+             f"±{100 * TUNED_MARGIN:g} pt. Baselines from `{base_dir}`.", ""]
+    if len(vs): lines += [f"**Against tuned softmax:** " + "; ".join(f"{r.dataset} {_pt(r.gain)} pt ({r.verdict})" for r in vs.itertuples()) + ".", ""]
+    if missing: lines += [f"**Not judged yet** (no baseline grid there): {', '.join(missing)}.", ""]
+    if len(tests): lines += [readable_tuned(tests).to_markdown(index=False, disable_numparse=True), ""]
+    lines += ["## Recipes", "", recipes.to_markdown(index=False), ""]
+    atomic_write(new_dir / "fair_verdict.md", lambda tmp: Path(tmp).write_text("\n".join(lines), encoding="utf-8"))
+    return new_dir / "fair_verdict.md"
+
+# %% ../nbs/05b_tuning.ipynb
 README_MARKERS = ("<!-- answer:start (generated by `sparse-repro report --readme`; do not edit) -->", "<!-- answer:end -->")
 
 def answer_markdown(results_dir, figure="figures/gain_vs_epochs.png", relative_to=".") -> str:
@@ -471,7 +524,7 @@ def answer_markdown(results_dir, figure="figures/gain_vs_epochs.png", relative_t
     tests = pd.read_csv(tab / "tuned_tests.csv") if (tab / "tuned_tests.csv").exists() else pd.DataFrame(columns=TUNED_TEST_COLS)
     paper = pd.read_csv(tab / "paired_tests.csv") if (tab / "paired_tests.csv").exists() else None
     reach = pd.read_csv(tab / "time_to_reach.csv") if (tab / "time_to_reach.csv").exists() else None
-    parts = [" ".join(answer_lines(tests, paper, reach))]
+    parts = ["\n".join(f"{i}. {line}" for i, line in enumerate(answer_lines(tests, paper, reach), 1))]   # at most five, one a line
     if (Path(results_dir) / figure).exists():
         parts.append(f"![Gain over softmax against training length]({Path(os.path.relpath(Path(results_dir) / figure, relative_to)).as_posix()})")
     if len(tests): parts.append(readable_tuned(tests).to_markdown(index=False, disable_numparse=True))
