@@ -28,6 +28,7 @@ def site(tmp_path_factory):
     render_site(out, notebooks=[ROOT / "nbs" / p for p in PAGES], execute=False)
     return out
 
+@pytest.mark.slow                       # a browser start and four pages: in `pytest -m slow`, which CI runs too
 def test_pages_render_offline_with_maths_and_navigation(site):
     order = [("index.html" if p == "index.ipynb" else p.replace(".ipynb", ".html")) for p in
              [q.name for q in site_pages([ROOT / "nbs" / p for p in PAGES])]]
