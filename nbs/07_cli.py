@@ -148,6 +148,14 @@ def _leaderboard_args(sub):
     b.add_argument("--main", default="paper", help="the results root holding the baselines and the report's tables")
     return b
 
+def _card_args(sub):
+    "`card`: one normalizer's page."
+    c = sub.add_parser("card", help="write <outputs>/cards/<name>.md: a normalizer's gains under both recipes, recipes, density, and its cost measured here")
+    c.add_argument("names", nargs="+", help="normalizers (by name, module:name or entry point)")
+    c.add_argument("--outputs", default="outputs"); c.add_argument("--main", default="paper")
+    c.add_argument("--repeats", type=int, default=10, help="interleaved repeats of the cost measurement")
+    return c
+
 def _readme_args(sub):
     "`readme`: the README from the home notebook."
     r = sub.add_parser("readme", help="write the README from its source, the home notebook nbs/index.ipynb")
@@ -240,7 +248,7 @@ def _bench_args(sub):
 
 # %%
 #| export
-SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "report": _report_args, "readme": _readme_args, "index": _index_args, "leaderboard": _leaderboard_args, "site": _site_args,
+SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "report": _report_args, "readme": _readme_args, "index": _index_args, "leaderboard": _leaderboard_args, "card": _card_args, "site": _site_args,
                "reproduce": _reproduce_args,
                "ablations": _ablations_args, "follow-ups": _follow_ups_args, "tuned": _tuned_args,
                "attention-maps": _maps_args, "bench": _bench_args}
@@ -597,6 +605,17 @@ def cmd_leaderboard(args):
     print(f"leaderboard: {out['normalizers']} normalizers, {out['rows']} rows -> {out['md']}, {out['csv']}, {out['png']}")
     return {}
 
+def cmd_card(args):
+    "Write each named normalizer's card."
+    from sparse_attention_repro.leaderboard import normalizer_card
+    from sparse_attention_repro.normalizers import resolve_normalizer
+    for n in _split(args.names):
+        try: resolve_normalizer(n)
+        except (KeyError, ValueError, ImportError) as e: raise UsageError(str(e).splitlines()[0]) from None
+    if args.repeats < 1: raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
+    for n in _split(args.names): print(f"card: {normalizer_card(args.outputs, resolve_normalizer(n).name, args.main, args.repeats)}")
+    return {}
+
 def cmd_readme(args):
     "Write the README from the home notebook."
     from sparse_attention_repro.report import write_readme
@@ -886,7 +905,7 @@ def cmd_bench(args):
 
 # %%
 #| export
-COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "readme": cmd_readme, "index": cmd_index, "leaderboard": cmd_leaderboard, "site": cmd_site, "reproduce": cmd_reproduce,
+COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "readme": cmd_readme, "index": cmd_index, "leaderboard": cmd_leaderboard, "card": cmd_card, "site": cmd_site, "reproduce": cmd_reproduce,
             "ablations": cmd_ablations, "follow-ups": cmd_follow_ups, "tuned": cmd_tuned,
             "attention-maps": cmd_attention_maps, "bench": cmd_bench}
 

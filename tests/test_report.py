@@ -119,3 +119,18 @@ def test_leaderboard_is_the_committed_tables(tmp_path):
     assert {"scalable_softmax", "sigmoid_attention", "softpick", "entmax15"} <= set(fresh.normalizer)
     res = cli("leaderboard", "--outputs", tmp_path)
     assert res.returncode == 2 and "does not exist" in res.stderr, res.stderr
+
+def test_card_command(tmp_path):
+    "`sparse-repro card`: a page per normalizer from the committed tables, with its cost measured here; a bad name is one line."
+    import shutil
+    from conftest import ROOT, cli
+    shutil.copytree(ROOT / "outputs" / "literature", tmp_path / "literature")
+    shutil.copytree(ROOT / "outputs" / "paper" / "tables", tmp_path / "paper" / "tables")
+    res = cli("card", "softpick", "--outputs", tmp_path, "--repeats", "2")
+    assert res.returncode == 0, res.stderr
+    card = (tmp_path / "cards" / "softpick.md").read_text()
+    vs = pd.read_csv(ROOT / "outputs" / "literature" / "versus_baseline.csv").query("method == 'softpick' and baseline == 'softmax'")
+    for r in vs.itertuples(): assert f"| {r.dataset} " in card and f"{100 * r.mean_delta:+.2f}" in card      # every committed gain
+    assert "ratio_to_softmax" in card and "96x4x97x97" in card
+    res = cli("card", "softpickk", "--outputs", tmp_path)
+    assert res.returncode == 2 and "unknown normalizer 'softpickk'" in res.stderr, res.stderr
