@@ -214,7 +214,7 @@ def render_site(out="outputs/site", # output folder
     "Render the library notebooks (and a report) to HTML in `out`, every page with the navigation bar; returns index.html."
     out = Path(out).resolve(); out.mkdir(parents=True, exist_ok=True)
     nbs = site_pages([Path(p).resolve() for p in notebooks] if notebooks else list((_repo_root() / "nbs").glob("*.ipynb")))
-    pages = [(_page(nb), _title(nb)) for nb in nbs] + ([("report.html", "Reproduction report")] if report else [])
+    pages = [(_page(nb), "Home" if nb.stem == "index" else _title(nb)) for nb in nbs] + ([("report.html", "Reproduction report")] if report else [])
     by_file = {nb.resolve(): _page(nb) for nb in nbs}
     report_file = Path(report).resolve() if report else None
     for nb in nbs:
