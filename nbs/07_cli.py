@@ -231,7 +231,7 @@ def _maps_args(sub):
 def _bench_args(sub):
     "`bench`: speed, side by side in one process."
     b = sub.add_parser("bench", help="speed benchmarks: ratios measured side by side in one process")
-    b.add_argument("what", choices=["normalizers", "grid", "fast", "stack", "compare", "floor"],
+    b.add_argument("what", choices=["normalizers", "grid", "fast", "stack", "compare", "floor", "fair-cost"],
                    help="normalizers (forward+backward), grid (training epochs), fast (time --fast's lever combinations here, "
                         "as its calibration does, and cache the choice), stack (seeds in lock-step vs one stacked model), "
                         "compare (two results folders) or floor (a results folder against the machine's matmul rate)")
@@ -836,6 +836,15 @@ def cmd_bench(args):
     if args.threads < 1: raise UsageError(f"--threads must be >= 1, got {args.threads}")
     if args.repeats < 1: raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     torch.set_num_threads(args.threads)
+    if args.what == "fair-cost":
+        if len(args.results or []) != 1 or not Path(args.results[0], "tuned").is_dir():
+            raise UsageError("bench fair-cost needs one results folder with tuned grids: --results DIR (e.g. outputs/paper)")
+        cost = bench.fair_cost(args.results[0])
+        print("core-hours per arm of the tuned-recipe protocol, from the executed notebooks' wall times:")
+        print(cost.round(3).to_string(index=False))
+        per = cost.groupby("dataset").core_hours.median()
+        print("median arm per dataset: " + ", ".join(f"{d} {h:.2f} h" for d, h in per.items()) + f"; sum {per.sum():.2f} core-hours")
+        return {}
     if args.what == "floor":
         if len(args.results or []) != 1 or not (Path(args.results[0]) / "runs.csv").exists():
             raise UsageError("bench floor needs one results folder with a runs.csv: --results DIR")

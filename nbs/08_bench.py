@@ -564,3 +564,45 @@ test_eq((ft.methods, ft.measured_s), (2, 5.0))                                # 
 ft2 = floor_table(toy.assign(mask_seconds=[0.5, 0.5, 0.25, 0.25]), 100.0).iloc[0]
 test_eq(ft2.measured_s, ((1 + 2 - 0.5) + (3 + 4 - 0.25)) / 2)                # shared masks counted once per seed
 test_eq(ft.tflop_per_seed, 2 * 6 * 8000 * 3 * forward_flops(17, 49) / 1e12)
+
+# %% [markdown]
+# ## The cost of a fair verdict
+#
+# What the tuned-recipe protocol costs one normalizer, read from the tuned grids as they ran: each executed notebook
+# records its wall time (`papermill.duration`, one core), and a notebook trains its methods in lock-step, so each
+# method is charged the notebook's time in proportion to its own `train_seconds` there. Summed over a dataset's select
+# stage, its extensions and its complete stage, that is the core time one arm of the fair protocol took on the machines
+# that ran it (each row records its `cpu_capability`). A dataset whose complete stage has not run yet is marked so.
+
+# %%
+#| export
+def fair_cost(results_dir, folder="tuned") -> pd.DataFrame:
+    "Core-hours each (dataset, method) of the tuned grids under `results_dir/<folder>/` took, from the executed notebooks' wall times."
+    rows = []
+    for grid in sorted(Path(results_dir, folder).glob("*/runs.csv")):
+        runs = pd.read_csv(grid)
+        runs = runs[runs.status.fillna("ok") == "ok"]
+        for (ds, seed), g in runs.groupby(["dataset", "seed"]):
+            nb = grid.parent / "notebooks" / ds / f"seed{seed}.ipynb"
+            if not nb.exists(): continue
+            wall = json.loads(nb.read_text()).get("metadata", {}).get("papermill", {}).get("duration")
+            if not wall: continue
+            share = g.train_seconds / g.train_seconds.sum()
+            rows += [dict(dataset=ds, method=m, seed=int(seed), grid=grid.parent.name, core_seconds=float(wall) * s)
+                     for m, s in zip(g.method, share)]
+    if not rows: return pd.DataFrame(columns=["dataset", "method", "runs", "seeds", "core_hours"])
+    r = pd.DataFrame(rows)
+    return (r.groupby(["dataset", "method"]).agg(runs=("grid", "size"), seeds=("seed", "nunique"), core_hours=("core_seconds", "sum"))
+            .assign(core_hours=lambda d: d.core_hours / 3600).reset_index())
+
+# %% [markdown]
+# On a made-up grid: one notebook of 100 s whose two methods trained 30 and 10 s charges them 75 and 25 s.
+
+# %%
+with _tf.TemporaryDirectory() as _d:
+    _g = Path(_d) / "tuned" / "kmnist_lr0.001"; (_g / "notebooks" / "kmnist").mkdir(parents=True)
+    pd.DataFrame([dict(dataset="kmnist", method=m, seed=0, status="ok", train_seconds=t) for m, t in (("softmax", 30.0), ("sparsemax", 10.0))]
+                 ).to_csv(_g / "runs.csv", index=False)
+    (_g / "notebooks" / "kmnist" / "seed0.ipynb").write_text(json.dumps({"metadata": {"papermill": {"duration": 100.0}}}))
+    _fc = fair_cost(_d).set_index("method")
+    test_close(_fc.core_hours.to_numpy() * 3600, [75.0, 25.0]); test_eq(_fc.seeds.tolist(), [1, 1])

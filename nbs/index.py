@@ -144,7 +144,8 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # `nbdev_test` runs one notebook per core at once; `OMP_NUM_THREADS=1` gives each of them one torch thread instead of
 # one per core (on this project's 2-core machine, `nbdev_test` took 76 s instead of 107 s; without it the tests pass
 # all the same). The whole command took 4.8 and 5.4 minutes there in two runs measured alone (`nbdev_test` 76 / 84 s, `pytest`
-# 212 / 238 s).
+# 212 / 238 s), before the catalogue, leaderboard and site tests were added; with them it has been timed only while two
+# grid jobs kept both cores busy (`nbdev_test` 242 s, `pytest` 419 s, the browser test since moved to the slow ones).
 
 # %% [markdown]
 # ## The command line
@@ -181,6 +182,7 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # | `… --methods package.module:name` | a normalizer registered outside the library (`register_normalizer`), imported by its module; an installed package can instead register it under the entry-point group `sparse_attention_repro.normalizers` and it is found by name |
 # | `sparse-repro bench normalizers` / `sparse-repro bench grid [--datasets …] [--epochs N]` | speed: ratio tables measured side by side in one process (`grid` includes our re-implementation of the original study's training path; for speed against the original itself, see Performance) |
 # | `sparse-repro bench stack [--datasets …] [--stack-seeds 2 5] [--device cuda]` | the methods of several seeds trained seed by seed in lock-step against one stacked model, with the number of identical accuracies |
+# | `sparse-repro bench fair-cost --results DIR` | the core-hours each arm of the tuned-recipe protocol took, from the executed notebooks' wall times |
 # | `sparse-repro bench floor --results DIR` | a results folder's training time per seed against the machine's arithmetic floor (FLOPs / best matmul rate) |
 # | `sparse-repro bench compare --results A B` | two grids of the same datasets and seeds (e.g. default vs `--plain`): per method, identical results and the paired difference |
 #

@@ -33,6 +33,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                               'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.compare_runs': ( 'bench.html#compare_runs',
                                                                                              'sparse_attention_repro/bench.py'),
+                                              'sparse_attention_repro.bench.fair_cost': ( 'bench.html#fair_cost',
+                                                                                          'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.floor_table': ( 'bench.html#floor_table',
                                                                                             'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.forward_flops': ( 'bench.html#forward_flops',

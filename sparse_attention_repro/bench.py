@@ -7,7 +7,7 @@ __all__ = ['DEFAULT_LEVERS', 'CALIBRATION_STEPS', 'CALIBRATION_REPEATS', 'SPEED_
            'bench_normalizers', 'normalizer_table', 'lever_candidates', 'lever_label', 'variant_options',
            'measure_levers', 'choose_levers', 'fused_ok', 'calibrate_fast', 'OriginalNormalizer', 'bench_grid',
            'method_ratios', 'project_paper', 'bench_stack', 'compare_runs', 'compare_gains', 'forward_flops',
-           'matmul_rate', 'floor_table']
+           'matmul_rate', 'floor_table', 'fair_cost']
 
 # %% ../nbs/08_bench.ipynb
 import hashlib, json, math, statistics, time
@@ -345,3 +345,23 @@ def floor_table(runs, gflops) -> pd.DataFrame:
         rows.append(dict(dataset=ds, methods=int(r.methods), tflop_per_seed=flops / 1e12, floor_s=floor,
                          measured_s=float(per_seed.seconds.median()), ratio=float(per_seed.seconds.median()) / floor))
     return pd.DataFrame(rows)
+
+# %% ../nbs/08_bench.ipynb
+def fair_cost(results_dir, folder="tuned") -> pd.DataFrame:
+    "Core-hours each (dataset, method) of the tuned grids under `results_dir/<folder>/` took, from the executed notebooks' wall times."
+    rows = []
+    for grid in sorted(Path(results_dir, folder).glob("*/runs.csv")):
+        runs = pd.read_csv(grid)
+        runs = runs[runs.status.fillna("ok") == "ok"]
+        for (ds, seed), g in runs.groupby(["dataset", "seed"]):
+            nb = grid.parent / "notebooks" / ds / f"seed{seed}.ipynb"
+            if not nb.exists(): continue
+            wall = json.loads(nb.read_text()).get("metadata", {}).get("papermill", {}).get("duration")
+            if not wall: continue
+            share = g.train_seconds / g.train_seconds.sum()
+            rows += [dict(dataset=ds, method=m, seed=int(seed), grid=grid.parent.name, core_seconds=float(wall) * s)
+                     for m, s in zip(g.method, share)]
+    if not rows: return pd.DataFrame(columns=["dataset", "method", "runs", "seeds", "core_hours"])
+    r = pd.DataFrame(rows)
+    return (r.groupby(["dataset", "method"]).agg(runs=("grid", "size"), seeds=("seed", "nunique"), core_hours=("core_seconds", "sum"))
+            .assign(core_hours=lambda d: d.core_hours / 3600).reset_index())
