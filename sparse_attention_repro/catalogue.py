@@ -169,8 +169,9 @@ def verdict_line(e: Experiment, root) -> str:
     if k == "ablation" and (t := read("ablation_family.csv")) is not None and len(t := t[t.ablation == e.name]):
         return f"{len(t)} changes of a gain over softmax: {_count(t.change_verdict)} (Holm over all ablations, ±1 pt)"
     if k == "tuned" and (t := read("tuned_tests.csv")) is not None:
-        t = t[t.source == (e.analysis.reading or e.name)]
-        if len(t): return f"{len(t)} tuned comparisons with softmax: {_count(t.verdict)}"
+        t = t[(t.source == (e.analysis.reading or e.name)) & (t.baseline == BASELINE)]
+        if len(t): return (f"{len(t)} tuned comparisons with softmax: {_count(t.verdict)}"
+                           + (f" ({int((~t.complete).sum())} provisional: not every seed has run)" if (~t.complete).any() else ""))
     if k == "paired_vs_softmax" and e.name == "main" and (t := read("claims.csv")) is not None:
         t = t[t.study == "A"]
         return f"{len(t)} claims of the paper read: {_count(t.verdict, first_word=False)}"
@@ -194,7 +195,9 @@ OUTPUTS_HEADER = """# Committed results
 Run results land here and are git-ignored, except the project's findings, which are committed: `paper/` (study A at
 the paper's size, its ablations, follow-ups and recipe grids, the Crisp runs and the report), `literature/`
 (normalizers from recent papers against the baselines of `paper/`), `speed/` (the paired checks that the opt-in fast
-paths reach the same conclusions) and `example/` (the `quick` profile). `site/` holds the rendered notebooks.
+paths reach the same conclusions) and `example/` (the `quick` profile). `leaderboard.md` (with its `.csv` and `.png`)
+lists every normalizer with committed runs, per dataset, under both recipes (`sparse-repro leaderboard`), and `cards/`
+holds one page per normalizer (`sparse-repro card NAME`). `site/` holds the rendered notebooks.
 
 This index is generated from the catalogue of experiments (`nbs/05c_catalogue.ipynb`) by `sparse-repro index`: every experiment whose
 runs are committed here, its folder, its question, and its verdict line read from the committed tables (`tables/*.csv`
