@@ -1052,6 +1052,23 @@ def fused_kernel_args(norm) -> dict | None:
         return dict(kind=_FUSED_FUNCTIONS[norm.fn], ratio=norm.kwargs.get("ratio", 1.0), alpha=None, max_iter=K.ENTMAX15_ITERS)
     return None
 
+def fused_refusal(methods, device="cpu", stacked=False) -> str | None:
+    """Why the fused attention kernel cannot serve every one of `methods` (specs or names; all arms of a grid run on one
+    path) on `device`, or None when it can: the one place that decides it."""
+    if getattr(device, "type", str(device)) != "cpu": return "it runs on the CPU only"
+    if stacked: return "a stack of models (--stack-seeds) runs the torch path"
+    if K.kernels() is None: return "the C kernels are unavailable here"
+    specs = [m if isinstance(m, NormalizerSpec) else resolve_normalizer(m) for m in methods]
+    if none := [s.name for s in specs if fused_kernel_args(s.build()) is None]: return f"{', '.join(none)} has no fused kernel"
+    return None
+
+# %%
+test_eq(fused_refusal(["softmax", "entmax15_bisect"]), "entmax15_bisect has no fused kernel")
+test_eq(fused_refusal(["softmax"], device="cuda"), "it runs on the CPU only")
+test_eq(fused_refusal(["softmax"], stacked=True), "a stack of models (--stack-seeds) runs the torch path")
+test_eq(fused_refusal(["softmax", "sparsemax", "entmax15", "headwise_adaptive_entmax", "topk_softmax_025"]),
+        None if K.kernels() is not None else "the C kernels are unavailable here")
+
 # %%
 test_eq([fused_kernel_args(get_normalizer(n, num_heads=4))["kind"] for n in PAPER_METHODS],
         ["softmax", "sparsemax", "entmax15", "entmax_alpha", "topk_softmax", "topk_softmax", "topk_softmax"])

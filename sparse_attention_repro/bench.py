@@ -16,7 +16,7 @@ from dataclasses import replace
 import pandas as pd
 import torch
 import torch.nn as nn
-from .normalizers import (get_normalizer, parse_topk_ratio, adaptive_alpha, resolve_normalizer, fused_kernel_args,
+from .normalizers import (get_normalizer, parse_topk_ratio, adaptive_alpha, resolve_normalizer, fused_refusal,
                                                 ORIGINAL_BISECT_STEPS)
 from .study import PAPER_METHODS, method_order
 from .kernels import use_kernels, kernels, kernel_dir, kernel_source, _cpu_tag
@@ -148,8 +148,8 @@ def _calibration_path(key, cache_dir=None) -> Path:
     return kernel_dir(cache_dir).parent / "calibration" / f"fast-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.json"
 
 def fused_ok(methods) -> bool:
-    "Whether the fused attention kernel serves every one of `methods` here (all arms of a grid run on one path)."
-    return kernels() is not None and all(fused_kernel_args(resolve_normalizer(m).build()) is not None for m in methods)
+    "Whether the fused attention kernel serves every one of `methods` here, on the CPU (`normalizers.fused_refusal` decides)."
+    return fused_refusal(methods) is None
 
 def calibrate_fast(datasets, methods, profile="paper", options=None, threads=1, device="cpu", bf16=False, fused=False,
                    cache_dir=None, remeasure=False) -> dict:

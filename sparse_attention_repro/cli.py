@@ -254,32 +254,23 @@ def _fast_calibration(args, specs, datasets, stacked, run) -> dict:
     import json
     from sparse_attention_repro.data import has_bf16_units, resolve_device
     from sparse_attention_repro.bench import calibrate_fast
+    from sparse_attention_repro.normalizers import fused_refusal
     for folder in [args.out] + ([args.baseline] if getattr(args, "baseline", None) else []):
         made = Path(folder) / "manifest.json"
         if made.is_file() and (cal := json.loads(made.read_text()).get("study_a", {}).get("fast_calibration")): return cal
     device = resolve_device(args.device)
     print(f"--fast: timing its levers on this machine ({', '.join(datasets)}; once per CPU, build and grid) …", flush=True)
     cal = calibrate_fast(datasets, [s.name for s in specs], args.profile, run, threads_per_job(args.jobs), device,
-                         bf16=has_bf16_units(device), fused=not _fused_refusal(specs, device, stacked))
+                         bf16=has_bf16_units(device), fused=not fused_refusal(specs, device, stacked))
     print(f"--fast: {cal['label']} (ms per step: " + "; ".join(f"{d}: " + ", ".join(f"{k} {v:.1f}" for k, v in t.items())
                                                            for d, t in cal["ms_per_step"].items()) + ")", flush=True)
     return cal
-
-def _fused_refusal(specs, device, stacked) -> str | None:
-    "Why the fused attention kernel cannot serve every method of a grid (all arms run on one path), or None."
-    from sparse_attention_repro import kernels as K
-    from sparse_attention_repro.normalizers import fused_kernel_args
-    if device.type != "cpu": return "it runs on the CPU only"
-    if stacked: return "a stack of models (--stack-seeds) runs the torch path"
-    if K.kernels() is None: return "the C kernels are unavailable here"
-    if none := [s.name for s in specs if fused_kernel_args(s.build()) is None]: return f"{', '.join(none)} has no fused kernel"
-    return None
 
 def grid_tasks(args):
     "Validate the grid arguments and return (tasks, options)."
     _check_executor(args)
     from sparse_attention_repro.train import PROFILES, PAPER_SIZES, TrainConfig
-    from sparse_attention_repro.normalizers import resolve_normalizer
+    from sparse_attention_repro.normalizers import resolve_normalizer, fused_refusal
     from sparse_attention_repro.study import PAPER_METHODS, BASELINE
     from sparse_attention_repro.data import load_dataset, DataOptions, DataUnavailableError
     if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
@@ -315,7 +306,7 @@ def grid_tasks(args):
     if getattr(args, "fast", False):                                    # resolved here into the levers measured to pay here
         calibration = _fast_calibration(args, specs, datasets, stacked, run)
         run.update(calibration["levers"])
-    elif run["attention"] == "fused" and (why := _fused_refusal(specs, resolve_device(args.device), stacked)):
+    elif run["attention"] == "fused" and (why := fused_refusal(specs, resolve_device(args.device), stacked)):
         raise UsageError(f"--attention fused: {why}; use --attention torch")
     options = dict(profile=args.profile, **run, **({"fast_calibration": calibration} if calibration else {}))
     if base is not None: _check_baseline(args.baseline, base, options, datasets, seeds)

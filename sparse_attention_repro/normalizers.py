@@ -9,7 +9,7 @@ __all__ = ['ENTMAX_ALPHA_ITERS', 'ORIGINAL_BISECT_STEPS', 'ENTRY_POINT_GROUP', '
            'parse_topk_ratio', 'parse_alpha_start', 'topk_name', 'NormalizerSpec', 'Normalizer', 'register_normalizer',
            'register_normalizer_family', 'NormalizerConformanceError', 'registered_normalizers', 'resolve_normalizer',
            'get_normalizer', 'check_normalizer', 'adaptive_alpha', 'HeadwiseAdaptiveEntmax', 'fused_kernel_args',
-           'attention_density']
+           'fused_refusal', 'attention_density']
 
 # %% ../nbs/00_normalizers.ipynb
 import copy, importlib, importlib.metadata, math, re
@@ -608,6 +608,16 @@ def fused_kernel_args(norm) -> dict | None:
     if isinstance(norm, Normalizer) and norm.fn in _FUSED_FUNCTIONS and set(norm.kwargs) <= {"ratio", "scope"}:
         if norm.kwargs.get("scope", "row") != "row": return None
         return dict(kind=_FUSED_FUNCTIONS[norm.fn], ratio=norm.kwargs.get("ratio", 1.0), alpha=None, max_iter=K.ENTMAX15_ITERS)
+    return None
+
+def fused_refusal(methods, device="cpu", stacked=False) -> str | None:
+    """Why the fused attention kernel cannot serve every one of `methods` (specs or names; all arms of a grid run on one
+    path) on `device`, or None when it can: the one place that decides it."""
+    if getattr(device, "type", str(device)) != "cpu": return "it runs on the CPU only"
+    if stacked: return "a stack of models (--stack-seeds) runs the torch path"
+    if K.kernels() is None: return "the C kernels are unavailable here"
+    specs = [m if isinstance(m, NormalizerSpec) else resolve_normalizer(m) for m in methods]
+    if none := [s.name for s in specs if fused_kernel_args(s.build()) is None]: return f"{', '.join(none)} has no fused kernel"
     return None
 
 # %% ../nbs/00_normalizers.ipynb
