@@ -444,8 +444,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                   'sparse_attention_repro/leaderboard.py'),
                                                     'sparse_attention_repro.leaderboard._rows': ( 'leaderboard.html#_rows',
                                                                                                   'sparse_attention_repro/leaderboard.py'),
-                                                    'sparse_attention_repro.leaderboard._versus': ( 'leaderboard.html#_versus',
-                                                                                                    'sparse_attention_repro/leaderboard.py'),
                                                     'sparse_attention_repro.leaderboard._word': ( 'leaderboard.html#_word',
                                                                                                   'sparse_attention_repro/leaderboard.py'),
                                                     'sparse_attention_repro.leaderboard.density_and_cost': ( 'leaderboard.html#density_and_cost',

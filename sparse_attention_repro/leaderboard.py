@@ -25,24 +25,25 @@ def _rows(t, reading, source, method="method", gain="mean_delta", verdict=None):
                              p_holm=t.p_holm, n=t.n, source=source,
                              verdict=t[verdict] if verdict else [_word(g, p) for g, p in zip(t[gain], t.p_holm)]))
 
-def leaderboard_rows(outputs, main="paper") -> pd.DataFrame:
-    "The long leaderboard of the committed results under `outputs`: one row per (normalizer, dataset, reading)."
+def leaderboard_rows(outputs, main="paper", baseline=BASELINE) -> pd.DataFrame:
+    """The long leaderboard of the committed results under `outputs`: one row per (normalizer, dataset, reading), each
+    against `baseline` (the pretrained-encoder column, judged against dense, only against softmax)."""
     outputs = Path(outputs); tab = outputs / main / "tables"; parts = []
     if (f := tab / "paired_tests.csv").exists():
-        t = pd.read_csv(f).query("baseline == @BASELINE and metric == 'accuracy'")
+        t = pd.read_csv(f).query("baseline == @baseline and metric == 'accuracy'")
         parts.append(_rows(t, "paper recipe", f"{main}/tables/paired_tests.csv"))
     for f in sorted(outputs.glob("**/versus_baseline.csv")):
-        t = pd.read_csv(f).query("baseline == @BASELINE")
+        t = pd.read_csv(f).query("baseline == @baseline")
         parts.append(_rows(t, "paper recipe", f.relative_to(outputs).as_posix()))
     if (f := tab / "tuned_tests.csv").exists():
-        t = pd.read_csv(f).query("baseline == @BASELINE")
+        t = pd.read_csv(f).query("baseline == @baseline")
         t = t[t.source == "tuned"].pipe(lambda x: pd.concat([x, t[(t.source != "tuned") & ~t.set_index(["dataset", "method"]).index.isin(
             x.set_index(["dataset", "method"]).index)]]))        # the protocol's grid first, the first round where it has not run
         parts.append(_rows(t, "tuned", f"{main}/tables/tuned_tests.csv", gain="gain", verdict="verdict"))
     for f in sorted(outputs.glob("**/fair_verdict.csv")):                  # a new normalizer's own tuned search (`tuned --methods`)
-        t = pd.read_csv(f).query("baseline == @BASELINE")
+        t = pd.read_csv(f).query("baseline == @baseline")
         if len(t): parts.append(_rows(t, "tuned", f.relative_to(outputs).as_posix(), gain="gain", verdict="verdict"))
-    if (f := tab / "crisp_normalizer_tests.csv").exists():
+    if baseline == BASELINE and (f := tab / "crisp_normalizer_tests.csv").exists():
         t = pd.read_csv(f); t = t[t.family.str.endswith("_test")].assign(dataset="sst2_encoder")
         parts.append(_rows(t, "pretrained encoder", f"{main}/tables/crisp_normalizer_tests.csv"))
     parts = [p for p in parts if len(p)]
@@ -124,20 +125,6 @@ def write_leaderboard(outputs, main="paper") -> dict:
     return dict(csv=outputs / "leaderboard.csv", md=outputs / "leaderboard.md", png=outputs / "leaderboard.png", rows=len(rows), normalizers=len(table))
 
 # %% ../nbs/05d_leaderboard.ipynb
-def _versus(outputs, name, baseline, main="paper") -> pd.DataFrame:
-    "Rows of `name` against `baseline` in every table that holds such a comparison, with their reading."
-    outputs, parts = Path(outputs), []
-    for f in sorted(outputs.glob("**/versus_baseline.csv")):
-        t = pd.read_csv(f); t = t[(t.method == name) & (t.baseline == baseline)]
-        if len(t): parts.append(_rows(t, "paper recipe", f.relative_to(outputs).as_posix()))
-    for f in sorted(outputs.glob("**/fair_verdict.csv")) + [outputs / main / "tables" / "tuned_tests.csv"]:
-        if f.exists() and len(t := pd.read_csv(f).pipe(lambda x: x[(x.method == name) & (x.baseline == baseline)])):
-            parts.append(_rows(t, "tuned", f.relative_to(outputs).as_posix(), gain="gain", verdict="verdict"))
-    if (f := outputs / main / "tables" / "paired_tests.csv").exists():
-        t = pd.read_csv(f); t = t[(t.method == name) & (t.baseline == baseline) & (t.metric == "accuracy")]
-        if len(t): parts.append(_rows(t, "paper recipe", f.relative_to(outputs).as_posix()))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=LEADERBOARD_COLS)
-
 def normalizer_card(outputs, name, main="paper", cost_repeats=10) -> Path:
     "Write `<outputs>/cards/<name>.md`: the normalizer's gains, recipes, density and cost measured here; returns its path."
     from sparse_attention_repro.bench import bench_normalizers
@@ -146,7 +133,7 @@ def normalizer_card(outputs, name, main="paper", cost_repeats=10) -> Path:
     from sparse_attention_repro.study import PAPER_METHODS
     outputs = Path(outputs); spec = resolve_normalizer(name)
     rows = leaderboard_rows(outputs, main).pipe(lambda t: t[t.normalizer == name])
-    vs_ent = _versus(outputs, name, "entmax15", main) if name != "entmax15" else rows.iloc[:0]
+    vs_ent = leaderboard_rows(outputs, main, baseline="entmax15").pipe(lambda t: t[t.normalizer == name])
     fmt = lambda t: pd.DataFrame({"dataset": t.dataset, "reading": t.reading, "gain (pt)": (100 * t.gain).map("{:+.2f}".format),
                                   "95% CI (pt)": [f"{100 * a:+.2f} to {100 * b:+.2f}" for a, b in zip(t.ci_low, t.ci_high)],
                                   "Holm p": t.p_holm.map("{:.3g}".format), "verdict": t.verdict, "seeds": t.n, "from": t.source})

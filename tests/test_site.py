@@ -11,8 +11,8 @@ CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.whic
 if not CHROMIUM:
     if os.environ.get("CI"): raise RuntimeError("Chromium is missing: .ci/run installs the Debian package chromium")
     pytest.skip("no Chromium here (apt-get install chromium); CI runs this test", allow_module_level=True)
-sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright if not os.environ.get("CI") else \
-    __import__("playwright.sync_api", fromlist=["sync_playwright"]).sync_playwright
+if not os.environ.get("CI"): pytest.importorskip("playwright.sync_api")   # in CI a missing playwright fails the import below
+from playwright.sync_api import sync_playwright
 
 PAGES = ["index.ipynb", "protocol.ipynb", "00_normalizers.ipynb"]   # the home page, prose, the formulas
 
