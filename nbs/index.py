@@ -144,8 +144,8 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # `nbdev_test` runs one notebook per core at once; `OMP_NUM_THREADS=1` gives each of them one torch thread instead of
 # one per core (on this project's 2-core machine, `nbdev_test` took 76 s instead of 107 s; without it the tests pass
 # all the same). The whole command took 4.8 and 5.4 minutes there in two runs measured alone (`nbdev_test` 76 / 84 s, `pytest`
-# 212 / 238 s), before the catalogue, leaderboard and site tests were added; with them it has been timed only while two
-# grid jobs kept both cores busy (`nbdev_test` 242 s, `pytest` 419 s, the browser test since moved to the slow ones).
+# 212 / 238 s), before the catalogue, leaderboard and card tests were added; with them, alone, 5.2 minutes (`nbdev_test`
+# 80 s, `pytest` 233 s; the browser test runs with the slow ones).
 
 # %% [markdown]
 # ## The command line
