@@ -231,9 +231,10 @@ def _maps_args(sub):
 def _bench_args(sub):
     "`bench`: speed, side by side in one process."
     b = sub.add_parser("bench", help="speed benchmarks: ratios measured side by side in one process")
-    b.add_argument("what", choices=["normalizers", "grid", "fast", "stack", "compare", "floor", "fair-cost"],
+    b.add_argument("what", choices=["normalizers", "grid", "fast", "stack", "profile", "compare", "floor", "fair-cost"],
                    help="normalizers (forward+backward), grid (training epochs), fast (time --fast's lever combinations here, "
                         "as its calibration does, and cache the choice), stack (seeds in lock-step vs one stacked model), "
+                        "profile (a whole profile on the stacked path, beside one lock-step seed per dataset), "
                         "compare (two results folders) or floor (a results folder against the machine's matmul rate)")
     b.add_argument("--results", nargs="+", help="compare: two results folders (e.g. default path vs --plain)")
     b.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 20 for normalizers, 1 for grid)")
@@ -243,7 +244,9 @@ def _bench_args(sub):
     b.add_argument("--train-limit", type=int, default=0, help="grid: train examples (0 = the paper's)")
     b.add_argument("--jobs", type=int, default=2, help="grid: parallel jobs assumed by the projection")
     b.add_argument("--stack-seeds", type=int, nargs="+", default=[2], help="stack: stack sizes (seeds) to measure")
-    b.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="stack: where to train (auto = CUDA when available)")
+    b.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="stack, profile: where to train (auto = CUDA when available)")
+    b.add_argument("--profile", default="paper", help="profile: the profile to run (its seeds, sizes and epochs)")
+    b.add_argument("--out", default=None, help="profile: a folder for its runs.csv and times.csv")
     return b
 
 # %%
@@ -877,11 +880,24 @@ def cmd_bench(args):
         print(pd.DataFrame(cal["ms_per_step"]).round(2).to_string())
         print(f"chosen for --fast on these datasets: {cal['label']}")
         return {}
-    if args.what == "stack":
+    if args.what in ("stack", "profile"):
         if min(args.stack_seeds) < 1: raise UsageError(f"--stack-seeds must be >= 1, got {min(args.stack_seeds)}")
         from sparse_attention_repro.data import resolve_device
         try: resolve_device(args.device)
         except ValueError as e: raise UsageError(str(e)) from None
+    if args.what == "profile":
+        from sparse_attention_repro.train import PROFILES
+        if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
+        rows, t = bench.bench_profile(args.profile, _split(args.datasets) if args.datasets else None, args.stack_seeds[0], args.device)
+        if args.out:
+            from sparse_attention_repro.files import atomic_write
+            for name, df in (("runs.csv", rows), ("times.csv", t)):
+                atomic_write(Path(args.out) / name, lambda f, df=df: df.to_csv(f, index=False))
+        print(f"\nthe {args.profile} profile on the stacked path ({args.stack_seeds[0]} seeds per stack), wall seconds per dataset, "
+              f"beside the lock-step path's seed 0 projected to every seed")
+        print(t.round(2).to_string(index=False))
+        print(f"total: stacked {t.seconds_stacked.sum() / 60:.2f} min, lock-step projected {t.seconds_lockstep_projected.sum() / 60:.2f} min")
+        return {}
         t = bench.bench_stack(datasets, num_seeds=args.stack_seeds, epochs=args.epochs, repeats=args.repeats,
                               train_limit=args.train_limit or None, device=args.device)
         print(f"\nall methods on several seeds, {args.epochs} epoch(s): seed by seed in lock-step vs one stacked model (wall seconds, evaluation included)")

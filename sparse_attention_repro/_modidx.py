@@ -23,6 +23,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                            'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.bench_normalizers': ( 'bench.html#bench_normalizers',
                                                                                                   'sparse_attention_repro/bench.py'),
+                                              'sparse_attention_repro.bench.bench_profile': ( 'bench.html#bench_profile',
+                                                                                              'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.bench_stack': ( 'bench.html#bench_stack',
                                                                                             'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.calibrate_fast': ( 'bench.html#calibrate_fast',

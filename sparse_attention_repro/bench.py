@@ -6,8 +6,8 @@
 __all__ = ['DEFAULT_LEVERS', 'CALIBRATION_STEPS', 'CALIBRATION_REPEATS', 'SPEED_NEUTRAL', 'PATHS', 'original_bisect',
            'bench_normalizers', 'normalizer_table', 'lever_candidates', 'lever_label', 'variant_options',
            'measure_levers', 'choose_levers', 'fused_ok', 'calibrate_fast', 'OriginalNormalizer', 'bench_grid',
-           'method_ratios', 'project_paper', 'bench_stack', 'compare_runs', 'compare_gains', 'forward_flops',
-           'matmul_rate', 'floor_table', 'fair_cost']
+           'method_ratios', 'project_paper', 'bench_stack', 'bench_profile', 'compare_runs', 'compare_gains',
+           'forward_flops', 'matmul_rate', 'floor_table', 'fair_cost']
 
 # %% ../nbs/08_bench.ipynb
 import hashlib, json, math, statistics, time
@@ -280,6 +280,31 @@ def bench_stack(datasets=("fashion_mnist",), num_seeds=(2,), epochs=1, repeats=1
     t["speedup_stacked"] = t.lockstep / t.stacked
     t["identical_accuracies"] = df.dropna(subset=["identical"]).groupby(["dataset", "seeds"]).identical.min().to_numpy()
     return t.reset_index().rename(columns={"lockstep": "seconds_lockstep", "stacked": "seconds_stacked"})
+
+# %% ../nbs/08_bench.ipynb
+def bench_profile(profile="paper", datasets=None, stack_seeds=10, device="auto", methods=PAPER_METHODS, anchor_seeds=1) -> tuple:
+    "Every dataset of `profile` on the stacked path, timed end to end, beside `anchor_seeds` lock-step seeds: (rows, times)."
+    seeds = list(PROFILES[profile]["seeds"])
+    if stack_seeds < 1: raise ValueError(f"stack_seeds must be >= 1, got {stack_seeds}")
+    rows, times = [], []
+    sync = lambda: torch.cuda.synchronize() if torch.cuda.is_available() else None
+    for ds in datasets or list(PAPER_SIZES):
+        cfg = profile_config(profile, ds, device=device, progress=False)
+        t0 = time.perf_counter(); done = []
+        for i in range(0, len(seeds), stack_seeds):
+            group = seeds[i:i + stack_seeds]
+            done += run_stacked(ds, list(methods), group, cfg, [load_run_data(ds, s, cfg) for s in group])
+        sync(); stacked = time.perf_counter() - t0
+        rows += [dict(r, profile=profile) for r in done]
+        t0 = time.perf_counter()
+        for s in seeds[:anchor_seeds]: run_methods(ds, list(methods), s, cfg, load_run_data(ds, s, cfg))
+        sync(); anchor = (time.perf_counter() - t0) / max(anchor_seeds, 1)
+        times.append(dict(dataset=ds, seeds=len(seeds), methods=len(methods), stack_seeds=stack_seeds, device=done[0]["device"],
+                          seconds_stacked=stacked, seconds_lockstep_per_seed=anchor if anchor_seeds else float("nan"),
+                          seconds_lockstep_projected=anchor * len(seeds) if anchor_seeds else float("nan")))
+    t = pd.DataFrame(times)
+    t["speedup_stacked"] = t.seconds_lockstep_projected / t.seconds_stacked
+    return pd.DataFrame(rows), t
 
 # %% ../nbs/08_bench.ipynb
 def compare_runs(a, b, metric="accuracy") -> pd.DataFrame:

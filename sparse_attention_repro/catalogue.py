@@ -143,6 +143,10 @@ CATALOGUE = {e.name: e for e in [
                Analysis("speed_check"), root="speed"),
     Experiment("floor_seed0", "How far is one seed's training from the machine's arithmetic floor (`bench floor`)?", "floor_seed0",
                Design(datasets=("fashion_mnist", "twenty_news"), seeds=(0,)), Analysis("speed_check"), root="speed"),
+    Experiment("gpu_stacked_paper", "On a GPU, how long does the whole paper profile take on the stacked path (all seeds and methods of a "
+               "dataset as one model), and does it reach the committed conclusions?", "gpu_stacked_paper",
+               Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker", "kmnist")), Analysis("speed_check"),
+               runner="bench", root="speed"),
     Experiment("quick", "The `quick` profile end to end (3 seeds of study A, 3 of Crisp, the report): what `sparse-repro reproduce` makes",
                "quick", Design(), Analysis("record"), runner="reproduce", root="example"),
     Experiment("crisp_learning_curve", "How many SST-2 training sentences does dense need before more stop paying (the budget check)?",

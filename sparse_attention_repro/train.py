@@ -83,7 +83,7 @@ def evaluate(model, split, batch_size=500, precision="fp32"):
     device = next(model.parameters()).device
     split = split.to(device)
     t0 = time.perf_counter()
-    preds, loss, density = [], torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+    preds, loss, density = [], torch.zeros((), dtype=torch.float64, device=device), torch.zeros((), dtype=torch.float64, device=device)
     pad_mass = None                                                         # token ids: per layer, (CLS, real queries) on padding
     for i in range(0, len(split.y), batch_size):
         xb, yb = split.x[i:i + batch_size], split.y[i:i + batch_size]
