@@ -277,6 +277,84 @@ test_eq(_rc.loc["softmax", ["lr_bracketed", "epoch_bracketed", "complete", "miss
 test_eq(choose_recipes(_cur[_cur.seed < 3], _fail, _search, seeds=(0, 1, 2)).set_index("method").loc["softmax", "complete"], False)
 
 # %% [markdown]
+# ## A cheaper search, checked before any use
+#
+# The selection stage is most of a new normalizer's cost. A cheaper rule may replace it only if, on the committed
+# baselines, it chooses the learning rate the full stage chose for every arm. `CHEAPER_SEARCHES` declares the
+# candidates, each with its share of the selection stage's epochs: the rate chosen on one or two of the selection seeds;
+# on the first part of each curve (the run read at an earlier epoch *is* the shorter run); or successive halving — every
+# rate for a third of the length, the better half of them to the end. `cheaper_search_check` reads the committed grids
+# and counts, per rule, the arms whose rate it gets right; the epoch is chosen as before, at the chosen rate.
+
+# %%
+#| export
+@dataclass(frozen=True)
+class CheaperSearch:
+    "A cheaper way to choose an arm's rate: on `seeds` only, on the first `share` of each curve, keeping the best `keep` rates to the end."
+    seeds: tuple = SELECTION_SEEDS
+    share: float = 1.0                    # of the declared length, read for every rate
+    keep: int | None = None               # successive halving: this many rates (best at `share`) run on to the full length
+
+    def cost(self, n_lrs: int) -> float:
+        "Its selection-stage epochs as a share of the full stage's (every rate, every selection seed, the whole length)."
+        whole_runs = n_lrs * self.share + (self.keep or 0) * (1 - self.share)      # per seed, in runs of the full length
+        return len(self.seeds) * whole_runs / (len(SELECTION_SEEDS) * n_lrs)
+
+CHEAPER_SEARCHES = {
+    "one seed": CheaperSearch(seeds=SELECTION_SEEDS[:1]),
+    "two seeds": CheaperSearch(seeds=SELECTION_SEEDS[:2]),
+    "first half of each run": CheaperSearch(share=1 / 2),
+    "first two thirds of each run": CheaperSearch(share=2 / 3),
+    "halving: all rates a third, best two to the end": CheaperSearch(share=1 / 3, keep=2),
+    "one seed, halving": CheaperSearch(seeds=SELECTION_SEEDS[:1], share=1 / 3, keep=2),
+}
+
+def _cheaper_choice(curves, failed, search, rule: CheaperSearch) -> pd.Series:
+    "The rate `rule` chooses per (dataset, method)."
+    whole, declared = curves, search
+    if rule.share < 1:                    # the curves read up to the shorter length (an extension's later epochs too)
+        search = {ds: RecipeSearch(s.lrs, max(1, round(rule.share * s.epochs)), s.methods) for ds, s in search.items()}
+        curves = curves[curves.epoch <= curves.dataset.map({d: x.epochs for d, x in search.items()})]
+    first = choose_lr(curves, failed, search, rule.seeds)
+    if rule.keep is None: return first[first.chosen].set_index(["dataset", "method"]).lr
+    full = choose_lr(whole, failed, declared, rule.seeds).set_index(["dataset", "method", "lr"])
+    out = {}
+    for key, g in first[first.status == "ok"].groupby(["dataset", "method"], sort=False):
+        kept = g.nlargest(rule.keep, "score").lr
+        out[key] = max(kept, key=lambda lr: full.score.get((*key, lr), -np.inf))
+    return pd.Series(out, dtype=float).rename_axis(["dataset", "method"])
+
+def cheaper_search_check(curves, failed=None, search=None, rules=None) -> pd.DataFrame:
+    "Per cheaper rule: its cost share, and the arms (with complete selection stages) whose full-stage rate it chooses too."
+    search, rules = TUNED_SEARCH if search is None else search, CHEAPER_SEARCHES if rules is None else rules
+    full = choose_lr(curves, failed, search)
+    done = [k for k, g in full.groupby(["dataset", "method"], sort=False) if not (g.status == "missing").any() and g.chosen.any()]
+    search = {ds: s for ds, s in search.items() if any(k[0] == ds for k in done)}
+    truth = full[full.chosen].set_index(["dataset", "method"]).lr.reindex(done)
+    rows = []
+    for name, rule in rules.items():
+        got = _cheaper_choice(curves, failed, search, rule).reindex(done)
+        wrong = [f"{ds} {m}: {got[ds, m]:g} for {truth[ds, m]:g}" for ds, m in done if not np.isclose(got[ds, m], truth[ds, m])]
+        rows.append(dict(rule=name, cost=round(rule.cost(max(len(s.lrs) for s in search.values())), 3), arms=len(done),
+                         same_rate=len(done) - len(wrong), qualifies=not wrong, wrong="; ".join(wrong)))
+    return pd.DataFrame(rows)
+
+# %% [markdown]
+# On the hand-made curves (complete for softmax and top-k, whose rates are clear on every seed, and for entmax, whose
+# winning rate diverged on seed 1): every rule finds softmax's and top-k's rates; the one-seed rule picks entmax's
+# diverged rate, which it never saw fail — a cheaper rule can lose what the full stage knows.
+
+# %%
+_cs = _toy_curves(extra=())
+_cs = _cs[~((_cs.method == "entmax15") & (_cs.lr == 1e-2) & (_cs.seed == 1))]
+_srch = {"cifar10": RecipeSearch(lrs=(1e-3, 3e-3, 1e-2), epochs=36, methods=("softmax", "entmax15", "topk_softmax_025"))}
+_cs = pd.concat([_cs, _cs[(_cs.method != "entmax15") & (_cs.lr == 3e-3)].assign(lr=1e-2, val_accuracy=lambda d: d.val_accuracy - 0.1)])
+_chk = cheaper_search_check(_cs, _fail, _srch).set_index("rule")
+test_eq(_chk.loc["two seeds", ["arms", "same_rate", "qualifies"]].tolist(), [3, 3, True])
+test_eq(_chk.loc["one seed", ["same_rate", "wrong"]].tolist(), [2, "cifar10 entmax15: 0.01 for 0.003"])
+test_eq(_chk.cost.tolist(), [0.333, 0.667, 0.5, 0.667, 0.778, 0.259])      # e.g. halving: (3 rates x 1/3 + 2 x 2/3) / 3 rates
+
+# %% [markdown]
 # ## What to run next
 #
 # `tuned_plan` turns the declaration and what has run into the grids still to run, in two stages. **select**: every

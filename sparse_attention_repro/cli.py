@@ -621,6 +621,11 @@ def cmd_bench(args):
         print(cost.round(3).to_string(index=False))
         per = cost.groupby("dataset").core_hours.median()
         print("median arm per dataset: " + ", ".join(f"{d} {h:.2f} h" for d, h in per.items()) + f"; sum {per.sum():.2f} core-hours")
+        from sparse_attention_repro import tuning as T
+        runs = T.tuned_runs(args.results[0])
+        print("\ncheaper searches on these grids: the share of the selection stage each costs, and the arms whose rate it chooses "
+              "as the full stage did (a rule qualifies only with every arm right)")
+        print(T.cheaper_search_check(T.tuned_curves(runs), T.diverged(runs)).to_string(index=False))
         return {}
     if args.what == "floor":
         if len(args.results or []) != 1 or not (Path(args.results[0]) / "runs.csv").exists():

@@ -4,13 +4,13 @@
 
 # %% auto 0
 __all__ = ['TUNED_SEARCH', 'SELECTION_SEEDS', 'TUNED_SEEDS', 'TUNED_VAL_FRACTION', 'LENGTH_EDGE', 'LENGTH_EXTENSION', 'PAPER_LR',
-           'SPARSE', 'TUNED_MARGIN', 'POWER_TARGET', 'RECIPE_COLS', 'TUNED_TEST_COLS', 'MAX_SEEDS', 'HEADLINE',
-           'FIRST_ROUND', 'SOURCES', 'README_MARKERS', 'RecipeSearch', 'next_lr', 'tuned_folder', 'tuned_runs',
-           'diverged', 'tuned_curves', 'choose_lr', 'arm_length', 'needs_longer', 'choose_recipes', 'tuned_plan',
-           'tuned_comparison', 'tuned_tests', 'tost_power', 'seeds_for_tost_power', 'power_plan', 'identical_to_main',
-           'recipe_budget', 'fair_recipe_readings', 'tuned_verdicts', 'val_test_agreement', 'time_to_reach',
-           'readable_tuned', 'answer_lines', 'search_for', 'fair_verdict', 'write_fair_verdict', 'answer_markdown',
-           'sync_readme']
+           'SPARSE', 'TUNED_MARGIN', 'POWER_TARGET', 'RECIPE_COLS', 'CHEAPER_SEARCHES', 'TUNED_TEST_COLS', 'MAX_SEEDS',
+           'HEADLINE', 'FIRST_ROUND', 'SOURCES', 'README_MARKERS', 'RecipeSearch', 'next_lr', 'tuned_folder',
+           'tuned_runs', 'diverged', 'tuned_curves', 'choose_lr', 'arm_length', 'needs_longer', 'choose_recipes',
+           'CheaperSearch', 'cheaper_search_check', 'tuned_plan', 'tuned_comparison', 'tuned_tests', 'tost_power',
+           'seeds_for_tost_power', 'power_plan', 'identical_to_main', 'recipe_budget', 'fair_recipe_readings',
+           'tuned_verdicts', 'val_test_agreement', 'time_to_reach', 'readable_tuned', 'answer_lines', 'search_for',
+           'fair_verdict', 'write_fair_verdict', 'answer_markdown', 'sync_readme']
 
 # %% ../nbs/05b_tuning.ipynb
 import json, math
@@ -148,6 +148,58 @@ def choose_recipes(curves, failed=None, search=None, seeds=TUNED_SEEDS) -> pd.Da
                          diverged=int((g.status == "diverged").sum()),
                          complete=bool((g.status != "missing").all() and n >= len(seeds))))
     return pd.DataFrame(rows, columns=RECIPE_COLS)
+
+# %% ../nbs/05b_tuning.ipynb
+@dataclass(frozen=True)
+class CheaperSearch:
+    "A cheaper way to choose an arm's rate: on `seeds` only, on the first `share` of each curve, keeping the best `keep` rates to the end."
+    seeds: tuple = SELECTION_SEEDS
+    share: float = 1.0                    # of the declared length, read for every rate
+    keep: int | None = None               # successive halving: this many rates (best at `share`) run on to the full length
+
+    def cost(self, n_lrs: int) -> float:
+        "Its selection-stage epochs as a share of the full stage's (every rate, every selection seed, the whole length)."
+        whole_runs = n_lrs * self.share + (self.keep or 0) * (1 - self.share)      # per seed, in runs of the full length
+        return len(self.seeds) * whole_runs / (len(SELECTION_SEEDS) * n_lrs)
+
+CHEAPER_SEARCHES = {
+    "one seed": CheaperSearch(seeds=SELECTION_SEEDS[:1]),
+    "two seeds": CheaperSearch(seeds=SELECTION_SEEDS[:2]),
+    "first half of each run": CheaperSearch(share=1 / 2),
+    "first two thirds of each run": CheaperSearch(share=2 / 3),
+    "halving: all rates a third, best two to the end": CheaperSearch(share=1 / 3, keep=2),
+    "one seed, halving": CheaperSearch(seeds=SELECTION_SEEDS[:1], share=1 / 3, keep=2),
+}
+
+def _cheaper_choice(curves, failed, search, rule: CheaperSearch) -> pd.Series:
+    "The rate `rule` chooses per (dataset, method)."
+    whole, declared = curves, search
+    if rule.share < 1:                    # the curves read up to the shorter length (an extension's later epochs too)
+        search = {ds: RecipeSearch(s.lrs, max(1, round(rule.share * s.epochs)), s.methods) for ds, s in search.items()}
+        curves = curves[curves.epoch <= curves.dataset.map({d: x.epochs for d, x in search.items()})]
+    first = choose_lr(curves, failed, search, rule.seeds)
+    if rule.keep is None: return first[first.chosen].set_index(["dataset", "method"]).lr
+    full = choose_lr(whole, failed, declared, rule.seeds).set_index(["dataset", "method", "lr"])
+    out = {}
+    for key, g in first[first.status == "ok"].groupby(["dataset", "method"], sort=False):
+        kept = g.nlargest(rule.keep, "score").lr
+        out[key] = max(kept, key=lambda lr: full.score.get((*key, lr), -np.inf))
+    return pd.Series(out, dtype=float).rename_axis(["dataset", "method"])
+
+def cheaper_search_check(curves, failed=None, search=None, rules=None) -> pd.DataFrame:
+    "Per cheaper rule: its cost share, and the arms (with complete selection stages) whose full-stage rate it chooses too."
+    search, rules = TUNED_SEARCH if search is None else search, CHEAPER_SEARCHES if rules is None else rules
+    full = choose_lr(curves, failed, search)
+    done = [k for k, g in full.groupby(["dataset", "method"], sort=False) if not (g.status == "missing").any() and g.chosen.any()]
+    search = {ds: s for ds, s in search.items() if any(k[0] == ds for k in done)}
+    truth = full[full.chosen].set_index(["dataset", "method"]).lr.reindex(done)
+    rows = []
+    for name, rule in rules.items():
+        got = _cheaper_choice(curves, failed, search, rule).reindex(done)
+        wrong = [f"{ds} {m}: {got[ds, m]:g} for {truth[ds, m]:g}" for ds, m in done if not np.isclose(got[ds, m], truth[ds, m])]
+        rows.append(dict(rule=name, cost=round(rule.cost(max(len(s.lrs) for s in search.values())), 3), arms=len(done),
+                         same_rate=len(done) - len(wrong), qualifies=not wrong, wrong="; ".join(wrong)))
+    return pd.DataFrame(rows)
 
 # %% ../nbs/05b_tuning.ipynb
 def tuned_plan(curves, failed=None, search=None, stage="select", datasets=None) -> list:
