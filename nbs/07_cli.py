@@ -215,6 +215,8 @@ def _tuned_args(sub):
                    "into --out; with --baseline, judged against the baselines' tuned grids at each arm's own recipe")
     x.add_argument("--baseline", default=None, help="a results folder whose tuned/ grids are the baselines (e.g. outputs/paper): "
                    "writes <out>/fair_verdict.md/.csv once the new method's grids exist")
+    x.add_argument("--stack-seeds", type=int, default=1, help="train this many seeds of a grid (all its methods) as one stacked model "
+                   "per notebook, learning curves included: the GPU path")
     _executor_args(x)
 
 def _maps_args(sub):
@@ -368,7 +370,6 @@ def grid_tasks(args):
     stacked = getattr(args, "stack_seeds", 1) > 1
     try: check_options(TrainConfig, run)
     except ValueError as e: raise UsageError(str(e)) from None
-    if args.epoch_eval and args.stack_seeds > 1: raise UsageError("--epoch-eval runs on the lock-step or plain path; drop --stack-seeds")
     if args.stack_seeds < 1: raise UsageError(f"--stack-seeds must be >= 1, got {args.stack_seeds}")
     if args.stack_seeds > 1 and args.plain: raise UsageError("--plain and --stack-seeds exclude each other: a stack trains every method together")
     if getattr(args, "fast", False) and (run["dropout_rng"], run["precision"], run["attention"]) != ("torch", "fp32", "torch"):
@@ -443,8 +444,7 @@ test_eq(_fast[0][0].parameters["options"]["dropout_rng"], "philox")
 test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--fast", "--precision", "bf16"])), exc=UsageError, contains="--fast sets")
 test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--methods", "softmax,entmax15_bisect", "--attention", "fused",
                                                          "--device", "cpu"])), exc=UsageError, contains="entmax15_bisect has no fused kernel")
-for bad, msg in [(["--lr", "-1"], "--lr must be"), (["--lr", "2"], "--lr must be"), (["--epochs", "-3"], "--epochs must be"),
-                 (["--epoch-eval", "--stack-seeds", "2"], "--epoch-eval runs on")]:
+for bad, msg in [(["--lr", "-1"], "--lr must be"), (["--lr", "2"], "--lr must be"), (["--epochs", "-3"], "--epochs must be")]:
     test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), *bad])), exc=UsageError, contains=msg)
 
 # %% [markdown]
@@ -720,7 +720,7 @@ def tuned_grids(args):
         argv = ["grid", "--profile", args.profile, "--out", str(Path(args.out) / "tuned" / p["folder"]), "--datasets", p["dataset"],
                 "--methods", *p["methods"], "--seeds", *map(str, p["seeds"]), "--lr", f"{p['lr']:g}", "--epochs", str(p["epochs"]),
                 "--epoch-eval", "--val-fraction", f"{T.TUNED_VAL_FRACTION:g}"]
-        run = ["--jobs", str(args.jobs), "--executor", args.executor, "--device", args.device]
+        run = ["--jobs", str(args.jobs), "--executor", args.executor, "--device", args.device, "--stack-seeds", str(args.stack_seeds)]
         run += (["--scheduler", args.scheduler] if args.scheduler else []) + (["--download"] if args.download else [])
         g = build_parser("grid").parse_args(argv + run)
         grid_tasks(g)
@@ -764,6 +764,9 @@ assert _tg[1][0].startswith("sparse-repro grid --profile paper --out ") and "--l
 test_eq(tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "kmnist", "--stage", "complete"])), [])
 _tm = tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "fashion_mnist", "--methods", "sparsemax"]))
 test_eq([(g.methods, g.lr, g.seeds) for _, g in _tm], [(["sparsemax"], lr, ["0", "1", "2"]) for lr in (3e-4, 1e-3, 3e-3, 1e-2)])   # its own search
+_ts = tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "fashion_mnist", "--stack-seeds", "3"]))
+test_eq([(g.stack_seeds, g.epoch_eval) for _, g in _ts], [(3, True)] * 4)                  # on a GPU: the selection seeds as one stack
+test_eq([len(grid_tasks(g)[0]) for _, g in _ts], [1] * 4)                                  # one notebook per rate
 test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--methods", "sparsemaxx"])), exc=UsageError,
           contains="unknown normalizer 'sparsemaxx'")
 test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--methods", "sparsemax", "--baseline", str(_out)])),

@@ -171,6 +171,8 @@ def _tuned_args(sub):
                    "into --out; with --baseline, judged against the baselines' tuned grids at each arm's own recipe")
     x.add_argument("--baseline", default=None, help="a results folder whose tuned/ grids are the baselines (e.g. outputs/paper): "
                    "writes <out>/fair_verdict.md/.csv once the new method's grids exist")
+    x.add_argument("--stack-seeds", type=int, default=1, help="train this many seeds of a grid (all its methods) as one stacked model "
+                   "per notebook, learning curves included: the GPU path")
     _executor_args(x)
 
 def _maps_args(sub):
@@ -295,7 +297,6 @@ def grid_tasks(args):
     stacked = getattr(args, "stack_seeds", 1) > 1
     try: check_options(TrainConfig, run)
     except ValueError as e: raise UsageError(str(e)) from None
-    if args.epoch_eval and args.stack_seeds > 1: raise UsageError("--epoch-eval runs on the lock-step or plain path; drop --stack-seeds")
     if args.stack_seeds < 1: raise UsageError(f"--stack-seeds must be >= 1, got {args.stack_seeds}")
     if args.stack_seeds > 1 and args.plain: raise UsageError("--plain and --stack-seeds exclude each other: a stack trains every method together")
     if getattr(args, "fast", False) and (run["dropout_rng"], run["precision"], run["attention"]) != ("torch", "fp32", "torch"):
@@ -540,7 +541,7 @@ def tuned_grids(args):
         argv = ["grid", "--profile", args.profile, "--out", str(Path(args.out) / "tuned" / p["folder"]), "--datasets", p["dataset"],
                 "--methods", *p["methods"], "--seeds", *map(str, p["seeds"]), "--lr", f"{p['lr']:g}", "--epochs", str(p["epochs"]),
                 "--epoch-eval", "--val-fraction", f"{T.TUNED_VAL_FRACTION:g}"]
-        run = ["--jobs", str(args.jobs), "--executor", args.executor, "--device", args.device]
+        run = ["--jobs", str(args.jobs), "--executor", args.executor, "--device", args.device, "--stack-seeds", str(args.stack_seeds)]
         run += (["--scheduler", args.scheduler] if args.scheduler else []) + (["--download"] if args.download else [])
         g = build_parser("grid").parse_args(argv + run)
         grid_tasks(g)

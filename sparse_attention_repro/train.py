@@ -186,8 +186,8 @@ def dropout_generators(seed: int, device) -> tuple:
     device = torch.device(device)
     return cpu, (cpu if device.type == "cpu" else torch.Generator(device).manual_seed(seed))
 
-def train_stacked(models, trains, cfg: TrainConfig, seeds, generators, desc="") -> list:
-    "Train a methods x seeds grid of `models` in place as one stack (`trains`, `generators`: one per seed); one `TrainResult` per model."
+def train_stacked(models, trains, cfg: TrainConfig, seeds, generators, desc="", monitors=None) -> list:
+    "Train a methods x seeds grid of `models` in place as one stack (`trains`, `generators`, `monitors`: one per seed); one `TrainResult` per model."
     S, N = len(seeds), len(models)
     stack = StackedClassifiers(models, S)
     stack.generators = generators
@@ -199,7 +199,7 @@ def train_stacked(models, trains, cfg: TrainConfig, seeds, generators, desc="") 
     results = _fresh_results(models, steps, device)
     losses, step, ends = torch.full((steps, N), float("nan"), device=device), 0, [steps] * N
     bar = tqdm(total=steps, desc=desc, disable=not cfg.progress, mininterval=2, leave=False)
-    t0 = time.perf_counter()
+    t0, untimed = time.perf_counter(), 0.0
     try:
         for epoch in range(1, cfg.epochs + 1):
             stack.train()
@@ -219,11 +219,16 @@ def train_stacked(models, trains, cfg: TrainConfig, seeds, generators, desc="") 
                 if r.status != "ok": continue
                 if not torch.isfinite(losses[step - per_epoch:step, k].sum()): r.status, ends[k] = "failed_nonfinite_loss", step
                 elif (a := _learned_snapshot(stack.model_learned(k), epoch)): r.learned_history.append(a)
+            if monitors is not None:                                        # model k = method k // S on seed k % S
+                t1 = time.perf_counter(); stack.write_back(models)
+                for k, r in enumerate(results):
+                    if r.status == "ok": r.epoch_metrics = (r.epoch_metrics or []) + [dict(epoch=epoch, **monitors[k % S](models[k]))]
+                untimed += time.perf_counter() - t1
             if all(r.status != "ok" for r in results): break
         if device.type == "cuda": torch.cuda.synchronize()
     finally:
         bar.close()
-    seconds = time.perf_counter() - t0
+    seconds = time.perf_counter() - t0 - untimed
     stack.write_back(models)
     for k, r in enumerate(results):
         end = min(step, ends[k]); r.losses[:end], r.seconds = losses[:end, k], seconds / N     # a failed model's steps end with its epoch
@@ -297,8 +302,7 @@ def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None
     return (rows, models) if return_models else rows
 
 def run_stacked(dataset: str, methods, seeds, config: TrainConfig, datas=None) -> list:
-    "Train every method on every seed as one stack (`train_stacked`) and evaluate each model; rows seed by seed."
-    if config.epoch_eval: raise ValueError("epoch_eval (learning curves) runs on the lock-step or plain path; drop the stack")
+    "Train every method on every seed as one stack (`train_stacked`, learning curves too) and evaluate each model; rows seed by seed."
     methods = [resolve_normalizer(m) for m in methods]
     datas = [load_run_data(dataset, s, config) for s in seeds] if datas is None else datas
     device = resolve_device(config.device)
@@ -307,8 +311,9 @@ def run_stacked(dataset: str, methods, seeds, config: TrainConfig, datas=None) -
         for m in methods: built[m, s] = _new_model(data, m, s, config.learned_pad_row, device, config.dropout_rng, config.attention)
         generators.append(dropout_generators(s, device))
     keys = [(m, s) for m in methods for s in seeds]
+    monitors = [epoch_monitor(d, config.precision) for d in datas] if config.epoch_eval else None
     results = dict(zip(keys, train_stacked([built[k] for k in keys], [d.train.to(device) for d in datas], config, seeds,
-                                           generators, desc=f"{dataset}/{len(seeds)} seeds x {len(methods)} methods")))
+                                           generators, desc=f"{dataset}/{len(seeds)} seeds x {len(methods)} methods", monitors=monitors)))
     return [_row(dataset, m.name, s, config, d, built[m, s], results[m, s], len(keys)) for s, d in zip(seeds, datas) for m in methods]
 
 def run_one(dataset: str, method: str, seed: int, config: TrainConfig, data=None) -> dict:
