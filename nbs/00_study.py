@@ -84,3 +84,51 @@ from fastcore.test import test_eq
 test_eq(method_order(["sigmoid_attention", "topk_softmax_05", "softmax", "entmax15_bisect", "relu_attention"]),
         ["softmax", "topk_softmax_05", "entmax15_bisect", "relu_attention", "sigmoid_attention"])
 test_eq(len(PAPER_METHODS), 7); assert BASELINE in PAPER_METHODS and CRISP_BASELINE in CRISP_CONFIGS
+
+# %% [markdown]
+# ## One interface for a study's runs
+#
+# The machinery that runs, resumes and reads a study's grid — the command line's task runner, the results lock and
+# manifest, the report's file checks, the kill-and-resume test — needs a few facts of each study and nothing else: the
+# name its manifest and rows folder go by, its results file and the columns that identify one row, the column naming an
+# arm and its baseline, its parameterised notebook, and its run configuration (a dataclass of options, named by import
+# path so that this low-level module imports none of the training code). `STUDIES` declares both papers' studies; a
+# third study is one more `Study` here, plus its notebook, its configuration and its task builder in the command line.
+
+# %%
+#| export
+from dataclasses import dataclass
+from pathlib import Path
+import importlib
+
+@dataclass(frozen=True)
+class Study:
+    "The facts the run machinery needs of one study (see `STUDIES`)."
+    name: str               # the manifest's key and the rows folder: <out>/rows/<name>
+    title: str              # in progress bars and messages
+    results: str            # the results file in a results folder
+    keys: tuple             # the columns that identify one row of it
+    arm: str                # the column naming an arm
+    baseline: str           # the arm every other is compared with
+    notebook: str           # the parameterised notebook under nbs/experiments/
+    config: str             # "module:Class" of its run configuration (the options a manifest records)
+
+    def results_path(self, out) -> Path: return Path(out) / self.results
+    def rows_dir(self, out) -> Path: return Path(out) / "rows" / self.name
+    def config_class(self):
+        "Its run configuration's dataclass (imported on first use)."
+        module, name = self.config.split(":")
+        return getattr(importlib.import_module(module), name)
+
+STUDIES = {s.name: s for s in [
+    Study("study_a", "study A", "runs.csv", ("dataset", "method", "seed"), "method", BASELINE, "study_a.ipynb",
+          "sparse_attention_repro.train:TrainConfig"),
+    Study("crisp", "Crisp", "crisp_runs.csv", ("config", "seed", "split"), "config", CRISP_BASELINE, "crisp.ipynb",
+          "sparse_attention_repro.crisp:FinetuneConfig"),
+]}
+
+# %%
+test_eq([s.results_path("out").as_posix() for s in STUDIES.values()], ["out/runs.csv", "out/crisp_runs.csv"])
+test_eq(STUDIES["crisp"].rows_dir("out").as_posix(), "out/rows/crisp")
+test_eq([s.config_class().__name__ for s in STUDIES.values()], ["TrainConfig", "FinetuneConfig"])
+assert all(s.arm in s.keys for s in STUDIES.values())

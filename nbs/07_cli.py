@@ -8,15 +8,17 @@
 # %% [markdown]
 # The command line is a thin layer over the runner: it checks every argument *before* touching the results folder
 # (a bad method, dataset, profile, seed or a folder of another profile gives one line on stderr and exit status 2),
-# turns the request into one papermill task per (dataset, seed) — or per (config, seed) for Crisp — and lets
-# `run_tasks` execute what is not done yet. Exit status 1 means some notebooks failed (each is summarised in one line
+# turns the request into one papermill task per (dataset, seed) — or per (config, seed) for Crisp — and lets the
+# runner execute what is not done yet, in the results folder of the study (`study.STUDIES`: its results file, row keys,
+# rows folder and manifest entry). Exit status 1 means some notebooks failed (each is summarised in one line
 # and kept for inspection); rerunning the same command retries only those.
 
 # %%
 #| export
 import argparse, os, sys
 from pathlib import Path
-from sparse_attention_repro.runner import NotebookTask, run_tasks, check_manifest, results_lock, experiments_dir
+from sparse_attention_repro.runner import NotebookTask, TaskGroup, run_task_groups, check_manifest, results_lock, experiments_dir
+from sparse_attention_repro.study import STUDIES
 from sparse_attention_repro.options import add_option_arguments, option_defaults, check_options
 
 # %%
@@ -287,7 +289,7 @@ test_eq([_all.parse_args(a).command for a in (["grid", "--out", "x"], ["tuned", 
 
 # %%
 #| export
-STUDY_A_KEYS = ("dataset", "method", "seed")
+STUDY_A = STUDIES["study_a"]
 def _check_executor(args):
     if args.executor not in ("local", "dask"): raise UsageError(f"unknown executor {args.executor!r}; choose local or dask")
     if args.scheduler and args.executor != "dask": raise UsageError("--scheduler needs --executor dask")
@@ -303,7 +305,7 @@ def _check_executor(args):
 def _baseline_runs(folder):
     "The committed runs of a baseline folder, or a UsageError saying what is missing."
     from sparse_attention_repro.stats import load_runs, check_results_file
-    path = Path(folder) / "runs.csv"
+    path = STUDY_A.results_path(folder)
     if not path.is_file() or not (Path(folder) / "manifest.json").is_file():
         raise UsageError(f"--baseline {folder} holds no runs.csv and manifest.json; give a results folder made by `sparse-repro grid`")
     try: check_results_file(path)
@@ -314,7 +316,7 @@ def _check_baseline(folder, base, options, datasets, seeds):
     "Refuse, in one line, a baseline made with other options or lacking a requested (dataset, seed)."
     import json
     from sparse_attention_repro.train import TrainConfig
-    made = json.loads((Path(folder) / "manifest.json").read_text()).get("study_a")
+    made = json.loads((Path(folder) / "manifest.json").read_text()).get(STUDY_A.name)
     if made is None: raise UsageError(f"--baseline {folder} has no study A grid in its manifest.json")
     made = {**option_defaults(TrainConfig), **made}
     if diff := [k for k in sorted(options) if made.get(k) != options[k]]:
@@ -335,7 +337,7 @@ def _fast_calibration(args, specs, datasets, stacked, run) -> dict:
     from sparse_attention_repro.normalizers import fused_refusal
     for folder in [args.out] + ([args.baseline] if getattr(args, "baseline", None) else []):
         made = Path(folder) / "manifest.json"
-        if made.is_file() and (cal := json.loads(made.read_text()).get("study_a", {}).get("fast_calibration")): return cal
+        if made.is_file() and (cal := json.loads(made.read_text()).get(STUDY_A.name, {}).get("fast_calibration")): return cal
     device = resolve_device(args.device)
     print(f"--fast: timing its levers on this machine ({', '.join(datasets)}; once per CPU, build and grid) …", flush=True)
     cal = calibrate_fast(datasets, [s.name for s in specs], args.profile, run, threads_per_job(args.jobs), device,
@@ -387,11 +389,11 @@ def grid_tasks(args):
         raise UsageError(f"--attention fused: {why}; use --attention torch")
     options = dict(profile=args.profile, **run, **({"fast_calibration": calibration} if calibration else {}))
     if base is not None: _check_baseline(args.baseline, base, options, datasets, seeds)
-    out, nb = Path(args.out).resolve(), experiments_dir() / "study_a.ipynb"
+    out, nb = Path(args.out).resolve(), experiments_dir() / STUDY_A.notebook
     threads = threads_per_job(args.jobs)
     tasks = []
     for d in datasets:
-        rows_dir = (out / "rows" / "study_a" / d).resolve()
+        rows_dir = (STUDY_A.rows_dir(out) / d).resolve()
         for i in range(0, len(seeds), args.stack_seeds):
             group = seeds[i:i + args.stack_seeds]
             name = f"seed{group[0]}" if len(group) == 1 else f"seeds{group[0]}-{group[-1]}"
@@ -473,19 +475,27 @@ test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_ou
 
 # %%
 #| export
+def study_group(study, out, tasks, options, name="") -> TaskGroup:
+    "`out`'s manifest checked against `options` (over `study`'s own defaults), and `tasks` as one group of `study`'s rows in `out`."
+    check_manifest(out, study.name, options, defaults=option_defaults(study.config_class()))
+    return TaskGroup(list(tasks), study.results_path(out), study.keys, study.rows_dir(out), Path(out), name=name)
+
+def run_study(study, args, tasks, options, then=None) -> dict:
+    "Run `study`'s `tasks` into `args.out`, the folder held and its manifest checked (then `then()`, still held); returns the failures."
+    with results_lock(args.out):
+        fails = run_task_groups([study_group(study, args.out, tasks, options)], jobs=args.jobs, executor=args.executor,
+                                scheduler=args.scheduler, desc=f"{study.title} notebooks")
+        if then is not None: then()
+        return fails
+
 def cmd_grid(args):
     "Run the study A grid (and, with --baseline, write the comparison with the committed runs); returns the failures."
-    from sparse_attention_repro.train import TrainConfig
     tasks, options = grid_tasks(args)
-    with results_lock(args.out):
-        check_manifest(args.out, "study_a", options, defaults=option_defaults(TrainConfig))
-        fails = run_tasks(tasks, Path(args.out) / "runs.csv", STUDY_A_KEYS, Path(args.out) / "rows" / "study_a",
-                          jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="study A notebooks",
-                          scrub_root=Path(args.out))
-        if getattr(args, "baseline", None) and (Path(args.out) / "runs.csv").exists():
+    def versus():
+        if getattr(args, "baseline", None) and STUDY_A.results_path(args.out).exists():
             from sparse_attention_repro.report import versus_report
             print(f"versus baseline: {versus_report(args.out, args.baseline)}")
-        return fails
+    return run_study(STUDY_A, args, tasks, options, then=versus)
 
 # %% [markdown]
 # ## Crisp grid
@@ -495,7 +505,7 @@ def cmd_grid(args):
 
 # %%
 #| export
-CRISP_KEYS = ("config", "seed", "split")
+CRISP = STUDIES["crisp"]
 
 # %%
 #| export
@@ -517,9 +527,9 @@ def crisp_tasks(args):
     for split in ("train", "validation", "test"):  # SST-2 present (or downloaded now), before any notebook starts
         try: sst2_path(split, download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e)) from None
-    out, nb = Path(args.out).resolve(), experiments_dir() / "crisp.ipynb"
+    out, nb = Path(args.out).resolve(), experiments_dir() / CRISP.notebook
     threads = threads_per_job(args.jobs)
-    rows = lambda c, s: (out / "rows" / "crisp" / c / f"seed{s}.csv").resolve()
+    rows = lambda c, s: (CRISP.rows_dir(out) / c / f"seed{s}.csv").resolve()
     tasks = [NotebookTask(f"{c}/seed{s}", nb, out / "notebooks" / "crisp" / c / f"seed{s}.ipynb", [rows(c, s)],
                           dict(config=c, seed=s, profile=args.profile, model=args.model or "", threads=threads, rows_path=str(rows(c, s)),
                                download=args.download, device=args.device, options=run))
@@ -542,13 +552,7 @@ if resolve_data_root() and (resolve_data_root() / "sst2" / "train.tsv").is_file(
 #| export
 def cmd_crisp(args):
     "Run the Crisp grid; returns the failures."
-    tasks, options = crisp_tasks(args)
-    with results_lock(args.out):
-        from sparse_attention_repro.crisp import FinetuneConfig
-        check_manifest(args.out, "crisp", options, defaults=option_defaults(FinetuneConfig))
-        return run_tasks(tasks, Path(args.out) / "crisp_runs.csv", CRISP_KEYS, Path(args.out) / "rows" / "crisp",
-                         jobs=args.jobs, executor=args.executor, scheduler=args.scheduler, desc="Crisp notebooks",
-                         scrub_root=Path(args.out))
+    return run_study(CRISP, args, *crisp_tasks(args))
 
 # %% [markdown]
 # ## Report, site, and the whole study
@@ -730,8 +734,6 @@ def tuned_grids(args):
 def cmd_tuned(args):
     "Run the requested stage of the tuned-recipe protocol until it needs nothing more (or a notebook fails); returns the failures."
     from contextlib import ExitStack
-    from sparse_attention_repro.train import TrainConfig
-    from sparse_attention_repro.runner import TaskGroup, run_task_groups
     _check_executor(args)
     fails = {}
     while grids := tuned_grids(args):
@@ -742,9 +744,7 @@ def cmd_tuned(args):
             for _, g in grids:
                 tasks, options = grid_tasks(g)
                 stack.enter_context(results_lock(g.out))
-                check_manifest(g.out, "study_a", options, defaults=option_defaults(TrainConfig))
-                groups.append(TaskGroup(tasks, Path(g.out) / "runs.csv", STUDY_A_KEYS, Path(g.out) / "rows" / "study_a",
-                                        Path(g.out), name=Path(g.out).name))
+                groups.append(study_group(STUDY_A, g.out, tasks, options, name=Path(g.out).name))
             fails = run_task_groups(groups, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
                                     desc=f"tuned ({args.stage}) notebooks")
         if fails or args.stage != "select": break

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-from .study import BASELINE, PAPER_METHODS, CRISP_CONFIGS
+from .study import BASELINE, PAPER_METHODS, CRISP_CONFIGS, STUDIES
 
 # %% ../nbs/05c_catalogue.ipynb
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ rows under `rows/`. The full reading of every experiment is the report, `paper/r
 """
 
 def _has_runs(f: Path, nested: bool) -> bool:
-    return (f / "runs.csv").exists() or (f / "crisp_runs.csv").exists() or (nested and f.is_dir() and any(f.iterdir()))
+    return any(s.results_path(f).exists() for s in STUDIES.values()) or (nested and f.is_dir() and any(f.iterdir()))
 
 def outputs_index(outputs) -> str:
     "The markdown index of the catalogue's experiments with runs under `outputs` (one section per results root)."

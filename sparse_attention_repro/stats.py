@@ -25,7 +25,7 @@ import pingouin as pg
 from scipy import stats as sps
 from .normalizers import parse_topk_ratio, parse_alpha_start
 from .study import (BASELINE, PAPER_METHODS, CRISP_BASELINE, CRISP_CONFIGS, method_order, CLAIMS, PAPER_MODEL,
-                                          PAPER_SOFTMAX_ACCURACY, PAPER_CRISP_GAINS, PAPER_CRISP_DENSE)
+                                          PAPER_SOFTMAX_ACCURACY, PAPER_CRISP_GAINS, PAPER_CRISP_DENSE, STUDIES)
 from .data import MAIN_FAMILY, PAPER_SIZES
 
 # %% ../nbs/05_stats.ipynb
@@ -58,7 +58,7 @@ def load_crisp(path):
     else: df = pd.read_csv(path)
     return _ok_rows(df, ["config", "seed", "split", "profile"])
 
-RESULT_COLUMNS = {"runs.csv": ("dataset", "method", "seed", "accuracy"), "crisp_runs.csv": ("config", "seed", "split", "accuracy")}
+RESULT_COLUMNS = {s.results: (*s.keys, "accuracy") for s in STUDIES.values()}   # what each study's results file must hold
 
 def check_results_file(path):
     "Raise a one-line ValueError naming `path` and what is wrong when a results CSV cannot be analysed."

@@ -4,7 +4,7 @@
 
 # %% auto 0
 __all__ = ['BASELINE', 'PAPER_METHODS', 'ORIGINAL_GRADIENT_VARIANTS', 'CRISP_BASELINE', 'CRISP_CONFIGS', 'PAPER_MODEL', 'CLAIMS',
-           'PAPER_SOFTMAX_ACCURACY', 'PAPER_CRISP_GAINS', 'PAPER_CRISP_DENSE', 'method_order']
+           'PAPER_SOFTMAX_ACCURACY', 'PAPER_CRISP_GAINS', 'PAPER_CRISP_DENSE', 'STUDIES', 'method_order', 'Study']
 
 # %% ../nbs/00_study.ipynb
 BASELINE = "softmax"
@@ -52,3 +52,34 @@ def method_order(methods) -> list:
     known = PAPER_METHODS + ORIGINAL_GRADIENT_VARIANTS
     methods = list(dict.fromkeys(methods))
     return [m for m in known if m in methods] + sorted(m for m in methods if m not in known)
+
+# %% ../nbs/00_study.ipynb
+from dataclasses import dataclass
+from pathlib import Path
+import importlib
+
+@dataclass(frozen=True)
+class Study:
+    "The facts the run machinery needs of one study (see `STUDIES`)."
+    name: str               # the manifest's key and the rows folder: <out>/rows/<name>
+    title: str              # in progress bars and messages
+    results: str            # the results file in a results folder
+    keys: tuple             # the columns that identify one row of it
+    arm: str                # the column naming an arm
+    baseline: str           # the arm every other is compared with
+    notebook: str           # the parameterised notebook under nbs/experiments/
+    config: str             # "module:Class" of its run configuration (the options a manifest records)
+
+    def results_path(self, out) -> Path: return Path(out) / self.results
+    def rows_dir(self, out) -> Path: return Path(out) / "rows" / self.name
+    def config_class(self):
+        "Its run configuration's dataclass (imported on first use)."
+        module, name = self.config.split(":")
+        return getattr(importlib.import_module(module), name)
+
+STUDIES = {s.name: s for s in [
+    Study("study_a", "study A", "runs.csv", ("dataset", "method", "seed"), "method", BASELINE, "study_a.ipynb",
+          "sparse_attention_repro.train:TrainConfig"),
+    Study("crisp", "Crisp", "crisp_runs.csv", ("config", "seed", "split"), "config", CRISP_BASELINE, "crisp.ipynb",
+          "sparse_attention_repro.crisp:FinetuneConfig"),
+]}

@@ -36,21 +36,6 @@ def test_same_seed_same_result(sst2_root):
         assert ra["accuracy"] == rb["accuracy"] and ra["sparsity_per_layer"] == rb["sparsity_per_layer"]
         assert ra["attention_entropy"] == rb["attention_entropy"]
 
-@pytest.mark.slow
-def test_crisp_cli_survives_sigkill(tmp_path, sst2_root):
-    """`sparse-repro crisp` killed (SIGKILL, whole process group) at five random moments, restarted each time, then
-    finished: every (config, seed, split) row exactly once, equal to an uninterrupted run's."""
-    from conftest import cli, kill_at_random_moments
-    args = ["crisp", "--profile", "smoke", "--configs", "dense", "fixed_080", "--seeds", "0", "1", "--jobs", "2"]
-    res, waits = kill_at_random_moments(args + ["--out", tmp_path / "killed"], tmp_path / "killed", max_wait=10.0)
-    assert res.returncode == 0, res.stderr[-2000:]
-    ref = cli(*args, "--out", tmp_path / "clean")
-    assert ref.returncode == 0, ref.stderr[-2000:]
-    cols = ["config", "seed", "split", "accuracy", "sparsity_mean", "status"]
-    killed = pd.read_csv(tmp_path / "killed" / "crisp_runs.csv")
-    assert len(killed) == 8 and not killed.duplicated(["config", "seed", "split"]).any()
-    pd.testing.assert_frame_equal(killed[cols], pd.read_csv(tmp_path / "clean" / "crisp_runs.csv")[cols])
-
 def test_crisp_cli_bad_input(tmp_path, capsys):
     "The `sparse-repro` script once, then the same entry point (`cli.main`) in process: status 2, one line, nothing written."
     from conftest import cli

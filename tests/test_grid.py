@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import cli, kill_at_random_moments
+from conftest import cli
 from sparse_attention_repro.study import PAPER_METHODS
 from sparse_attention_repro.train import PAPER_SIZES
 
@@ -114,23 +114,6 @@ def test_missing_data_is_one_line(tmp_path, monkeypatch):
     res = cli("grid", "--out", tmp_path / "out", "--datasets", "kmnist")
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "kmnist" in res.stderr, res.stderr
     assert not (tmp_path / "out").exists()
-
-@pytest.mark.slow
-def test_resume_after_sigkill(tmp_path, data_root):
-    """SIGKILL the grid at five random moments, restart each time, finish: the rows equal an uninterrupted run's."""
-    args = ["grid", "--profile", "smoke", "--datasets", "fashion_mnist", "synthetic_marker",
-            "--methods", "softmax", "sparsemax", "topk_softmax_025", "--seeds", "0", "1", "--jobs", "2"]
-    res, waits = kill_at_random_moments(args + ["--out", tmp_path / "killed"], tmp_path / "killed")
-    assert res.returncode == 0, res.stderr[-2000:]
-    ref = cli(*args, "--out", tmp_path / "clean")
-    assert ref.returncode == 0, ref.stderr[-2000:]
-    cols = ["dataset", "method", "seed", "accuracy", "test_loss", "status"]
-    killed = pd.read_csv(tmp_path / "killed" / "runs.csv")
-    assert len(killed) == 12 and not killed.duplicated(["dataset", "method", "seed"]).any()
-    pd.testing.assert_frame_equal(killed[cols], pd.read_csv(tmp_path / "clean" / "runs.csv")[cols])   # none lost, none changed
-    for d in ("fashion_mnist", "synthetic_marker"):                  # every executed notebook is kept as the record
-        for seed in (0, 1): assert (tmp_path / "killed" / "notebooks" / d / f"seed{seed}.ipynb").exists()
-    print("killed after", waits, "seconds")
 
 def test_truncated_data_file_is_one_line(tmp_path, monkeypatch, data_root):
     """A truncated KMNIST archive: one clear line, exit 2, nothing written, nothing cached."""
