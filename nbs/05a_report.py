@@ -243,7 +243,7 @@ with tempfile.TemporaryDirectory() as d:
 #| export
 def versus_report(results_dir, baseline_dir) -> Path:
     "Pair the new methods of `results_dir` with the committed runs of `baseline_dir`; write versus_baseline.md/.csv there."
-    from sparse_attention_repro import stats as S
+    from sparse_attention_repro import stats as S, verdicts as V
     res, base = Path(results_dir), Path(baseline_dir)
     new, old = S.load_runs(res / "runs.csv"), S.load_runs(base / "runs.csv")
     t, pc = S.versus_baseline(new, old), S.pairing_check(new, old)
@@ -255,8 +255,8 @@ def versus_report(results_dir, baseline_dir) -> Path:
     lines += [f"**Pairing check:** softmax re-run on {len(pc)} (dataset, seed) pair(s); {same} of {len(pc)} test accuracies equal "
               f"the committed ones bit for bit." + ("" if same == len(pc) else " The pairing is **not** exact: read the comparisons as unpaired."), ""]
     for m in sorted(set(t.method)):
-        lines += [f"## {m}", "", S.versus_answer(t, m).to_markdown(index=False, disable_numparse=True), "",
-                  S.readable_versus(t[t.method == m]).to_markdown(index=False, disable_numparse=True), ""]
+        lines += [f"## {m}", "", V.versus_answer(t, m).to_markdown(index=False, disable_numparse=True), "",
+                  V.readable_versus(t[t.method == m]).to_markdown(index=False, disable_numparse=True), ""]
     if not len(t): lines += ["No new method found in this folder (only the baselines' methods)."]
     atomic_write(res / "versus_baseline.md", lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n", encoding="utf-8"))
     save_rows(t, res / "versus_baseline.csv")

@@ -45,7 +45,8 @@ from scipy import stats as sps
 from sparse_attention_repro.study import BASELINE, PAPER_METHODS, method_order
 from sparse_attention_repro.data import PAPER_SIZES
 from sparse_attention_repro.stats import (run_curves, paired_stats, tost_paired, holm, equivalence_verdict,
-                                          gain_verdict, family_of, paired_tests, EQUIVALENCE_MARGINS, CURVE_COLS)
+                                          family_of, paired_tests, EQUIVALENCE_MARGINS, CURVE_COLS)
+from sparse_attention_repro.verdicts import gain_verdict
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
@@ -446,7 +447,7 @@ test_fail(lambda: tuned_plan(_cur, _fail, _search, "power"), contains="unknown s
 # same runs read at the paper's recipe (10⁻³, the paper's epochs). The families are the paper's (`stats.family_of`):
 # the main family also holds the marker task's six comparisons, read from the main grid at the paper's recipe (no
 # recipe lifts it off chance), so that its Holm correction counts 24 tests as the paper's does. Verdicts follow
-# `stats.gain_verdict`: *persists* (positive, Holm p < 0.05), *reversed* (negative, Holm p < 0.05), *gone* (TOST
+# `verdicts.gain_verdict`: *persists* (positive, Holm p < 0.05), *reversed* (negative, Holm p < 0.05), *gone* (TOST
 # within ±1 pt), otherwise *undecided*. A5 — the adaptive against fixed entmax-1.5 — is tested per dataset at each arm's
 # recipe, equivalence at ±0.5 pt.
 
@@ -835,7 +836,7 @@ def _pt(v, signed=True): return "–" if not np.isfinite(v) else (f"{100 * v:+.1
 
 def readable_tuned(tests) -> pd.DataFrame:
     "The tuned verdicts for reading: comparison, recipes, gains at the paper's and the tuned recipe (pt) with CI, Holm p, TOST p, verdict."
-    from sparse_attention_repro.stats import fmt_p
+    from sparse_attention_repro.verdicts import fmt_p
     t = tests
     note = lambda r: ("first round" if getattr(r, "source", "tuned") == "first round" else "tuned") + ("" if r.complete else ", provisional") \
         + ("" if r.bracketed else ", on an edge")

@@ -521,7 +521,8 @@ assert np.isfinite(cmp.mean_a).all() and cmp.mean_a.between(0, 1).all()
 #| export
 def compare_gains(a, b) -> pd.DataFrame:
     "Gains over softmax on `b` (reference) and `a`, Holm p of `a`'s gains, and the change of each gain (a − b), in points."
-    from sparse_attention_repro.stats import ablation_tests, readable_ablation
+    from sparse_attention_repro.stats import ablation_tests
+    from sparse_attention_repro.verdicts import readable_ablation
     a, b = (pd.read_csv(x) if not isinstance(x, pd.DataFrame) else x for x in (a, b))
     t = readable_ablation(ablation_tests(b, a))
     return t.rename(columns={"gain, main (pt)": "gain, B (pt)", "gain, variant (pt)": "gain, A (pt)", "Holm p (variant)": "Holm p (A)"})

@@ -11,7 +11,8 @@ _API = {
              "DataUnavailableError"],
     "train": ["TrainConfig", "PROFILES", "PAPER_SIZES", "profile_config", "run_one", "run_methods", "run_study_a", "train_lockstep"],
     "crisp": ["run_crisp", "apply_crisp"],
-    "stats": ["paired_tests", "claims_table", "analyse"],
+    "stats": ["paired_tests"],
+    "verdicts": ["claims_table", "analyse"],
     "report": ["make_report", "versus_report"],
 }
 _WHERE = {name: module for module, names in _API.items() for name in names}

@@ -23,7 +23,8 @@ from scipy import stats as sps
 from .study import BASELINE, PAPER_METHODS, method_order
 from .data import PAPER_SIZES
 from .stats import (run_curves, paired_stats, tost_paired, holm, equivalence_verdict,
-                                          gain_verdict, family_of, paired_tests, EQUIVALENCE_MARGINS, CURVE_COLS)
+                                          family_of, paired_tests, EQUIVALENCE_MARGINS, CURVE_COLS)
+from .verdicts import gain_verdict
 
 # %% ../nbs/05b_tuning.ipynb
 @dataclass(frozen=True)
@@ -466,7 +467,7 @@ def _pt(v, signed=True): return "–" if not np.isfinite(v) else (f"{100 * v:+.1
 
 def readable_tuned(tests) -> pd.DataFrame:
     "The tuned verdicts for reading: comparison, recipes, gains at the paper's and the tuned recipe (pt) with CI, Holm p, TOST p, verdict."
-    from sparse_attention_repro.stats import fmt_p
+    from sparse_attention_repro.verdicts import fmt_p
     t = tests
     note = lambda r: ("first round" if getattr(r, "source", "tuned") == "first round" else "tuned") + ("" if r.complete else ", provisional") \
         + ("" if r.bracketed else ", on an edge")

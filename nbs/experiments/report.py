@@ -26,7 +26,8 @@ import seaborn as sns
 import torch
 from IPython.display import Image, Markdown, display
 
-from sparse_attention_repro import stats as S, tuning as T, catalogue as C
+from sparse_attention_repro import stats as S, verdicts as V, tuning as T, catalogue as C
+from sparse_attention_repro.study import CLAIMS, PAPER_SOFTMAX_ACCURACY
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 sns.set_theme(style="whitegrid", context="notebook")
@@ -62,7 +63,7 @@ def table(df, floatfmt=".4g"):
 missing = [f"`{f}`" for f, d in (("runs.csv", runs), ("crisp_runs.csv", crisp)) if d is None]
 profiles = sorted({*(runs.profile if runs is not None else []), *(crisp.profile if crisp is not None else [])})
 of_study = {k: sorted(set(d.profile)) for k, d in {"Study A": runs, "Crisp": crisp}.items() if d is not None}
-md("**What was run.** " + " ".join(S.run_description(runs, crisp).values()) +
+md("**What was run.** " + " ".join(V.run_description(runs, crisp).values()) +
    (" Several run profiles in one study: its tests and claims are computed per profile; the figures pool them."
     if any(len(v) > 1 for v in of_study.values()) else ""))
 md(f"**Results folder:** `{results_label or RES}`. " + (f"**Missing:** {', '.join(missing)} — the sections that need it are skipped."
@@ -121,12 +122,12 @@ if len(tt):
 # could move.
 
 # %%
-dev = S.deviations(runs, crisp)
+dev = V.deviations(runs, crisp)
 if len(dev): table(dev.rename(columns={"study": "study", "paper": "the paper", "ours": "ours", "why": "why", "could_move": "could move"}))
 else: md("_No results, so nothing to compare with the papers._")
 
 # %%
-res = S.analyse(runs, crisp)
+res = V.analyse(runs, crisp)
 for name, df in res.items(): df.to_csv(TAB / f"{name}.csv", index=False)
 md("Tables written: " + ", ".join(f"`tables/{n}.csv`" for n in res))
 
@@ -154,13 +155,13 @@ lr_check = S.load_crisp(RES / "crisp_lr_check" / "crisp_runs.csv")      # Crisp 
 if lr_check is not None and crisp is not None and crisp.lr.nunique() == 1:
     same = crisp[crisp.config.isin(set(lr_check.config)) & crisp.train_n.isin(set(lr_check.train_n))]
     crisp_lr = S.crisp_by_lr(pd.concat([same, lr_check], ignore_index=True))
-    tuned.update(S.crisp_lr_verdicts(cl, crisp_lr, crisp.lr.iloc[0]))
+    tuned.update(V.crisp_lr_verdicts(cl, crisp_lr, crisp.lr.iloc[0]))
 else: crisp_lr = None
 for prof in dict.fromkeys(cl.profile):
     if len(profiles) > 1:
-        md("**" + " ".join(S.run_description(runs[runs.profile == prof] if runs is not None else None,
+        md("**" + " ".join(V.run_description(runs[runs.profile == prof] if runs is not None else None,
                                              crisp[crisp.profile == prof] if crisp is not None else None).values()) + "**")
-    rc = S.readable_claims(cl[cl.profile == prof])
+    rc = V.readable_claims(cl[cl.profile == prof])
     if any(tuned.get(i) for i in cl[cl.profile == prof].claim_id):
         rc.insert(len(rc.columns), "under another recipe", [tuned.get(i, "–") for i in cl[cl.profile == prof].claim_id])
     table(rc)
@@ -198,7 +199,7 @@ if len(pt):
     dsets = [d for d in S.DATASET_ORDER if d in set(vs.dataset)]
     meth = [m for m in S.SPARSE_METHODS if m in set(vs.method)]
     fig, axes = plt.subplots(1, len(dsets), figsize=(3.3 * len(dsets), 4.4), squeeze=False, sharey=True)
-    pdl = S.paper_deltas()
+    pdl = V.paper_deltas()
     for ax, ds in zip(axes[0], dsets):
         g = vs[vs.dataset == ds].set_index("method").reindex(meth)
         y = np.arange(len(meth))
@@ -216,11 +217,11 @@ if len(pt):
         hh, ll = ax.get_legend_handles_labels(); h += hh; l += ll
     uniq = dict(zip(l, h)); fig.legend(uniq.values(), uniq.keys(), loc="lower center", bbox_to_anchor=(0.5, -0.08), ncol=2, frameon=False)
     save(fig, "delta_vs_softmax")
-    table(S.readable_tests(pt))
+    table(V.readable_tests(pt))
     base = runs[runs.method == "softmax"].groupby("dataset").accuracy.mean()
     md("Softmax baselines, ours (mean over seeds) against the paper's approximate values: " + "; ".join(
-        f"{d} {100 * base[d]:.1f}% (paper ≈ {100 * S.PAPER_SOFTMAX_ACCURACY[d]:.0f}%)" for d in S.DATASET_ORDER
-        if d in base.index and d in S.PAPER_SOFTMAX_ACCURACY) + ".")
+        f"{d} {100 * base[d]:.1f}% (paper ≈ {100 * PAPER_SOFTMAX_ACCURACY[d]:.0f}%)" for d in S.DATASET_ORDER
+        if d in base.index and d in PAPER_SOFTMAX_ACCURACY) + ".")
 
 # %% [markdown]
 # **The marker task beside its baselines.** Chance is 10 %; the majority class of the training sequences and the
@@ -290,7 +291,7 @@ if sm is not None and len(sm):
     save(fig, "selection_marker")
     first = cv[cv.epoch == cv.epoch.min()].assign(accuracy=lambda d: d.test_accuracy, profile=sm.profile.iloc[0])
     md(f"**Faster?** Test accuracy after epoch {int(cv.epoch.min())}, each method against softmax, paired by seed (Holm over the six):")
-    table(S.readable_tests(S.paired_tests(first, hae_vs_entmax=False)))
+    table(V.readable_tests(S.paired_tests(first, hae_vs_entmax=False)))
     md(marker_line(sm, marker_design="label_once") + f" **Better?** After {int(cv.epoch.max())} epochs: see the range above "
        "(a method at 100 % on every seed cannot be told from another). Dotted: chance; dashed: the shortcut.")
 else: md("_The label-once marker task has not been run in this folder (`sparse-repro follow-ups --only selection_marker`)._")
@@ -401,8 +402,8 @@ else:
         t = fam[fam.ablation == name].drop(columns="ablation").reset_index(drop=True)
         t.to_csv(TAB / f"ablation_{name}.csv", index=False)
         md(f"### `{name}`: {C.ABLATIONS[name].question}")
-        md(S.ablation_answer(name, t))
-        table(S.readable_ablation(t))
+        md(V.ablation_answer(name, t))
+        table(V.readable_ablation(t))
         if name == "learnable_marker": md(marker_line(found[name], marker_vocab=12))
     present = set(zip(fam.ablation, fam.dataset, fam.method))
     missing = [f"{n}: {m} on {d}" for n, e in C.ABLATIONS.items() for d, m in sorted(e.expected_tests()) if (n, d, m) not in present]
@@ -410,7 +411,7 @@ else:
                    + "; ".join(missing) + "). Its Holm-adjusted p-values are provisional and will grow when they are added.")
     sig = fam[fam.change_verdict == "different"]
     md(f"**Across the {len(fam)} change tests of all ablations (one Holm family):** {len(sig)} changes survive Holm"
-       + (" — " + "; ".join(f"{r.ablation}: {r.method} on {r.dataset} {100 * r.gain_change:+.1f} pt (Holm p = {S.fmt_p(r.gain_change_p_holm)})"
+       + (" — " + "; ".join(f"{r.ablation}: {r.method} on {r.dataset} {100 * r.gain_change:+.1f} pt (Holm p = {V.fmt_p(r.gain_change_p_holm)})"
                             for r in sig.itertuples()) if len(sig) else "")
        + f"; {int(fam.change_verdict.str.startswith('equivalent').sum())} are equivalent to no change within ±1 pt; "
          f"{int((fam.change_verdict == 'undecided').sum())} are undecided.")
@@ -540,9 +541,9 @@ if len(at):
     at.to_csv(TAB / "alpha_start.csv", index=False)
     table(pd.DataFrame({"dataset": at.dataset, "start α": at.start.map("{:.1f}".format), "layer": at.layer.astype(str), "seeds": at.n,
                         "final α": at.alpha_final.map("{:.3f}".format), "final α, started at 1.5": at.alpha_from_15.map("{:.3f}".format),
-                        "TOST p (settles)": at.p_tost_settle.map(S.fmt_p), "TOST p (stays)": at.p_tost_stay.map(S.fmt_p),
+                        "TOST p (settles)": at.p_tost_settle.map(V.fmt_p), "TOST p (stays)": at.p_tost_stay.map(V.fmt_p),
                         "verdict": at.verdict}))
-    allv, joint = at[at.layer.astype(str) == "all"], S.alpha_start_verdicts(at)
+    allv, joint = at[at.layer.astype(str) == "all"], V.alpha_start_verdicts(at)
     md("A6 read with the control: " + "; ".join(f"{r.dataset}, started at {r.start:.1f}: final α {r.alpha_final:.3f} "
                                                 f"(runs started at 1.5: {r.alpha_from_15:.3f}) — {r.verdict}" for r in allv.itertuples())
        + ". Per dataset, both starts together: " + "; ".join(f"{d}: α {v}" for d, v in joint.items()) + ".")
@@ -601,8 +602,8 @@ else: md("_No learning curve in this folder._")
 # ### The four configurations
 
 # %%
-PAPER = {c["method"]: c["paper_value"] for c in S.CLAIMS if c["study"] == "B" and c["kind"] == "level"}
-PAPER.update({c["method"]: PAPER.get("dense", np.nan) + c["paper_value"] for c in S.CLAIMS if c["study"] == "B" and c["kind"] == "delta"})
+PAPER = {c["method"]: c["paper_value"] for c in CLAIMS if c["study"] == "B" and c["kind"] == "level"}
+PAPER.update({c["method"]: PAPER.get("dense", np.nan) + c["paper_value"] for c in CLAIMS if c["study"] == "B" and c["kind"] == "delta"})
 if crisp is not None:
     order = [c for c in S.CRISP_CONFIGS if c in set(crisp.config)]
     splits = [s for s in ("validation", "test") if s in set(crisp.split)]
@@ -618,7 +619,7 @@ if crisp is not None:
     fig.text(0.5, -0.02, "the paper's validation accuracies, one DistilBERT run each (off this scale): " + ", ".join(
         f"{c} {100 * PAPER[c]:.2f}%" for c in order if c in PAPER), ha="center", va="top", fontsize=9)
     save(fig, "crisp_accuracy")
-    table(S.readable_tests(res["crisp_tests"]).drop(columns="dataset").rename(columns={"comparison": "config vs dense"}))
+    table(V.readable_tests(res["crisp_tests"]).drop(columns="dataset").rename(columns={"comparison": "config vs dense"}))
 else: md("_No `crisp_runs.csv`: Study B figures skipped._")
 
 # %% [markdown]
@@ -636,7 +637,7 @@ if crisp_lr is not None:
     table(pd.DataFrame({"learning rate": cb.lr.map("{:g}".format), "split": cb.split, "config vs dense": cb.method + " vs dense",
                         "seeds": cb.n, "dense accuracy (%)": (100 * cb.baseline_accuracy).map("{:.1f}".format),
                         "Δ (pt)": cb.mean_delta.map(pt_), "95% CI (pt)": [f"{pt_(a)} to {pt_(b)}" for a, b in zip(cb.ci_low, cb.ci_high)],
-                        "Holm p": cb.p_holm.map(S.fmt_p), "equivalence (±0.5 pt)": cb.equivalence}))
+                        "Holm p": cb.p_holm.map(V.fmt_p), "equivalence (±0.5 pt)": cb.equivalence}))
     dense_val = cb[cb.split == "validation"].groupby("lr").baseline_accuracy.first()
     wins = cb[(cb.mean_delta > 0) & (cb.equivalence == "different")]
     md(f"On validation, dense is best at learning rate {dense_val.idxmax():g} ("
@@ -659,7 +660,7 @@ if cnorm is not None and crisp is not None:
     dense_ = crisp[(crisp.config == S.CRISP_BASELINE) & crisp.train_n.isin(set(cnorm.train_n)) & crisp.lr.isin(set(cnorm.lr))]
     cnt = S.crisp_normalizer_tests(pd.concat([dense_, cnorm], ignore_index=True))
     cnt.to_csv(TAB / "crisp_normalizer_tests.csv", index=False)
-    table(S.readable_tests(cnt).drop(columns="dataset").rename(columns={"comparison": "normalizer vs dense"}))
+    table(V.readable_tests(cnt).drop(columns="dataset").rename(columns={"comparison": "normalizer vs dense"}))
 else: md("No registered normalizer has been run in Crisp's regime in this folder (`crisp_normalizers/`).")
 
 # %% [markdown]
@@ -694,8 +695,8 @@ if len(sd_):
     ax.axvline(0, color="k", lw=0.8); ax.set_xlabel("Δ accuracy (pt): seeds (dots), mean (bar)"); ax.set_ylabel("")
     legend_outside(ax, "family")
     save(fig, "seed_deltas")
-if len(ss_): table(S.readable_single_seed(ss_))
-table(S.readable_power(pw))
+if len(ss_): table(V.readable_single_seed(ss_))
+table(V.readable_power(pw))
 c0 = ci.iloc[0]
 u872 = pw[(pw.n_eval == 872) & pw.test.str.startswith("two")].mde.item()
 m872 = pw[(pw.n_eval == 872) & (pw.assumption == "assumed ψ=0.06")].mde.item()
