@@ -32,7 +32,7 @@ CRISP_CONFIGS = ("dense", "fixed_080", "adaptive_060", "adaptive_080")          
 # ## The papers' claims and numbers
 #
 # Each claim the report tests, with the paper's number, the comparison it rests on and the family the paper corrected
-# it in (the verdict rules are in `stats`). Every other number of the papers the project uses is derived from here.
+# it in (the verdict rules are in `verdicts`). Every other number of the papers the project uses is derived from here.
 
 # %%
 #| export

@@ -223,7 +223,7 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # | `nbs/02_model.ipynb` | the compact classifier (parameter count = the paper's); many of them as one stacked model (the same module tree and forward, its leaves stacked) |
 # | `nbs/03_train.ipynb` | study A training: protocol optimiser, lock-step training of a seed's methods, stacked training of several seeds, metrics, profiles |
 # | `nbs/04_crisp.ipynb` | Crisp attention on a transformers encoder; SST-2 fine-tuning |
-# | `nbs/05_stats.ipynb`, `nbs/05a_report.ipynb` | paired tests (pingouin), Holm families, single-seed critique, the report |
+# | `nbs/05_stats.ipynb`, `nbs/05_verdicts.ipynb`, `nbs/05a_report.ipynb` | paired tests (pingouin), Holm families, single-seed critique; the verdict rules, the claims table and the reader's tables; the report |
 # | `nbs/05b_tuning.ipynb` | the tuned-recipe protocol: the declared search, the staged selection on validation, bracketing, TOST power, the tuned verdicts and the README's answer |
 # | `nbs/05c_catalogue.ipynb` | the catalogue of experiments: each one's question, design (datasets, methods, options, seeds), folder and analysis as one typed entry; the ablation and follow-up commands run its entries, the report reads them, and it writes `outputs/README.md` |
 # | `nbs/05d_leaderboard.ipynb` | the leaderboard: every normalizer with committed runs, joined from the committed tables (no statistic of its own) into `outputs/leaderboard.{csv,md,png}` |
