@@ -220,6 +220,7 @@ def train_stacked(models, trains, cfg: TrainConfig, seeds, generators, desc="", 
                 if not torch.isfinite(losses[step - per_epoch:step, k].sum()): r.status, ends[k] = "failed_nonfinite_loss", step
                 elif (a := _learned_snapshot(stack.model_learned(k), epoch)): r.learned_history.append(a)
             if monitors is not None:                                        # model k = method k // S on seed k % S
+                if device.type == "cuda": torch.cuda.synchronize()            # the epoch's own work stays timed
                 t1 = time.perf_counter(); stack.write_back(models)
                 for k, r in enumerate(results):
                     if r.status == "ok": r.epoch_metrics = (r.epoch_metrics or []) + [dict(epoch=epoch, **monitors[k % S](models[k]))]
