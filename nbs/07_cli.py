@@ -824,93 +824,107 @@ def cmd_attention_maps(args):
         print(f"attention maps {d}: {out}{same}")
     return {}
 
-def cmd_bench(args):
-    "Print the normalizer or the training benchmark tables."
-    import time, torch
-    import pandas as pd
-    from sparse_attention_repro import bench
-    if args.repeats is None: args.repeats = 20 if args.what == "normalizers" else 1
-    if args.threads < 1: raise UsageError(f"--threads must be >= 1, got {args.threads}")
-    if args.repeats < 1: raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
-    torch.set_num_threads(args.threads)
-    if args.what == "fair-cost":
-        if len(args.results or []) != 1 or not Path(args.results[0], "tuned").is_dir():
-            raise UsageError("bench fair-cost needs one results folder with tuned grids: --results DIR (e.g. outputs/paper)")
-        cost = bench.fair_cost(args.results[0])
-        print("core-hours per arm of the tuned-recipe protocol, from the executed notebooks' wall times:")
-        print(cost.round(3).to_string(index=False))
-        per = cost.groupby("dataset").core_hours.median()
-        print("median arm per dataset: " + ", ".join(f"{d} {h:.2f} h" for d, h in per.items()) + f"; sum {per.sum():.2f} core-hours")
-        from sparse_attention_repro import tuning as T
-        runs = T.tuned_runs(args.results[0])
-        print("\ncheaper searches on these grids: the share of the selection stage each costs, and the arms whose rate it chooses "
-              "as the full stage did (a rule qualifies only with every arm right)")
-        print(T.cheaper_search_check(T.tuned_curves(runs), T.diverged(runs)).to_string(index=False))
-        return {}
-    if args.what == "floor":
-        if len(args.results or []) != 1 or not (Path(args.results[0]) / "runs.csv").exists():
-            raise UsageError("bench floor needs one results folder with a runs.csv: --results DIR")
-        rate = bench.matmul_rate(threads=args.threads)
-        print(f"best fp32 matmul rate at the model's shapes, {args.threads} thread(s): {rate:.1f} GFLOP/s "
-              f"(bf16: {bench.matmul_rate(threads=args.threads, dtype=torch.bfloat16):.1f})")
-        print("training time per seed (all methods) against the arithmetic floor (FLOPs / that rate):")
-        print(bench.floor_table(pd.read_csv(Path(args.results[0]) / "runs.csv"), rate).round(2).to_string(index=False))
-        return {}
-    if args.what == "compare":
-        if len(args.results or []) != 2: raise UsageError("bench compare needs two results folders: --results A B")
-        for d in args.results:
-            if not (Path(d) / "runs.csv").exists(): raise UsageError(f"{d}/runs.csv does not exist; run `sparse-repro grid --out {d}` first")
-        print(f"A = {args.results[0]}, B = {args.results[1]}: accuracy per method, paired by (dataset, seed)")
-        print(bench.compare_runs(*(Path(d) / "runs.csv" for d in args.results)).round(4).to_string(index=False))
-        print("\nthe study's conclusions on each path: gains over softmax (pt), Holm within each dataset, and their change A − B")
-        print(bench.compare_gains(*(Path(d) / "runs.csv" for d in args.results)).to_string(index=False))
-        return {}
-    print(f"{args.what} benchmark, {args.threads} thread(s), median of {args.repeats} interleaved repeat(s)")
-    if args.what == "normalizers":
-        df = bench.bench_normalizers(repeats=args.repeats)
-        print("forward+backward time as a ratio to softmax's (kernels = this library's default on CPU float32)")
-        print(bench.normalizer_table(df).to_string())
-        print("softmax ms: " + ", ".join(f"{r.shape}: {r.ms:.2f}" for r in df.query("normalizer == 'softmax'").itertuples()))
-        return {}
+def _bench_fair_cost(args, bench):
+    "bench fair-cost: the core-hours of each arm of the tuned grids, and the cheaper searches checked against them."
+    if len(args.results or []) != 1 or not Path(args.results[0], "tuned").is_dir():
+        raise UsageError("bench fair-cost needs one results folder with tuned grids: --results DIR (e.g. outputs/paper)")
+    from sparse_attention_repro import tuning as T
+    cost = bench.fair_cost(args.results[0])
+    print("core-hours per arm of the tuned-recipe protocol, from the executed notebooks' wall times:")
+    print(cost.round(3).to_string(index=False))
+    per = cost.groupby("dataset").core_hours.median()
+    print("median arm per dataset: " + ", ".join(f"{d} {h:.2f} h" for d, h in per.items()) + f"; sum {per.sum():.2f} core-hours")
+    runs = T.tuned_runs(args.results[0])
+    print("\ncheaper searches on these grids: the share of the selection stage each costs, and the arms whose rate it chooses "
+          "as the full stage did (a rule qualifies only with every arm right)")
+    print(T.cheaper_search_check(T.tuned_curves(runs), T.diverged(runs)).to_string(index=False))
+
+def _bench_floor(args, bench):
+    "bench floor: a results folder's training time per seed against the machine's matmul rate."
+    import torch, pandas as pd
+    if len(args.results or []) != 1 or not (Path(args.results[0]) / "runs.csv").exists():
+        raise UsageError("bench floor needs one results folder with a runs.csv: --results DIR")
+    rate = bench.matmul_rate(threads=args.threads)
+    print(f"best fp32 matmul rate at the model's shapes, {args.threads} thread(s): {rate:.1f} GFLOP/s "
+          f"(bf16: {bench.matmul_rate(threads=args.threads, dtype=torch.bfloat16):.1f})")
+    print("training time per seed (all methods) against the arithmetic floor (FLOPs / that rate):")
+    print(bench.floor_table(pd.read_csv(Path(args.results[0]) / "runs.csv"), rate).round(2).to_string(index=False))
+
+def _bench_compare(args, bench):
+    "bench compare: two results folders paired by (dataset, seed), and the study's conclusions on each."
+    if len(args.results or []) != 2: raise UsageError("bench compare needs two results folders: --results A B")
+    for d in args.results:
+        if not (Path(d) / "runs.csv").exists(): raise UsageError(f"{d}/runs.csv does not exist; run `sparse-repro grid --out {d}` first")
+    print(f"A = {args.results[0]}, B = {args.results[1]}: accuracy per method, paired by (dataset, seed)")
+    print(bench.compare_runs(*(Path(d) / "runs.csv" for d in args.results)).round(4).to_string(index=False))
+    print("\nthe study's conclusions on each path: gains over softmax (pt), Holm within each dataset, and their change A − B")
+    print(bench.compare_gains(*(Path(d) / "runs.csv" for d in args.results)).to_string(index=False))
+
+def _bench_normalizers(args, bench):
+    "bench normalizers: forward+backward of every paper method against softmax's, in one process."
+    df = bench.bench_normalizers(repeats=args.repeats)
+    print("forward+backward time as a ratio to softmax's (kernels = this library's default on CPU float32)")
+    print(bench.normalizer_table(df).to_string())
+    print("softmax ms: " + ", ".join(f"{r.shape}: {r.ms:.2f}" for r in df.query("normalizer == 'softmax'").itertuples()))
+
+def _bench_datasets(args) -> list:
+    "The datasets of a training benchmark (default Fashion-MNIST and 20 Newsgroups), checked, with --epochs."
     from sparse_attention_repro.train import PAPER_SIZES
     datasets = _split(args.datasets) if args.datasets else ["fashion_mnist", "twenty_news"]
     for d in datasets:
         if d not in PAPER_SIZES: raise UsageError(f"unknown dataset {d!r}; choose from {', '.join(PAPER_SIZES)}")
     if args.epochs < 1: raise UsageError(f"--epochs must be >= 1, got {args.epochs}")
-    if args.what == "fast":
-        from sparse_attention_repro.data import has_bf16_units
-        from sparse_attention_repro.study import PAPER_METHODS
-        t0 = time.perf_counter()
-        cal = bench.calibrate_fast(datasets, list(PAPER_METHODS), threads=args.threads, bf16=has_bf16_units("cpu"),
-                                   fused=bench.fused_ok(PAPER_METHODS), remeasure=True)
-        print(f"milliseconds per training step of the {len(PAPER_METHODS)} paper methods in lock-step, per lever combination "
-              f"({cal['steps']} steps, median of {cal['repeats']}; measured in {time.perf_counter() - t0:.0f} s):")
-        print(pd.DataFrame(cal["ms_per_step"]).round(2).to_string())
-        print(f"chosen for --fast on these datasets: {cal['label']}")
-        return {}
-    if args.what in ("stack", "profile"):
-        if min(args.stack_seeds) < 1: raise UsageError(f"--stack-seeds must be >= 1, got {min(args.stack_seeds)}")
-        from sparse_attention_repro.data import resolve_device
-        try: resolve_device(args.device)
-        except ValueError as e: raise UsageError(str(e)) from None
-    if args.what == "profile":
-        from sparse_attention_repro.train import PROFILES
-        if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
-        rows, t = bench.bench_profile(args.profile, _split(args.datasets) if args.datasets else None, args.stack_seeds[0], args.device)
-        if args.out:
-            from sparse_attention_repro.files import atomic_write
-            for name, df in (("runs.csv", rows), ("times.csv", t)):
-                atomic_write(Path(args.out) / name, lambda f, df=df: df.to_csv(f, index=False))
-        print(f"\nthe {args.profile} profile on the stacked path ({args.stack_seeds[0]} seeds per stack), wall seconds per dataset, "
-              f"beside the lock-step path's seed 0 projected to every seed")
-        print(t.round(2).to_string(index=False))
-        print(f"total: stacked {t.seconds_stacked.sum() / 60:.2f} min, lock-step projected {t.seconds_lockstep_projected.sum() / 60:.2f} min")
-        return {}
-        t = bench.bench_stack(datasets, num_seeds=args.stack_seeds, epochs=args.epochs, repeats=args.repeats,
-                              train_limit=args.train_limit or None, device=args.device)
-        print(f"\nall methods on several seeds, {args.epochs} epoch(s): seed by seed in lock-step vs one stacked model (wall seconds, evaluation included)")
-        print(t.round(2).to_string(index=False))
-        return {}
+    return datasets
+
+def _bench_fast(args, bench):
+    "bench fast: --fast's lever combinations timed here, as its calibration does, and the choice cached."
+    import time, pandas as pd
+    from sparse_attention_repro.data import has_bf16_units
+    from sparse_attention_repro.study import PAPER_METHODS
+    t0 = time.perf_counter()
+    cal = bench.calibrate_fast(_bench_datasets(args), list(PAPER_METHODS), threads=args.threads, bf16=has_bf16_units("cpu"),
+                               fused=bench.fused_ok(PAPER_METHODS), remeasure=True)
+    print(f"milliseconds per training step of the {len(PAPER_METHODS)} paper methods in lock-step, per lever combination "
+          f"({cal['steps']} steps, median of {cal['repeats']}; measured in {time.perf_counter() - t0:.0f} s):")
+    print(pd.DataFrame(cal["ms_per_step"]).round(2).to_string())
+    print(f"chosen for --fast on these datasets: {cal['label']}")
+
+def _stack_device(args):
+    "Check --stack-seeds and --device for the stacked benchmarks."
+    from sparse_attention_repro.data import resolve_device
+    if min(args.stack_seeds) < 1: raise UsageError(f"--stack-seeds must be >= 1, got {min(args.stack_seeds)}")
+    try: resolve_device(args.device)
+    except ValueError as e: raise UsageError(str(e)) from None
+
+def _bench_stack(args, bench):
+    "bench stack: all methods on several seeds, seed by seed in lock-step against one stacked model."
+    datasets = _bench_datasets(args); _stack_device(args)
+    t = bench.bench_stack(datasets, num_seeds=args.stack_seeds, epochs=args.epochs, repeats=args.repeats,
+                          train_limit=args.train_limit or None, device=args.device)
+    print(f"\nall methods on several seeds, {args.epochs} epoch(s): seed by seed in lock-step vs one stacked model (wall seconds, evaluation included)")
+    print(t.round(2).to_string(index=False))
+
+def _bench_profile(args, bench):
+    "bench profile: a whole profile on the stacked path, every dataset timed end to end beside one lock-step seed."
+    from sparse_attention_repro.train import PROFILES, PAPER_SIZES
+    _stack_device(args)
+    if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
+    datasets = _split(args.datasets) if args.datasets else list(PAPER_SIZES)
+    for d in datasets:
+        if d not in PAPER_SIZES: raise UsageError(f"unknown dataset {d!r}; choose from {', '.join(PAPER_SIZES)}")
+    rows, t = bench.bench_profile(args.profile, datasets, args.stack_seeds[0], args.device)
+    if args.out:
+        from sparse_attention_repro.files import atomic_write
+        for name, df in (("runs.csv", rows), ("times.csv", t)):
+            atomic_write(Path(args.out) / name, lambda f, df=df: df.to_csv(f, index=False))
+    print(f"\nthe {args.profile} profile on the stacked path ({args.stack_seeds[0]} seeds per stack), wall seconds per dataset, "
+          f"beside the lock-step path's seed 0 projected to every seed")
+    print(t.round(2).to_string(index=False))
+    print(f"total: stacked {t.seconds_stacked.sum() / 60:.2f} min, lock-step projected {t.seconds_lockstep_projected.sum() / 60:.2f} min")
+
+def _bench_grid(args, bench):
+    "bench grid: training epochs of every method on each path, with a projection of the paper profile."
+    datasets = _bench_datasets(args)
     med, summary = bench.bench_grid(datasets, epochs=args.epochs, repeats=args.repeats, train_limit=args.train_limit or None)
     print("\ntrain time of each method relative to softmax (per path)")
     print(bench.method_ratios(med).to_string())
@@ -920,7 +934,26 @@ def cmd_bench(args):
     proj = bench.project_paper(summary, args.epochs, jobs=args.jobs, train_limits=limits)
     print(f"\npaper profile, projected from these epochs, {args.jobs} parallel job(s) (a projection, not a measurement)")
     print(proj.round(1).to_string(index=False))
+
+BENCHES = {"fair-cost": _bench_fair_cost, "floor": _bench_floor, "compare": _bench_compare, "normalizers": _bench_normalizers,
+           "fast": _bench_fast, "stack": _bench_stack, "profile": _bench_profile, "grid": _bench_grid}
+TIMED_BENCHES = ("normalizers", "fast", "stack", "profile", "grid")      # these print their thread count and repeats first
+
+def cmd_bench(args):
+    "Print the table of the benchmark `args.what` (see `BENCHES`)."
+    import torch
+    from sparse_attention_repro import bench
+    if args.repeats is None: args.repeats = 20 if args.what == "normalizers" else 1
+    if args.threads < 1: raise UsageError(f"--threads must be >= 1, got {args.threads}")
+    if args.repeats < 1: raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
+    torch.set_num_threads(args.threads)
+    if args.what in TIMED_BENCHES: print(f"{args.what} benchmark, {args.threads} thread(s), median of {args.repeats} interleaved repeat(s)")
+    BENCHES[args.what](args, bench)
     return {}
+
+# %%
+_choices = next(a.choices for a in _bench_args(argparse.ArgumentParser().add_subparsers())._actions if a.dest == "what")
+test_eq(set(_choices), set(BENCHES)); assert set(TIMED_BENCHES) <= set(BENCHES)          # every choice has its benchmark
 
 # %% [markdown]
 # ## The entry point
@@ -974,7 +1007,10 @@ for argv, msg in [(("grid", "--out", tmp, "--methods", "softmaxx"), "unknown nor
                   (("bench", "grid", "--datasets", "mnist"), "unknown dataset"),
                   (("bench", "normalizers", "--threads", "0"), "--threads must be >= 1"),
                   (("bench", "compare", "--results", tmp), "needs two results folders"),
-                  (("bench", "compare", "--results", tmp, tmp), "runs.csv does not exist")]:
+                  (("bench", "compare", "--results", tmp, tmp), "runs.csv does not exist"),
+                  (("bench", "profile", "--profile", "huge"), "unknown profile 'huge'"),
+                  (("bench", "profile", "--datasets", "mnist"), "unknown dataset 'mnist'"),
+                  (("bench", "stack", "--stack-seeds", "0"), "--stack-seeds must be >= 1")]:
     code, err = run_cli(*argv)
     test_eq(code, 2)
     assert msg in err and err.count("\n") == 1, (argv, err)

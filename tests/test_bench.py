@@ -23,3 +23,13 @@ def test_bench_stack_prints_speedup_and_identical_results(data_root):
     assert line[1:4] == ["2", "14", "cpu"] and line[-1] == "14.0", r.stdout       # every accuracy identical on the CPU
     bad = cli("bench", "stack", "--stack-seeds", "0")
     assert bad.returncode == 2 and "--stack-seeds must be >= 1" in bad.stderr, bad.stderr
+
+def test_bench_profile_writes_rows_and_times(data_root, tmp_path):
+    r = cli("bench", "profile", "--profile", "smoke", "--datasets", "synthetic_marker", "--stack-seeds", "2", "--device", "cpu",
+            "--out", tmp_path)
+    assert r.returncode == 0, r.stderr
+    import pandas as pd
+    rows, times = pd.read_csv(tmp_path / "runs.csv"), pd.read_csv(tmp_path / "times.csv")
+    assert len(rows) == 2 * 7 and (rows.status == "ok").all() and set(rows.seed) == {0, 1}
+    assert times.dataset.tolist() == ["synthetic_marker"] and (times.seconds_stacked > 0).all(), times
+    assert "lock-step projected" in r.stdout, r.stdout
