@@ -4,13 +4,14 @@
 
 # %% auto 0
 __all__ = ['FAST_HELP', 'SUBCOMMANDS', 'STUDY_A', 'CRISP', 'BENCHES', 'TIMED_BENCHES', 'COMMANDS', 'UsageError', 'usable_cores',
-           'threads_per_job', 'build_parser', 'grid_tasks', 'study_group', 'run_study', 'cmd_grid', 'crisp_tasks',
-           'cmd_crisp', 'cmd_report', 'cmd_index', 'cmd_leaderboard', 'cmd_card', 'cmd_readme', 'cmd_site',
-           'cmd_reproduce', 'ablation_grids', 'cmd_ablations', 'cmd_follow_ups', 'tuned_grids', 'cmd_tuned',
-           'cmd_attention_maps', 'cmd_bench', 'main']
+           'threads_per_job', 'build_parser', 'ExecutionPlan', 'execution_plan', 'grid_tasks', 'study_group',
+           'run_study', 'cmd_grid', 'crisp_tasks', 'cmd_crisp', 'cmd_report', 'cmd_index', 'cmd_leaderboard',
+           'cmd_card', 'cmd_readme', 'cmd_site', 'cmd_reproduce', 'ablation_grids', 'cmd_ablations', 'cmd_follow_ups',
+           'tuned_grids', 'cmd_tuned', 'cmd_attention_maps', 'cmd_bench', 'main']
 
 # %% ../nbs/07_cli.ipynb
 import argparse, os, sys
+from dataclasses import dataclass
 from pathlib import Path
 from .runner import NotebookTask, TaskGroup, run_task_groups, check_manifest, results_lock, experiments_dir
 from .study import STUDIES
@@ -273,11 +274,44 @@ def _fast_calibration(args, specs, datasets, stacked, run) -> dict:
                                                            for d, t in cal["ms_per_step"].items()) + ")", flush=True)
     return cal
 
+@dataclass(frozen=True)
+class ExecutionPlan:
+    "How a grid's runs execute, resolved and checked once at the edge: device, container, and the run options that choose the path."
+    device: str                 # as asked (auto | cpu | cuda), checked to exist here
+    container: str              # plain (one model at a time) | lockstep (a seed's methods together) | stacked (seeds as one model)
+    stack_seeds: int            # seeds per stacked model (1 unless stacked)
+    run: dict                   # TrainConfig's options, checked: the attention path, dropout generator and precision among them
+    calibration: dict | None    # what --fast measured, when it chose the levers in `run`
+
+def execution_plan(args, specs, datasets) -> ExecutionPlan:
+    "The grid's `ExecutionPlan`: every path option checked (and --fast resolved into measured levers) before anything runs."
+    from sparse_attention_repro.train import TrainConfig
+    from sparse_attention_repro.normalizers import fused_refusal
+    from sparse_attention_repro.data import resolve_device
+    try: device = resolve_device(args.device)
+    except ValueError as e: raise UsageError(str(e)) from None
+    run = {k: getattr(args, k) for k in option_defaults(TrainConfig)}    # TrainConfig's options, checked by their own rules
+    try: check_options(TrainConfig, run)
+    except ValueError as e: raise UsageError(str(e)) from None
+    if args.stack_seeds < 1: raise UsageError(f"--stack-seeds must be >= 1, got {args.stack_seeds}")
+    if args.stack_seeds > 1 and args.plain: raise UsageError("--plain and --stack-seeds exclude each other: a stack trains every method together")
+    stacked = args.stack_seeds > 1
+    fast = getattr(args, "fast", False)
+    if fast and (run["dropout_rng"], run["precision"], run["attention"]) != ("torch", "fp32", "torch"):
+        raise UsageError("--fast sets --dropout-rng, --precision and --attention itself; drop them")
+    calibration = None
+    if fast:                                                            # resolved here into the levers measured to pay here
+        calibration = _fast_calibration(args, specs, datasets, stacked, run)
+        run.update(calibration["levers"])
+    elif run["attention"] == "fused" and (why := fused_refusal(specs, device, stacked)):
+        raise UsageError(f"--attention fused: {why}; use --attention torch")
+    return ExecutionPlan(args.device, "stacked" if stacked else "plain" if args.plain else "lockstep", args.stack_seeds, run, calibration)
+
 def grid_tasks(args):
     "Validate the grid arguments and return (tasks, options)."
     _check_executor(args)
-    from sparse_attention_repro.train import PROFILES, PAPER_SIZES, TrainConfig
-    from sparse_attention_repro.normalizers import resolve_normalizer, fused_refusal
+    from sparse_attention_repro.train import PROFILES, PAPER_SIZES
+    from sparse_attention_repro.normalizers import resolve_normalizer
     from sparse_attention_repro.study import PAPER_METHODS, BASELINE
     from sparse_attention_repro.data import load_dataset, DataOptions, DataUnavailableError
     if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
@@ -292,28 +326,13 @@ def grid_tasks(args):
     if len(set(methods)) < len(methods): raise UsageError(f"--methods names a method twice: {' '.join(refs)}")
     ref_of = dict(zip(methods, refs))                                   # what a notebook resolves: the name, or package.module:name
     seeds = _seeds(args.seeds) if args.seeds else list(PROFILES[args.profile]["seeds"]) if base is None else sorted(set(base.seed.astype(int)))
-    from sparse_attention_repro.data import resolve_device
-    try: resolve_device(args.device)
-    except ValueError as e: raise UsageError(str(e)) from None
-    run = {k: getattr(args, k) for k in option_defaults(TrainConfig)}    # TrainConfig's options, checked by their own rules
-    stacked = getattr(args, "stack_seeds", 1) > 1
-    try: check_options(TrainConfig, run)
-    except ValueError as e: raise UsageError(str(e)) from None
-    if args.stack_seeds < 1: raise UsageError(f"--stack-seeds must be >= 1, got {args.stack_seeds}")
-    if args.stack_seeds > 1 and args.plain: raise UsageError("--plain and --stack-seeds exclude each other: a stack trains every method together")
-    if getattr(args, "fast", False) and (run["dropout_rng"], run["precision"], run["attention"]) != ("torch", "fp32", "torch"):
-        raise UsageError("--fast sets --dropout-rng, --precision and --attention itself; drop them")
     for d in datasets:                           # data present and readable? (also warms the decode cache once)
         try: load_dataset(d, 0, 1, 1, DataOptions(patch_size=args.patch_size or None, marker_vocab=args.marker_vocab,
                                                   marker_design=args.marker_design), download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e).splitlines()[0]) from None
         except ValueError as e: raise UsageError(str(e)) from None
-    calibration = None
-    if getattr(args, "fast", False):                                    # resolved here into the levers measured to pay here
-        calibration = _fast_calibration(args, specs, datasets, stacked, run)
-        run.update(calibration["levers"])
-    elif run["attention"] == "fused" and (why := fused_refusal(specs, resolve_device(args.device), stacked)):
-        raise UsageError(f"--attention fused: {why}; use --attention torch")
+    plan = execution_plan(args, specs, datasets)                        # after the data: --fast measures on it
+    run, calibration = plan.run, plan.calibration
     options = dict(profile=args.profile, **run, **({"fast_calibration": calibration} if calibration else {}))
     if base is not None: _check_baseline(args.baseline, base, options, datasets, seeds)
     out, nb = Path(args.out).resolve(), experiments_dir() / STUDY_A.notebook
@@ -321,8 +340,8 @@ def grid_tasks(args):
     tasks = []
     for d in datasets:
         rows_dir = (STUDY_A.rows_dir(out) / d).resolve()
-        for i in range(0, len(seeds), args.stack_seeds):
-            group = seeds[i:i + args.stack_seeds]
+        for i in range(0, len(seeds), plan.stack_seeds):
+            group = seeds[i:i + plan.stack_seeds]
             name = f"seed{group[0]}" if len(group) == 1 else f"seeds{group[0]}-{group[-1]}"
             todo = [m for m in methods if any(not (rows_dir / f"seed{s}" / f"{m}.csv").exists() for s in group)] or methods
             record = out / "notebooks" / d / f"{name}.ipynb"
@@ -336,8 +355,8 @@ def grid_tasks(args):
                                       [rows_dir / f"seed{s}" / f"{m}.csv" for s in group for m in methods] +
                                       ([rows_dir / f"seed{group[0]}" / f"{BASELINE}.csv"] if check else []),
                                       dict(dataset=d, seeds=group, methods=[ref_of[m] for m in todo], threads=threads, rows_dir=str(rows_dir),
-                                           lockstep=not args.plain, stack=len(group) > 1, download=args.download,
-                                           device=args.device, profile=args.profile, options=run)))
+                                           lockstep=plan.container != "plain", stack=len(group) > 1, download=args.download,
+                                           device=plan.device, profile=args.profile, options=run)))
     return tasks, options
 
 # %% ../nbs/07_cli.ipynb
