@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 from sparse_attention_repro.study import BASELINE, method_order
 from sparse_attention_repro.data import DATASETS
 
@@ -231,10 +232,13 @@ def normalizer_card(outputs, name, main="paper", cost_repeats=10) -> Path:
     lines += ["## Chosen recipes (on validation)", "", recipes.to_markdown(index=False) if len(recipes) else "Not searched yet.", ""]
     dc = density_and_cost(outputs, main).pipe(lambda t: t[t.normalizer == name])
     if len(dc): lines += ["## Density (paper recipe)", "", dc[["dataset", "density"]].round(3).to_markdown(index=False), ""]
-    cost = bench_normalizers(repeats=cost_repeats, methods=tuple(dict.fromkeys([BASELINE, name])))
+    threads = torch.get_num_threads(); torch.set_num_threads(1)        # one thread, as a grid job per core (and `bench normalizers`)
+    try: cost = bench_normalizers(repeats=cost_repeats, methods=tuple(dict.fromkeys([BASELINE, name])))
+    finally: torch.set_num_threads(threads)
     cost = cost[(cost.implementation == "kernels") & (cost.normalizer == name)]
     lines += ["## Cost, measured side by side with softmax in one process", "",
-              f"Forward + backward of the normalizer alone, median of {cost_repeats} interleaved repeats, over softmax's (this machine):", "",
+              f"Forward + backward of the normalizer alone, one thread, median of {cost_repeats} interleaved repeats, over softmax's "
+              "(this machine):", "",
               cost[["shape", "ms", "ratio_to_softmax"]].round(3).to_markdown(index=False), ""]
     out = outputs / "cards" / f"{name}.md"; out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, lambda tmp: Path(tmp).write_text("\n".join(lines), encoding="utf-8"))
