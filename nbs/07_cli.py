@@ -251,7 +251,7 @@ def _bench_args(sub):
     b.add_argument("--stack-seeds", type=int, nargs="+", default=[2], help="stack: stack sizes (seeds) to measure")
     b.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="stack, profile: where to train (auto = CUDA when available)")
     b.add_argument("--profile", default="paper", help="profile: the profile to run (its seeds, sizes and epochs)")
-    b.add_argument("--out", default=None, help="profile: a folder for its runs.csv and times.csv")
+    b.add_argument("--out", default=None, help="profile: a folder for its runs.csv (stacked), lockstep_runs.csv (the anchor's seeds) and times.csv")
     return b
 
 # %%
@@ -938,10 +938,10 @@ def _bench_profile(args, bench):
     datasets = _split(args.datasets) if args.datasets else list(PAPER_SIZES)
     for d in datasets:
         if d not in PAPER_SIZES: raise UsageError(f"unknown dataset {d!r}; choose from {', '.join(PAPER_SIZES)}")
-    rows, t = bench.bench_profile(args.profile, datasets, args.stack_seeds[0], args.device)
+    rows, t, anchor = bench.bench_profile(args.profile, datasets, args.stack_seeds[0], args.device)
     if args.out:
         from sparse_attention_repro.files import atomic_write
-        for name, df in (("runs.csv", rows), ("times.csv", t)):
+        for name, df in (("runs.csv", rows), ("times.csv", t), ("lockstep_runs.csv", anchor)):
             atomic_write(Path(args.out) / name, lambda f, df=df: df.to_csv(f, index=False))
     print(f"\nthe {args.profile} profile on the stacked path ({args.stack_seeds[0]} seeds per stack), wall seconds per dataset, "
           f"beside the lock-step path's seed 0 projected to every seed")

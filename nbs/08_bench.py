@@ -438,15 +438,17 @@ test_eq((st_.seeds.tolist(), st_.models.tolist(), st_.identical_accuracies.tolis
 # epochs — and times each dataset end to end (its data loaded, every stack trained and evaluated); as the side-by-side
 # anchor it then trains `anchor_seeds` of each dataset on the default lock-step path, one seed at a time on the same
 # device, and projects that path's time to all seeds. The rows are the grid's own (`runs.csv` columns), so the
-# conclusions can be compared with another path's runs (`compare_gains`).
+# conclusions can be compared with another path's runs (`compare_gains`). The anchor's rows come back too: a stack
+# shares its wall time equally among its models, so only lock-step rows time each method on the device (claim A7, the
+# paper's GPU training-time ratios).
 
 # %%
 #| export
 def bench_profile(profile="paper", datasets=None, stack_seeds=10, device="auto", methods=PAPER_METHODS, anchor_seeds=1) -> tuple:
-    "Every dataset of `profile` on the stacked path, timed end to end, beside `anchor_seeds` lock-step seeds: (rows, times)."
+    "Every dataset of `profile` on the stacked path, timed end to end, beside `anchor_seeds` lock-step seeds: (rows, times, anchor rows)."
     seeds = list(PROFILES[profile]["seeds"])
     if stack_seeds < 1: raise ValueError(f"stack_seeds must be >= 1, got {stack_seeds}")
-    rows, times = [], []
+    rows, times, anchor_rows = [], [], []
     sync = lambda: torch.cuda.synchronize() if torch.cuda.is_available() else None
     for ds in datasets or list(PAPER_SIZES):
         cfg = profile_config(profile, ds, device=device, progress=False)
@@ -457,20 +459,21 @@ def bench_profile(profile="paper", datasets=None, stack_seeds=10, device="auto",
         sync(); stacked = time.perf_counter() - t0
         rows += [dict(r, profile=profile) for r in done]
         t0 = time.perf_counter()
-        for s in seeds[:anchor_seeds]: run_methods(ds, list(methods), s, cfg, load_run_data(ds, s, cfg))
+        for s in seeds[:anchor_seeds]: anchor_rows += [dict(r, profile=profile) for r in run_methods(ds, list(methods), s, cfg, load_run_data(ds, s, cfg))]
         sync(); anchor = (time.perf_counter() - t0) / max(anchor_seeds, 1)
         times.append(dict(dataset=ds, seeds=len(seeds), methods=len(methods), stack_seeds=stack_seeds, device=done[0]["device"],
                           seconds_stacked=stacked, seconds_lockstep_per_seed=anchor if anchor_seeds else float("nan"),
                           seconds_lockstep_projected=anchor * len(seeds) if anchor_seeds else float("nan")))
     t = pd.DataFrame(times)
     t["speedup_stacked"] = t.seconds_lockstep_projected / t.seconds_stacked
-    return pd.DataFrame(rows), t
+    return pd.DataFrame(rows), t, pd.DataFrame(anchor_rows)
 
 # %%
-_pr, _pt = bench_profile("smoke", datasets=["synthetic_marker"], stack_seeds=2, device="cpu", methods=("softmax", "sparsemax"))
+_pr, _pt, _pa = bench_profile("smoke", datasets=["synthetic_marker"], stack_seeds=2, device="cpu", methods=("softmax", "sparsemax"))
 test_eq((len(_pr), sorted(set(_pr.seed)), set(_pr.status), _pt.seeds.tolist(), _pt.device.tolist()), (4, [0, 1], {"ok"}, [2], ["cpu"]))
 _one = run_methods("synthetic_marker", ["softmax", "sparsemax"], 0, profile_config("smoke", "synthetic_marker", device="cpu", progress=False))
 test_eq(_pr[_pr.seed == 0].accuracy.tolist(), [r["accuracy"] for r in _one])   # the stack trains what lock-step trains (CPU: bit for bit)
+test_eq(_pa.accuracy.tolist(), [r["accuracy"] for r in _one]); test_eq(_pa.lockstep_size.tolist(), [2, 2])    # the anchor's own rows
 test_fail(lambda: bench_profile("smoke", stack_seeds=0), contains="stack_seeds must be")
 
 # %% [markdown]

@@ -283,10 +283,10 @@ def bench_stack(datasets=("fashion_mnist",), num_seeds=(2,), epochs=1, repeats=1
 
 # %% ../nbs/08_bench.ipynb
 def bench_profile(profile="paper", datasets=None, stack_seeds=10, device="auto", methods=PAPER_METHODS, anchor_seeds=1) -> tuple:
-    "Every dataset of `profile` on the stacked path, timed end to end, beside `anchor_seeds` lock-step seeds: (rows, times)."
+    "Every dataset of `profile` on the stacked path, timed end to end, beside `anchor_seeds` lock-step seeds: (rows, times, anchor rows)."
     seeds = list(PROFILES[profile]["seeds"])
     if stack_seeds < 1: raise ValueError(f"stack_seeds must be >= 1, got {stack_seeds}")
-    rows, times = [], []
+    rows, times, anchor_rows = [], [], []
     sync = lambda: torch.cuda.synchronize() if torch.cuda.is_available() else None
     for ds in datasets or list(PAPER_SIZES):
         cfg = profile_config(profile, ds, device=device, progress=False)
@@ -297,14 +297,14 @@ def bench_profile(profile="paper", datasets=None, stack_seeds=10, device="auto",
         sync(); stacked = time.perf_counter() - t0
         rows += [dict(r, profile=profile) for r in done]
         t0 = time.perf_counter()
-        for s in seeds[:anchor_seeds]: run_methods(ds, list(methods), s, cfg, load_run_data(ds, s, cfg))
+        for s in seeds[:anchor_seeds]: anchor_rows += [dict(r, profile=profile) for r in run_methods(ds, list(methods), s, cfg, load_run_data(ds, s, cfg))]
         sync(); anchor = (time.perf_counter() - t0) / max(anchor_seeds, 1)
         times.append(dict(dataset=ds, seeds=len(seeds), methods=len(methods), stack_seeds=stack_seeds, device=done[0]["device"],
                           seconds_stacked=stacked, seconds_lockstep_per_seed=anchor if anchor_seeds else float("nan"),
                           seconds_lockstep_projected=anchor * len(seeds) if anchor_seeds else float("nan")))
     t = pd.DataFrame(times)
     t["speedup_stacked"] = t.seconds_lockstep_projected / t.seconds_stacked
-    return pd.DataFrame(rows), t
+    return pd.DataFrame(rows), t, pd.DataFrame(anchor_rows)
 
 # %% ../nbs/08_bench.ipynb
 def compare_runs(a, b, metric="accuracy") -> pd.DataFrame:

@@ -32,4 +32,6 @@ def test_bench_profile_writes_rows_and_times(data_root, tmp_path):
     rows, times = pd.read_csv(tmp_path / "runs.csv"), pd.read_csv(tmp_path / "times.csv")
     assert len(rows) == 2 * 7 and (rows.status == "ok").all() and set(rows.seed) == {0, 1}
     assert times.dataset.tolist() == ["synthetic_marker"] and (times.seconds_stacked > 0).all(), times
+    anchor = pd.read_csv(tmp_path / "lockstep_runs.csv")                  # seed 0 on the lock-step path: each method timed
+    assert len(anchor) == 7 and set(anchor.seed) == {0} and (anchor.train_seconds > 0).all()
     assert "lock-step projected" in r.stdout, r.stdout
