@@ -312,13 +312,13 @@ CHEAPER_SEARCHES = {
 
 def _cheaper_choice(curves, failed, search, rule: CheaperSearch) -> pd.Series:
     "The rate `rule` chooses per (dataset, method)."
-    whole, declared = curves, search
+    short, read = search, curves
     if rule.share < 1:                    # the curves read up to the shorter length (an extension's later epochs too)
-        search = {ds: RecipeSearch(s.lrs, max(1, round(rule.share * s.epochs)), s.methods) for ds, s in search.items()}
-        curves = curves[curves.epoch <= curves.dataset.map({d: x.epochs for d, x in search.items()})]
-    first = choose_lr(curves, failed, search, rule.seeds)
+        short = {ds: RecipeSearch(s.lrs, max(1, round(rule.share * s.epochs)), s.methods) for ds, s in search.items()}
+        read = curves[curves.epoch <= curves.dataset.map({d: x.epochs for d, x in short.items()})]
+    first = choose_lr(read, failed, short, rule.seeds)
     if rule.keep is None: return first[first.chosen].set_index(["dataset", "method"]).lr
-    full = choose_lr(whole, failed, declared, rule.seeds).set_index(["dataset", "method", "lr"])
+    full = choose_lr(curves, failed, search, rule.seeds).set_index(["dataset", "method", "lr"])
     out = {}
     for key, g in first[first.status == "ok"].groupby(["dataset", "method"], sort=False):
         kept = g.nlargest(rule.keep, "score").lr
