@@ -587,7 +587,9 @@ test_fail(lambda: read_sst2("dev"), contains="unknown SST-2 split")
 # `tiny-distilbert` is a randomly initialised DistilBERT (dim 32, 2 layers, 2 heads, hidden 64) with the MiniLM tokenizer,
 # recorded as `tiny-distilbert(random)`; anything else (`distilbert-base-uncased`, the paper's model, or a local folder) goes
 # to `from_pretrained`, which needs a network connection or a local copy. Models are built after `torch.manual_seed(seed)`
-# so the new head (and the tiny model) are the same for a seed.
+# so the new head (and the tiny model) are the same for a seed. Every model runs its own torch modules: transformers 5
+# would otherwise swap some layers (e.g. the GELU) for "hub kernels" on a GPU, which downloads code at run time, fails
+# offline after the whole fine-tuning (at `model.eval()`), and puts a GPU run on a different path from a CPU one.
 
 # %%
 #| export
@@ -609,11 +611,12 @@ def load_crisp_model(name, seed=0):
             cfg = DistilBertConfig(vocab_size=tok.vocab_size, pad_token_id=tok.pad_token_id, **TINY_DISTILBERT)
             return DistilBertForSequenceClassification(cfg), tok, "tiny-distilbert(random)"
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2, local_files_only=True,
-                                                                   attn_implementation="eager")
+                                                                   attn_implementation="eager", use_kernels=False)
         return model, tok, "all-MiniLM-L6-v2"
     try:
         tok = AutoTokenizer.from_pretrained(name)
-        model = AutoModelForSequenceClassification.from_pretrained(name, num_labels=2, attn_implementation="eager")
+        model = AutoModelForSequenceClassification.from_pretrained(name, num_labels=2, attn_implementation="eager",
+                                                                   use_kernels=False)
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot load model {name!r} ({type(e).__name__}): needs network access to the Hugging Face hub or a local folder with its weights; offline use 'minilm' or 'tiny-distilbert'") from None
     return model, tok, name
@@ -626,6 +629,9 @@ test_eq(tiny.config.vocab_size, tok.vocab_size)
 tiny2, _, _ = load_crisp_model("tiny-distilbert", seed=0)
 test_eq(torch.equal(tiny.classifier.weight, tiny2.classifier.weight), True)  # seeded construction
 test_fail(lambda: load_crisp_model("/nonexistent/model-folder"), contains="cannot load model")
+# no hub kernels: the packaged encoder keeps its own layers on every device
+mini, _, _ = load_crisp_model("minilm", seed=0)
+test_eq(mini.use_kernels, False)
 
 
 # %% [markdown]

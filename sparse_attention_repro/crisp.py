@@ -262,11 +262,12 @@ def load_crisp_model(name, seed=0):
             cfg = DistilBertConfig(vocab_size=tok.vocab_size, pad_token_id=tok.pad_token_id, **TINY_DISTILBERT)
             return DistilBertForSequenceClassification(cfg), tok, "tiny-distilbert(random)"
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2, local_files_only=True,
-                                                                   attn_implementation="eager")
+                                                                   attn_implementation="eager", use_kernels=False)
         return model, tok, "all-MiniLM-L6-v2"
     try:
         tok = AutoTokenizer.from_pretrained(name)
-        model = AutoModelForSequenceClassification.from_pretrained(name, num_labels=2, attn_implementation="eager")
+        model = AutoModelForSequenceClassification.from_pretrained(name, num_labels=2, attn_implementation="eager",
+                                                                   use_kernels=False)
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot load model {name!r} ({type(e).__name__}): needs network access to the Hugging Face hub or a local folder with its weights; offline use 'minilm' or 'tiny-distilbert'") from None
     return model, tok, name
