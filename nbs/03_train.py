@@ -16,7 +16,7 @@
 
 # %%
 #| export
-import json, time
+import hashlib, json, time
 from pathlib import Path
 from dataclasses import dataclass, replace
 import numpy as np
@@ -204,25 +204,53 @@ class TrainResult:
     epoch_metrics: list = None  # with a `monitor`: its metrics after every epoch, e.g. [{"epoch": 1, "val_accuracy": ...}, ...]
     mask_seconds: float = 0.0   # the part of `seconds` spent drawing dropout masks shared by the lock-step group (drawn once for all)
 
+def _checkpoint_key(cfg: TrainConfig, seed: int, models, n: int) -> str:
+    "What a checkpoint must match to be continued: every setting that changes training (not the progress bar), the seed, the models' shapes, the data size."
+    settings = {k: v for k, v in vars(cfg).items() if k != "progress"}
+    shapes = [[tuple(p.shape) for p in m.parameters()] for m in models]
+    return json.dumps(dict(settings=settings, seed=seed, shapes=shapes, n=n), sort_keys=True, default=str)
+
+def save_checkpoint(path, key, models, opts, gen, results, active, step, epoch):
+    "Keep the whole training state after `epoch` in `path` (atomically): weights, optimizers, every random stream, results so far."
+    state = dict(key=key, epoch=epoch, step=step, active=list(active), results=results, gen=gen.get_state(),
+                 rng=torch.get_rng_state(), cuda_rng=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                 models=[m.state_dict() for m in models], opts=[o.state_dict() for o in opts])
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+def load_checkpoint(path, key, models, opts, gen, device):
+    "Restore the state `save_checkpoint` kept in `path` into `models`, `opts`, `gen` and torch's generators; `(results, active, step, epoch)`, or None when there is none or it belongs to another run."
+    if not Path(path).exists(): return None
+    state = torch.load(path, map_location=device, weights_only=False)      # our own file, written by save_checkpoint
+    if state.get("key") != key: return None                               # another configuration: start afresh (and overwrite it)
+    for m, s in zip(models, state["models"]): m.load_state_dict(s)
+    for o, s in zip(opts, state["opts"]): o.load_state_dict(s)
+    gen.set_state(state["gen"]); torch.set_rng_state(state["rng"])
+    if state["cuda_rng"] is not None and torch.cuda.is_available(): torch.cuda.set_rng_state_all(state["cuda_rng"])
+    return state["results"], state["active"], state["step"], state["epoch"]
+
 def _fresh_results(models, steps, device) -> list:
     "One `TrainResult` per model before its first step: ok, learned parameters at epoch 0, no time, `steps` NaN losses."
     return [TrainResult("ok", [s for s in [_learned_snapshot(m.learned(), 0)] if s], 0.0,
                         torch.full((steps,), float("nan"), device=device)) for m in models]
 
-def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="", monitor=None) -> list:
+def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="", monitor=None, checkpoint=None) -> list:
     """Train `models` (same seed, one per normalizer) in place, step by step together; one `TrainResult` per model.
-    `monitor(model) -> dict`, when given, is called on every model still training after each epoch (untimed)."""
+    `monitor(model) -> dict`, when given, is called on every model still training after each epoch (untimed).
+    `checkpoint`, a file path: the state after every epoch is kept there, and a run that finds it continues after its epoch."""
     opts = [torch.optim.AdamW(m.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for m in models]
     gen, tape = torch.Generator().manual_seed(seed), MaskTape()
     n, bs = len(train.y), cfg.batch_size
     steps = cfg.epochs * -(-n // bs)
     device = train.y.device
     results = _fresh_results(models, steps, device)
-    active, step = list(range(len(models))), 0
-    bar = tqdm(total=steps, desc=desc, disable=not cfg.progress, mininterval=2, leave=False)
+    active, step, done = list(range(len(models))), 0, 0
+    key = _checkpoint_key(cfg, seed, models, n)
+    if checkpoint is not None and (state := load_checkpoint(checkpoint, key, models, opts, gen, device)) is not None:
+        results, active, step, done = state
+    bar = tqdm(total=steps, initial=step, desc=desc, disable=not cfg.progress, mininterval=2, leave=False)
     try:
         for m in models: m.set_mask_tape(tape)
-        for epoch in range(1, cfg.epochs + 1):
+        for epoch in range(done + 1, cfg.epochs + 1):
             for m in models: m.train()
             order = torch.randperm(n, generator=gen).to(device)             # the seed's order, the same on every device
             for i in range(0, n, bs):
@@ -250,15 +278,16 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="", monitor=
                 else:
                     if (s := _learned_snapshot(models[j].learned(), epoch)): results[j].learned_history.append(s)
                     if monitor is not None: results[j].epoch_metrics = (results[j].epoch_metrics or []) + [dict(epoch=epoch, **monitor(models[j]))]
+            if checkpoint is not None: save_checkpoint(checkpoint, key, models, opts, gen, results, active, step, epoch)
             if not active: break
     finally:
         for m in models: m.set_mask_tape(None)
         bar.close()
     return results
 
-def train_model(model, train, cfg: TrainConfig, seed: int, desc="", monitor=None) -> TrainResult:
+def train_model(model, train, cfg: TrainConfig, seed: int, desc="", monitor=None, checkpoint=None) -> TrainResult:
     "Train one `model` in place on `train` (the plain path)."
-    return train_lockstep([model], train, cfg, seed, desc, monitor)[0]
+    return train_lockstep([model], train, cfg, seed, desc, monitor, checkpoint)[0]
 
 
 # %% [markdown]
@@ -396,8 +425,10 @@ def epoch_monitor(data, precision="fp32"):
         return out
     return monitor
 
-def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None, lockstep=True, return_models=False) -> list:
-    "Train and evaluate every method of `methods` on one (dataset, seed); one metrics row per method (and the models, if asked)."
+def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None, lockstep=True, return_models=False,
+                checkpoint=None) -> list:
+    """Train and evaluate every method of `methods` on one (dataset, seed); one metrics row per method (and the models, if asked).
+    `checkpoint` (lock-step path): the file where training keeps its state after every epoch and continues from."""
     methods = [resolve_normalizer(m) for m in methods]                # fail early on an unknown method; specs from here on
     data = load_run_data(dataset, seed, config) if data is None else data
     if not lockstep:
@@ -406,7 +437,7 @@ def run_methods(dataset: str, methods, seed: int, config: TrainConfig, data=None
     device = resolve_device(config.device)
     models = [_new_model(data, m, seed, config.learned_pad_row, device, config.dropout_rng, config.attention) for m in methods]
     results = train_lockstep(models, data.train.to(device), config, seed, desc=f"{dataset}/seed{seed}/" + (methods[0].name if len(methods) == 1 else f"{len(methods)} methods"),
-                             monitor=epoch_monitor(data, config.precision) if config.epoch_eval else None)
+                             monitor=epoch_monitor(data, config.precision) if config.epoch_eval else None, checkpoint=checkpoint)
     rows = [_row(dataset, m.name, seed, config, data, model, r, len(methods)) for m, model, r in zip(methods, models, results)]
     return (rows, models) if return_models else rows
 
@@ -442,7 +473,9 @@ def run_one(dataset: str, method: str, seed: int, config: TrainConfig, data=None
 #| export
 def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, rows_dir=None, lockstep=True, stack=False,
                 **options) -> list:
-    "Rows of every method in `methods` on each of `seeds` (an int or a list) under `profile`; `options` override TrainConfig fields."
+    """Rows of every method in `methods` on each of `seeds` (an int or a list) under `profile`; `options` override TrainConfig fields.
+    With `rows_dir`, each lock-step group keeps its training state after every epoch beside its rows (`resume-<group>.pt`,
+    deleted once its rows are written), so a killed run continues from its last finished epoch, bit for bit."""
     seeds = [seeds] if isinstance(seeds, int) else list(seeds)
     if not seeds or any(s < 0 for s in seeds): raise ValueError(f"seeds must be one or more integers >= 0, got {seeds}")
     methods = [resolve_normalizer(m) for m in methods]               # the edge: names become registry entries once
@@ -460,8 +493,14 @@ def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, ro
         for seed in seeds:
             data = load_run_data(dataset, seed, config)
             for group in ([list(methods)] if lockstep else [[m] for m in methods]):
-                keep(run_methods(dataset, group, seed, config, data))
+                ckpt = None if rows_dir is None else Path(rows_dir) / f"seed{seed}" / f"resume-{group_digest(group)}.pt"
+                keep(run_methods(dataset, group, seed, config, data, checkpoint=ckpt))
+                if ckpt is not None: ckpt.unlink(missing_ok=True)
     return rows
+
+def group_digest(methods) -> str:
+    "A short name for a lock-step group of methods (its checkpoint file's)."
+    return hashlib.sha1("+".join(m.name for m in methods).encode()).hexdigest()[:12]
 
 
 # %% [markdown]
@@ -495,6 +534,43 @@ rb16 = run_one("fashion_mnist", "entmax15", 0, replace(c1, precision="bf16"), da
 assert rb16["accuracy"] > 0.2 and rb16["test_loss"] != run_one("fashion_mnist", "entmax15", 0, c1, data)["test_loss"]
 rk = run_one("fashion_mnist", "topk_softmax_025", 0, c1, data)
 test_close(rk["nonzero_ratio"], 5 / 17, eps=1e-6)
+
+# %% [markdown]
+# **Killed and resumed, bit for bit.** With a `checkpoint` file, training keeps its whole state after every epoch
+# (weights, AdamW moments, the data-order generator, torch's generator that draws the dropout masks, the results so far)
+# and a rerun continues after the last finished epoch. Below, a run is killed while its second epoch is being evaluated
+# (so only epoch 1 was kept) and rerun: its losses, learning curves, learned $\alpha$ and final weights equal those of
+# a run never interrupted. A checkpoint of another configuration is not continued, and `run_study_a` deletes the file
+# once the group's rows are written.
+
+# %%
+import tempfile
+pair, mon = ["softmax", "headwise_adaptive_entmax"], epoch_monitor(data)
+def _trained(monitor, checkpoint=None):
+    models = [_new_model(data, m, 0) for m in pair]
+    return models, train_lockstep(models, data.train, cfg, 0, monitor=monitor, checkpoint=checkpoint)
+ref_models, ref = _trained(mon)
+class _Killed(Exception): pass
+calls = []
+def _dies_in_epoch_2(model):
+    calls.append(1)
+    if len(calls) > len(pair): raise _Killed()
+    return mon(model)
+with tempfile.TemporaryDirectory() as tmp:
+    ck = Path(tmp) / "resume.pt"
+    test_fail(lambda: _trained(_dies_in_epoch_2, ck))
+    test_eq(torch.load(ck, weights_only=False)["epoch"], 1)
+    res_models, res = _trained(mon, ck)
+    for a, b, ma, mb in zip(ref, res, ref_models, res_models):
+        test_eq(torch.equal(a.losses, b.losses), True)
+        test_eq((a.status, a.epoch_metrics, a.learned_history), (b.status, b.epoch_metrics, b.learned_history))
+        test_eq(all(torch.equal(x, y) for x, y in zip(ma.state_dict().values(), mb.state_dict().values())), True)
+    other = [_new_model(data, m, 0) for m in pair]                          # another learning rate: not continued
+    c2 = replace(cfg, lr=3e-3)
+    test_eq(load_checkpoint(ck, _checkpoint_key(c2, 0, other, len(data.train.y)), other,
+                            [torch.optim.AdamW(m.parameters()) for m in other], torch.Generator(), torch.device("cpu")), None)
+    rows = run_study_a("fashion_mnist", 0, ["softmax"], "smoke", rows_dir=tmp, progress=False)
+    test_eq(sorted(p.name for p in (Path(tmp) / "seed0").iterdir()), ["softmax.csv"])   # rows written, checkpoint gone
 
 # %% [markdown]
 # The adaptive entmax logs its $\alpha$ per head after each epoch (starting at 1.5), and a diverging run is recorded, not raised:

@@ -116,7 +116,8 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # MiniLM, SST-2 subset, evaluated on the full validation and test splits) and the report. It prints a progress bar per grid
 # and the path of `outputs/quick/report.html`; results are in `outputs/quick/runs.csv`, `crisp_runs.csv`, `tables/`,
 # `figures/`, and one executed notebook per (dataset, seed) and (config, seed) under `notebooks/`. Killing it at any
-# moment and rerunning the same command resumes: finished runs are skipped, at most the runs in flight are repeated. One
+# moment and rerunning the same command resumes: finished runs are skipped, and a study A run in flight continues after
+# its last finished epoch (its training state is kept beside its rows after every epoch, bit for bit the same run). One
 # command writes into a results folder at a time; a second one started on the same `--out` is refused with a line naming
 # the first. Measured times are in [`BENCHMARKS.md`](../BENCHMARKS.md).
 #
