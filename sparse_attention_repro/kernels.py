@@ -49,7 +49,7 @@ def _header_ints(pattern) -> dict:
 # %% ../nbs/00_kernels.ipynb
 CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
 _SIGNATURES = {  # name: argument types (P = pointer, L = long, F = float, D = double)
-    "sparsemax_fwd": "PPPLL", "sparsemax_bwd": "PPPPLL", "entmax15_fwd": "PPPLLLF", "entmax_alpha_fwd": "PPPPLLLF",
+    "sparsemax_fwd": "PPPLL", "sparsemax_bwd": "PPPPLL", "entmax15_fwd": "PPPLLLF", "entmax_alpha_fwd": "PPPPPLLLF",
     "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPPLLD", "softmax_bwd": "PPPPLL",
     "philox_bits": "PLLLL", "philox_dropout": "PLLLLLF", "mt_bernoulli": "PLPDF",
     "attention_fwd": "PPPPPPLLLLLFLDLF", "attention_bwd": "PPPPPPPLLLLLFL", "attention_scratch": "LL"}
@@ -126,7 +126,7 @@ def _run(name, row_tensors, rows, n, *scalars, per_row=(), scratch=False):
     def call(lo, hi):
         ptrs = [t.data_ptr() + lo * n * 4 for t in row_tensors]
         ptrs += [None if t is None else t.data_ptr() + lo * 4 for t in per_row]
-        buf = torch.empty(32 * (n + 16), dtype=torch.float32) if scratch else None   # scratch: a row, or a 16-row block
+        buf = torch.empty(64 * (n + 16), dtype=torch.float32) if scratch else None   # scratch: a row, or 16-row blocks
         fn(*ptrs, *([buf.data_ptr()] if scratch else []), hi - lo, n, *scalars)
     _chunked(call, rows, rows * n)
 
@@ -157,10 +157,13 @@ def entmax15_fwd(x, max_iter=ENTMAX15_ITERS):
     "1.5-entmax of every row of `x` (Newton from the left)."
     x = x.contiguous(); p = torch.empty_like(x); _run("entmax15_fwd", [x, p], *_rows(x), max_iter, _TOL, scratch=True); return p
 
-def entmax_alpha_fwd(x, alpha_rows, max_iter=30):
-    "alpha-entmax of every row of `x`, with `alpha_rows[..., 0]` the alpha of each row."
+def entmax_alpha_fwd(x, alpha_rows, max_iter=30, flags=False):
+    """alpha-entmax of every row of `x`, with `alpha_rows[..., 0]` the alpha of each row; with `flags`, also the `[..., 1]`
+    flags of the rows whose scores hold a NaN or +inf or no finite value (softmax's NaN rows)."""
     x = x.contiguous(); p = torch.empty_like(x)
-    _run("entmax_alpha_fwd", [x, p], *_rows(x), max_iter, _TOL, per_row=[alpha_rows.contiguous()], scratch=True); return p
+    bad = torch.empty(x.shape[:-1] + (1,), dtype=torch.int32) if flags else None
+    _run("entmax_alpha_fwd", [x, p], *_rows(x), max_iter, _TOL, per_row=[alpha_rows.contiguous(), bad], scratch=True)
+    return (p, bad.bool()) if flags else p
 
 def entmax_bwd(p, g, alpha_rows=None, d_alpha=False):
     "Gradient of alpha-entmax (alpha 1.5 when `alpha_rows` is None) and, if `d_alpha`, d loss / d alpha per row `[..., 1]`."

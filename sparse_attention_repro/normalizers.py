@@ -180,16 +180,18 @@ def _entmax_alpha_concave(z, alpha, n_iter=ENTMAX_ALPHA_ITERS):
     return torch.where(on, (c + s.pow(a)).pow(beta), torch.zeros_like(c))
 
 class EntmaxAlphaFunction(Function):
-    "alpha-entmax over the last dim for a tensor `alpha` (broadcastable, size 1 on that dim): Newton forward, implicit backward."
+    """alpha-entmax over the last dim for a tensor `alpha` (broadcastable, size 1 on that dim): Newton forward, implicit backward.
+    Returns the weights and the `[..., 1]` flags of the rows softmax makes NaN (for `_finish`; the kernel finds them)."""
     @staticmethod
     def forward(ctx, x, alpha, n_iter=ENTMAX_ALPHA_ITERS):
         alpha_shape = alpha.shape
         alpha = alpha.to(x.dtype)
         ctx.alpha_shape = alpha_shape
         if K.usable(x) and (alpha <= 2).all():                          # the kernel's Newton assumes a convex f
-            p = K.entmax_alpha_fwd(x, alpha.expand(x.shape[:-1] + (1,)), n_iter)
+            p, bad = K.entmax_alpha_fwd(x, alpha.expand(x.shape[:-1] + (1,)), n_iter, flags=True)   # flags: softmax's NaN rows
             ctx.save_for_backward(p, alpha)
-            return p
+            ctx.mark_non_differentiable(bad)
+            return p, bad
         z = (x - x.amax(-1, keepdim=True)) * (alpha - 1)                   # (..., T), max 0
         concave = alpha > 2
         if not concave.any(): p = _entmax_alpha_convex(z, alpha, n_iter)
@@ -198,10 +200,12 @@ class EntmaxAlphaFunction(Function):
                               _entmax_alpha_convex(z, alpha.clamp_max(2), n_iter))
         p = p / p.sum(-1, keepdim=True)
         ctx.save_for_backward(p, alpha)
-        return p
+        bad = ~torch.isfinite(x.detach().amax(-1, keepdim=True))
+        ctx.mark_non_differentiable(bad)
+        return p, bad
 
     @staticmethod
-    def backward(ctx, g):
+    def backward(ctx, g, _):
         p, alpha = ctx.saved_tensors
         if K.usable(g):
             dx, da = K.entmax_bwd(p, g, alpha.expand(p.shape[:-1] + (1,)), d_alpha=ctx.needs_input_grad[1])
@@ -222,7 +226,8 @@ def entmax_alpha(scores, alpha, key_mask=None, n_iter=ENTMAX_ALPHA_ITERS):
     s, empty = _mask_scores(_upcast(scores), key_mask)
     if not torch.is_tensor(alpha): alpha = torch.tensor(float(alpha), dtype=s.dtype, device=s.device)
     if not (alpha > 1).all(): raise ValueError(f"entmax_alpha needs every alpha > 1 (got min {alpha.min().item()}); use softmax for alpha = 1")
-    return _finish(EntmaxAlphaFunction.apply(s, alpha, n_iter), s, empty).to(scores.dtype)
+    p, bad = EntmaxAlphaFunction.apply(s, alpha, n_iter)              # and the rows softmax makes NaN, found on the way
+    return _finish(p, s, empty, bad).to(scores.dtype)
 
 # %% ../nbs/00_normalizers.ipynb
 ORIGINAL_BISECT_STEPS = 18   # bisection steps of the original study's entmax

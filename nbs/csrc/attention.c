@@ -115,13 +115,13 @@ static void mix_rows(const float* M, long mr, long mj, const float* B, long sb, 
 
 long attention_scratch(long T, long D) {
     long G = ATTENTION_GROUP(T);
-    return 2 * G * T * T + (T + 16) * D + 32 * (T + 16) + 3 * G * T + 16;
+    return 2 * G * T * T + (T + 16) * D + 64 * (T + 16) + 3 * G * T + 16;
 }
 
 void attention_fwd(const float* QKV, float* O, float* P, const float* ALPHA, const unsigned char* KM, float* W, long lo, long hi,
                    long T, long H, long D, float scale, long kind, double ratio, long max_iter, float tol) {
     long C3 = 3 * H * D, HD = H * D, np = (T + 15) & ~15L, G = ATTENTION_GROUP(T);
-    float *S = W, *KT = S + G * T * T, *NW = KT + np * D, *A = NW + 32 * (T + 16);
+    float *S = W, *KT = S + G * T * T, *NW = KT + np * D, *A = NW + 64 * (T + 16);
     int32_t* BAD = (int32_t*)(A + G * T);
     for (long g0 = lo; g0 < hi; g0 += G) {                          /* G heads at a time: T G rows for the normaliser */
         long n = hi - g0 < G ? hi - g0 : G, rows = n * T;
@@ -145,7 +145,7 @@ void attention_fwd(const float* QKV, float* O, float* P, const float* ALPHA, con
             case KIND_SOFTMAX: softmax_fwd(S, p, NW, rows, T); break;
             case KIND_SPARSEMAX: sparsemax_fwd(S, p, NW, rows, T); break;
             case KIND_ENTMAX15: entmax15_fwd(S, p, NW, rows, T, max_iter, tol); break;
-            case KIND_ENTMAX_ALPHA: entmax_alpha_fwd(S, p, A, NW, rows, T, max_iter, tol); break;
+            case KIND_ENTMAX_ALPHA: entmax_alpha_fwd(S, p, A, 0, NW, rows, T, max_iter, tol); break;
             default: topk_softmax_fwd(S, p, BAD, NW, rows, T, ratio);               /* KIND_TOPK_SOFTMAX */
         }
         nan_bad_rows(S, p, kind == KIND_TOPK_SOFTMAX ? BAD : 0, rows, T);
@@ -167,7 +167,7 @@ void attention_fwd(const float* QKV, float* O, float* P, const float* ALPHA, con
 void attention_bwd(const float* QKV, const float* P, const float* GO, float* DQKV, const float* ALPHA, float* DALPHA, float* W,
                    long lo, long hi, long T, long H, long D, float scale, long kind) {
     long C3 = 3 * H * D, HD = H * D, np = (T + 15) & ~15L, G = ATTENTION_GROUP(T);
-    float *DS = W, *VT = DS + G * T * T, *DP = VT + np * D, *NW = DP + G * T * T, *A = NW + 32 * (T + 16), *DA = A + G * T;
+    float *DS = W, *VT = DS + G * T * T, *DP = VT + np * D, *NW = DP + G * T * T, *A = NW + 64 * (T + 16), *DA = A + G * T;
     for (long g0 = lo; g0 < hi; g0 += G) {
         long n = hi - g0 < G ? hi - g0 : G, rows = n * T;
         const float* p = P + g0 * T * T;
