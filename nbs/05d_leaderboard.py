@@ -74,7 +74,10 @@ def leaderboard_rows(outputs, main="paper", baseline=BASELINE) -> pd.DataFrame:
 # %% [markdown]
 # Density and cost come from the runs themselves: density is the mean `nonzero_ratio` of a normalizer's runs at the
 # paper's recipe; the cost ratio is its `train_seconds` over softmax's *in the same notebook* (the seven train in
-# lock-step, one process, one core), median over seeds — a normalizer run on another day gets none.
+# lock-step, one process, one core), median over seeds — a normalizer run on another day gets none. Every normalizer with
+# a card also has a per-step cost: its forward + backward over softmax's, measured side by side in one process on one
+# thread when the card is written, kept in `cards/step_costs.csv` (`keep_step_costs`, read by `step_costs`), so a
+# normalizer measured but not yet run still gets its row.
 
 # %%
 #| export
@@ -93,6 +96,24 @@ def density_and_cost(outputs, main="paper") -> pd.DataFrame:
     cost = ratio.groupby(["method", "dataset"]).ratio.median().rename("cost_vs_softmax")
     return pd.concat([dens, cost], axis=1).reset_index().rename(columns={"method": "normalizer"})
 
+STEP_COSTS = "cards/step_costs.csv"
+
+def keep_step_costs(outputs, name, cost, repeats):
+    "Replace `name`'s rows in `<outputs>/cards/step_costs.csv` by this measurement (`bench_normalizers` rows of the kernels path)."
+    from sparse_attention_repro.files import atomic_write
+    f = Path(outputs) / STEP_COSTS
+    new = cost.assign(normalizer=name, repeats=repeats, threads=1)[["normalizer", "shape", "ms", "ratio_to_softmax", "repeats", "threads"]]
+    old = pd.read_csv(f) if f.exists() else new.iloc[:0]
+    both = pd.concat([old[old.normalizer != name], new], ignore_index=True).sort_values(["normalizer", "shape"])
+    atomic_write(f, lambda tmp: both.to_csv(tmp, index=False))
+
+def step_costs(outputs) -> pd.DataFrame:
+    "The kept per-step costs: one row per normalizer, the forward+backward ratio to softmax per shape (`T=17`, `T=97`)."
+    f = Path(outputs) / STEP_COSTS
+    if not f.exists(): return pd.DataFrame(columns=["normalizer"])
+    t = pd.read_csv(f).assign(T=lambda d: "T=" + d["shape"].str.split("x").str[-1])
+    return t.pivot_table(index="normalizer", columns="T", values="ratio_to_softmax").reset_index()
+
 # %% [markdown]
 # ## The table
 #
@@ -104,10 +125,12 @@ def density_and_cost(outputs, main="paper") -> pd.DataFrame:
 def _cell(r) -> str:
     return f"{100 * r.gain:+.1f} ({100 * r.ci_low:+.1f}, {100 * r.ci_high:+.1f}) {r.verdict}"
 
-def leaderboard_table(rows, extra=None) -> pd.DataFrame:
-    "One row per normalizer: `<dataset>: paper` and `<dataset>: tuned` cells, the encoder gain, density and cost."
+def leaderboard_table(rows, extra=None, steps=None) -> pd.DataFrame:
+    """One row per normalizer: `<dataset>: paper` and `<dataset>: tuned` cells, the encoder gain, density, the training time
+    beside softmax's in the same notebook, and the per-step cost measured beside softmax's (`steps`, from `step_costs`)."""
     order = [d for d in DATASETS if d in set(rows.dataset)]
-    names = method_order(set(rows.normalizer) | set(extra.normalizer if extra is not None else []))
+    names = method_order(set(rows.normalizer) | set(extra.normalizer if extra is not None else [])
+                         | set(steps.normalizer if steps is not None else []))
     out = pd.DataFrame(index=pd.Index([n for n in names if n != BASELINE], name="normalizer"))
     for ds in order:
         for reading, label in (("paper recipe", "paper"), ("tuned", "tuned")):
@@ -118,8 +141,12 @@ def leaderboard_table(rows, extra=None) -> pd.DataFrame:
     if extra is not None and len(extra):
         e = extra.groupby("normalizer")[["density", "cost_vs_softmax"]].agg(lambda v: v.mean() if v.name == "density" else v.median())
         out["density (mean)"] = [f"{e.density.get(n, np.nan):.2f}" if n in e.index else "" for n in out.index]
-        out["cost vs softmax"] = [f"{e.cost_vs_softmax.get(n):.2f}×" if n in e.index and np.isfinite(e.cost_vs_softmax.get(n)) else ""
-                                  for n in out.index]
+        out["training time vs softmax"] = [f"{e.cost_vs_softmax.get(n):.2f}×" if n in e.index and np.isfinite(e.cost_vs_softmax.get(n))
+                                           else "" for n in out.index]
+    if steps is not None and len(steps):
+        st = steps.set_index("normalizer")
+        out["step cost vs softmax (T=17 / 97)"] = [" / ".join(f"{st.loc[n, c]:.2f}×" for c in ("T=17", "T=97") if c in st.columns)
+                                                   if n in st.index else "" for n in out.index]
     return out.reset_index()
 
 # %% [markdown]
@@ -146,6 +173,10 @@ test_eq(sorted(zip(_lb.normalizer, _lb.reading, _lb.verdict)),
 _tab = leaderboard_table(_lb).set_index("normalizer")
 test_eq(_tab.loc["sparsemax", "cifar10: paper"], "+2.0 (+1.0, +3.0) better"); test_eq(_tab.loc["mine", "cifar10: tuned"], "+0.2 (-0.4, +0.8) gone")
 test_eq(list(_tab.index), ["sparsemax", "entmax15", "mine"])
+_steps = pd.DataFrame(dict(normalizer=["sparsemax", "newcomer"], **{"T=17": [1.5, 2.0], "T=97": [1.25, 3.0]}))
+_tab2 = leaderboard_table(_lb, steps=_steps).set_index("normalizer")
+test_eq(_tab2.loc["sparsemax", "step cost vs softmax (T=17 / 97)"], "1.50× / 1.25×")
+test_eq((_tab2.loc["newcomer", "cifar10: paper"], _tab2.loc["newcomer", "step cost vs softmax (T=17 / 97)"]), ("", "2.00× / 3.00×"))  # measured, not run: a row
 
 # %% [markdown]
 # On the committed results: every row's gain is the committed table's, and every normalizer of the committed runs is
@@ -159,12 +190,15 @@ def write_leaderboard(outputs, main="paper") -> dict:
     import matplotlib.pyplot as plt
     from sparse_attention_repro.files import atomic_write
     outputs = Path(outputs); rows = leaderboard_rows(outputs, main); extra = density_and_cost(outputs, main)
-    table = leaderboard_table(rows, extra)
+    table = leaderboard_table(rows, extra, step_costs(outputs))
     atomic_write(outputs / "leaderboard.csv", lambda tmp: rows.to_csv(tmp, index=False))
     md = ["# Leaderboard", "", "Gain in accuracy over softmax (points; 95% CI over seeds; verdict after Holm in the normalizer's family), "
           "per dataset under the paper's recipe (AdamW 10⁻³, 6–8 epochs) and at a tuned recipe (each arm at its own learning rate and "
           "length, chosen on validation; the protocol's words), and in the pretrained encoder (over dense, SST-2 test). Generated by "
-          "`sparse-repro leaderboard` from the committed tables (sources in `leaderboard.csv`); an empty cell has not been run.", "",
+          "`sparse-repro leaderboard` from the committed tables (sources in `leaderboard.csv`); an empty cell has not been run. "
+          "Training time: `train_seconds` over softmax's in the same lock-step notebook (the seven only). Step cost: the "
+          "normalizer's forward + backward over softmax's, measured side by side in one process on one thread by `sparse-repro "
+          "card` (`cards/step_costs.csv`), at CIFAR-10's and the text datasets' sequence lengths.", "",
           table.to_markdown(index=False, disable_numparse=True), ""]
     atomic_write(outputs / "leaderboard.md", lambda tmp: Path(tmp).write_text("\n".join(md), encoding="utf-8"))
     dsets = [d for d in DATASETS if d in set(rows.dataset)] + (["sst2_encoder"] if (rows.dataset == "sst2_encoder").any() else [])
@@ -236,6 +270,7 @@ def normalizer_card(outputs, name, main="paper", cost_repeats=10) -> Path:
     try: cost = bench_normalizers(repeats=cost_repeats, methods=tuple(dict.fromkeys([BASELINE, name])))
     finally: torch.set_num_threads(threads)
     cost = cost[(cost.implementation == "kernels") & (cost.normalizer == name)]
+    keep_step_costs(outputs, name, cost, cost_repeats)
     lines += ["## Cost, measured side by side with softmax in one process", "",
               f"Forward + backward of the normalizer alone, one thread, median of {cost_repeats} interleaved repeats, over softmax's "
               "(this machine):", "",
@@ -248,4 +283,6 @@ def normalizer_card(outputs, name, main="paper", cost_repeats=10) -> Path:
 _card = normalizer_card(_o, "sparsemax", cost_repeats=2).read_text()
 assert "## Against softmax" in _card and "+2.00" in _card and "better" in _card and "ratio_to_softmax" in _card
 assert "96x4x97x97" in _card and "Not searched yet." in _card
+_sc = step_costs(_o).set_index("normalizer")
+test_eq(list(_sc.index), ["sparsemax"]); assert _sc.loc["sparsemax", "T=17"] > 0 and _sc.loc["sparsemax", "T=97"] > 0
 
