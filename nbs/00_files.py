@@ -8,18 +8,48 @@
 # %% [markdown]
 # Results rows, dataset caches, downloaded splits, manifests and reports are all written the same way: into a temporary
 # file beside the target, flushed to disk, then moved onto the target in one `os.replace` (atomic on POSIX). A job
-# killed mid-write leaves the previous file intact and no temporary file behind — which is what lets every grid resume.
+# killed mid-write leaves the previous file intact — which is what lets every grid resume.
+#
+# A kill can come as SIGKILL (a dying node, a scheduler's hard limit, `kill -9`), which no `except` or `finally` sees. So
+# where the kernel allows it (Linux `O_TMPFILE`), the temporary file has **no name** while it is written: a kill leaves
+# nothing on disk. It gets a name only once complete and flushed, for the two system calls that link it and move it onto
+# the target. Elsewhere (other systems, file systems without `O_TMPFILE`) it is a named `.<target>.<random>.tmp` file,
+# removed on any exception; only a SIGKILL during the write can leave it, and it is never read as a result.
 
 # %%
 #| export
-import os, tempfile
+import os, secrets, tempfile
 from pathlib import Path
 
 # %%
 #| export
-def atomic_write(path, write):
-    "Call `write(tmp_path)` then move the temporary file onto `path` in one step; nothing half-written is ever visible."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+def _unnamed_file(folder):
+    "An open descriptor of a new file in `folder` that has no name yet (Linux `O_TMPFILE`), or None where that is unsupported."
+    flag = getattr(os, "O_TMPFILE", None)
+    if flag is None or not os.path.isdir("/proc/self/fd"): return None
+    try: return os.open(folder, flag | os.O_RDWR, 0o666)
+    except OSError: return None          # e.g. a file system without O_TMPFILE support
+
+def _write_unnamed(path, write, fd):
+    "Write through `/proc/self/fd/<fd>` while the file is nameless, flush it, then name it and move it onto `path`."
+    try:
+        write(f"/proc/self/fd/{fd}")
+        os.fsync(fd)
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:   # a dst_dir_fd makes CPython call linkat(AT_SYMLINK_FOLLOW), which names the file behind the descriptor
+            while True:
+                tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+                try: os.link(f"/proc/self/fd/{fd}", tmp.name, dst_dir_fd=folder, follow_symlinks=True); break
+                except FileExistsError: continue
+        finally: os.close(folder)
+        try: os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp): os.remove(tmp)
+            raise
+    finally: os.close(fd)
+
+def _write_named(path, write):
+    "The portable route: a named temporary file beside `path`, removed on any exception, moved onto `path` when complete."
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
@@ -29,6 +59,13 @@ def atomic_write(path, write):
     except BaseException:
         if os.path.exists(tmp): os.remove(tmp)
         raise
+
+def atomic_write(path, write):
+    "Call `write(tmp_path)` then move the temporary file onto `path` in one step; nothing half-written is ever visible."
+    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    fd = _unnamed_file(path.parent)
+    if fd is None: _write_named(path, write)
+    else: _write_unnamed(path, write, fd)
 
 def atomic_write_bytes(path, write):
     "`atomic_write` for a writer of an open binary file, `write(fileobj)` (e.g. `np.save`)."
@@ -49,3 +86,32 @@ test_eq((d / "sub" / "r.txt").read_text(), "a whole file")          # the old fi
 test_eq(sorted(p.name for p in (d / "sub").iterdir()), ["r.txt"])  # ... and no temporary file is left
 atomic_write_bytes(d / "b.bin", lambda f: f.write(b"\x00\x01"))
 test_eq((d / "b.bin").read_bytes(), b"\x00\x01")
+
+# %% [markdown]
+# Both routes give the same file; the portable one is what non-Linux systems use.
+
+# %%
+_write_named(d / "n.txt", lambda tmp: Path(tmp).write_text("named route"))
+test_eq((d / "n.txt").read_text(), "named route")
+test_eq(_unnamed_file(d) is not None, os.path.isdir("/proc/self/fd") and hasattr(os, "O_TMPFILE"))
+
+# %% [markdown]
+# A writer killed with SIGKILL halfway through its file leaves the old file as it was and, on Linux, no temporary file.
+# (A child process writes a first chunk, says so, then waits to be killed.)
+
+# %%
+import signal, subprocess, sys, textwrap
+k = Path(tempfile.mkdtemp())
+(k / "r.csv").write_text("old rows")
+child = textwrap.dedent(f"""
+    import sys, time
+    from sparse_attention_repro.files import atomic_write
+    def write(tmp):
+        f = open(tmp, "w"); f.write("new rows, half"); f.flush()
+        print("writing", flush=True); time.sleep(60)
+    atomic_write({str(k / "r.csv")!r}, write)""")
+proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+test_eq(proc.stdout.readline().strip(), "writing")
+proc.send_signal(signal.SIGKILL); proc.wait()
+test_eq((k / "r.csv").read_text(), "old rows")
+if _unnamed_file(k) is not None: test_eq(sorted(p.name for p in k.iterdir()), ["r.csv"])

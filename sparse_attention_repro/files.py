@@ -6,13 +6,37 @@
 __all__ = ['atomic_write', 'atomic_write_bytes']
 
 # %% ../nbs/00_files.ipynb
-import os, tempfile
+import os, secrets, tempfile
 from pathlib import Path
 
 # %% ../nbs/00_files.ipynb
-def atomic_write(path, write):
-    "Call `write(tmp_path)` then move the temporary file onto `path` in one step; nothing half-written is ever visible."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+def _unnamed_file(folder):
+    "An open descriptor of a new file in `folder` that has no name yet (Linux `O_TMPFILE`), or None where that is unsupported."
+    flag = getattr(os, "O_TMPFILE", None)
+    if flag is None or not os.path.isdir("/proc/self/fd"): return None
+    try: return os.open(folder, flag | os.O_RDWR, 0o666)
+    except OSError: return None          # e.g. a file system without O_TMPFILE support
+
+def _write_unnamed(path, write, fd):
+    "Write through `/proc/self/fd/<fd>` while the file is nameless, flush it, then name it and move it onto `path`."
+    try:
+        write(f"/proc/self/fd/{fd}")
+        os.fsync(fd)
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:   # a dst_dir_fd makes CPython call linkat(AT_SYMLINK_FOLLOW), which names the file behind the descriptor
+            while True:
+                tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+                try: os.link(f"/proc/self/fd/{fd}", tmp.name, dst_dir_fd=folder, follow_symlinks=True); break
+                except FileExistsError: continue
+        finally: os.close(folder)
+        try: os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp): os.remove(tmp)
+            raise
+    finally: os.close(fd)
+
+def _write_named(path, write):
+    "The portable route: a named temporary file beside `path`, removed on any exception, moved onto `path` when complete."
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
@@ -22,6 +46,13 @@ def atomic_write(path, write):
     except BaseException:
         if os.path.exists(tmp): os.remove(tmp)
         raise
+
+def atomic_write(path, write):
+    "Call `write(tmp_path)` then move the temporary file onto `path` in one step; nothing half-written is ever visible."
+    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    fd = _unnamed_file(path.parent)
+    if fd is None: _write_named(path, write)
+    else: _write_unnamed(path, write, fd)
 
 def atomic_write_bytes(path, write):
     "`atomic_write` for a writer of an open binary file, `write(fileobj)` (e.g. `np.save`)."
