@@ -57,6 +57,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                  'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.original_bisect': ( 'bench.html#original_bisect',
                                                                                                 'sparse_attention_repro/bench.py'),
+                                              'sparse_attention_repro.bench.paired_ratios': ( 'bench.html#paired_ratios',
+                                                                                              'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.project_paper': ( 'bench.html#project_paper',
                                                                                               'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.variant_options': ( 'bench.html#variant_options',

@@ -4,10 +4,10 @@
 
 # %% auto 0
 __all__ = ['DEFAULT_LEVERS', 'CALIBRATION_STEPS', 'CALIBRATION_REPEATS', 'SPEED_NEUTRAL', 'PATHS', 'original_bisect',
-           'bench_normalizers', 'normalizer_table', 'lever_candidates', 'lever_label', 'variant_options',
-           'measure_levers', 'choose_levers', 'fused_ok', 'calibrate_fast', 'OriginalNormalizer', 'bench_grid',
-           'method_ratios', 'project_paper', 'bench_stack', 'bench_profile', 'compare_runs', 'compare_gains',
-           'forward_flops', 'matmul_rate', 'floor_table', 'fair_cost']
+           'paired_ratios', 'bench_normalizers', 'normalizer_table', 'lever_candidates', 'lever_label',
+           'variant_options', 'measure_levers', 'choose_levers', 'fused_ok', 'calibrate_fast', 'OriginalNormalizer',
+           'bench_grid', 'method_ratios', 'project_paper', 'bench_stack', 'bench_profile', 'compare_runs',
+           'compare_gains', 'forward_flops', 'matmul_rate', 'floor_table', 'fair_cost']
 
 # %% ../nbs/08_bench.ipynb
 import hashlib, json, math, statistics, time
@@ -68,8 +68,13 @@ def _fwd_bwd_seconds(fn, scores, g, kernels_on=True):
     with use_kernels(kernels_on):
         t0 = time.perf_counter(); fn(s).backward(g); return time.perf_counter() - t0
 
+def paired_ratios(times, base_times) -> list:
+    "Each round's time over the baseline's time in the same round: a slow spell of a shared machine hits both alike."
+    return [t / b for t, b in zip(times, base_times, strict=True)]
+
 def bench_normalizers(shapes=((96, 4, 17, 17), (96, 4, 97, 97)), repeats=20, methods=PAPER_METHODS) -> pd.DataFrame:
-    "Median forward+backward seconds of each normalizer (kernels, torch path, entmax package) and ratios to softmax."
+    """Median forward+backward seconds of each normalizer (kernels, torch path, entmax package) and its ratio to softmax:
+    the median over the interleaved rounds of the round's time over softmax's in that round."""
     rows = []
     for shape in shapes:
         torch.manual_seed(0)
@@ -87,11 +92,10 @@ def bench_normalizers(shapes=((96, 4, 17, 17), (96, 4, 97, 97)), repeats=20, met
             for k, (fn, on) in variants.items():
                 t = _fwd_bwd_seconds(fn, scores, g, on)
                 if r >= 2: times[k].append(t)
-        base = statistics.median(times[("softmax", "kernels")])
-        for (name, impl), ts in times.items():
-            med = statistics.median(ts)
+        base = times[("softmax", "kernels")]
+        for (name, impl), ts in times.items():             # a ratio per round (softmax timed in the same round), then the median
             rows.append(dict(shape="x".join(map(str, shape)), normalizer=name, implementation=impl,
-                             ms=med * 1e3, ratio_to_softmax=med / base))
+                             ms=statistics.median(ts) * 1e3, ratio_to_softmax=statistics.median(paired_ratios(ts, base))))
     return pd.DataFrame(rows)
 
 def normalizer_table(df) -> pd.DataFrame:
