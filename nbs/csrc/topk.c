@@ -11,15 +11,17 @@
 #define GUESS_STEPS 16
 static inline float key_value(int32_t key) { union { int32_t i; float f; } u = { key ^ ((key >> 31) & 0x7fffffff) }; return u.f; }
 static inline int32_t value_key(float v) { union { float f; int32_t i; } u = { v }; return u.i ^ ((u.i >> 31) & 0x7fffffff); }
+/* the middle of [lo, hi], lo + ceil((hi - lo) / 2) = hi - floor((hi - lo) / 2): hi - lo < 2^32 is exact in uint32, so
+   no int64 (which halves the lanes per vector); only lanes with lo <= hi (the open ones, and lo == hi) use it */
+static inline int32_t half_split(int32_t lo, int32_t hi) { return (int32_t)((uint32_t)hi - (((uint32_t)hi - (uint32_t)lo) >> 1)); }
 /* the first split: the (1 - (k - 1/2) / nv) quantile of a normal with the row's mean and spread, the probit taken as
    0.6 times the logit (a guess, so a rough one serves: within 0.04 of the probit for shares from 0.1 to 0.9) */
 static inline int32_t normal_split(int32_t lo, int32_t hi, float s1, float s2, int nv, int k, int32_t half) {
     float mean = s1 / nv, var = s2 / nv - mean * mean, sd = var > 0 ? sqrtf(var) : 0;
     float q = ((float)k - 0.5f) / (float)nv;                 /* the share above the split, in (0, 1) */
     float v = mean + 0.6f * log_f((1.0f - q) / q) * sd;
-    if (!isfinite(v)) return half;
     int32_t m = value_key(v);
-    return m > lo && m <= hi ? m : half;
+    return isfinite(v) && m > lo && m <= hi ? m : half;      /* selects, not branches: the lanes stay in vectors */
 }
 /* where to split (lo, hi]: cl keys >= lo, ch keys > hi, the k-th largest wanted; `half` (key halving) the
    fallback */
@@ -28,9 +30,8 @@ static inline int32_t guess_split(int32_t lo, int32_t hi, int cl, int ch, int k,
     float t = cl - ch <= 1 ? 0.5f : ((float)(k - ch) - 0.5f) / (float)(cl - ch - 1);   /* share from the top */
     t = t < 0.0625f ? 0.0625f : (t > 0.9375f ? 0.9375f : t);
     float v = b - t * (b - a);
-    if (!isfinite(v) || !isfinite(b - a)) return half;
     int32_t m = value_key(v);
-    return m > lo && m <= hi ? m : half;
+    return isfinite(v) && isfinite(b - a) && m > lo && m <= hi ? m : half;
 }
 
 static void topk_softmax_fwd_lanes(const float* X, float* P, int32_t* BAD, float* Z, long rows, long n, double ratio) {
@@ -71,18 +72,18 @@ static void topk_softmax_fwd_lanes(const float* X, float* P, int32_t* BAD, float
             }
             for (long l = 0; l < LN; l++) lo[l] = hi[l];   /* skip the bisection */
         }
-        for (long l = 0; l < LN; l++) { cl[l] = nv[l]; ch[l] = 0; }
-        for (int it = 0; it < 33 + GUESS_STEPS; it++) {
+        /* the search, short rows aside (their lo == hi): each step's split is computed in its own simd loop, the first
+           (normal) one before the steps, the next at the end of each, so no loop holds a call or a branch on `it` */
+        int32_t mid[LN];
+        if (n > SHORT_ROW) {
+            #pragma omp simd
+            for (long l = 0; l < LN; l++) { cl[l] = nv[l]; ch[l] = 0; mid[l] = normal_split(lo[l], hi[l], s1[l], s2[l], nv[l], k[l], half_split(lo[l], hi[l])); }
+        }
+        for (int it = 0; n > SHORT_ROW && it < 33 + GUESS_STEPS; it++) {
             int open = 0;
-            int32_t mid[LN], low[LN], high[LN];        /* the smallest key >= mid, the largest below it */
+            int32_t low[LN], high[LN];                 /* the smallest key >= mid, the largest below it */
             #pragma omp simd reduction(+:open)
-            for (long l = 0; l < LN; l++) {
-                int32_t half = (int32_t)(lo[l] + ((int64_t)hi[l] - lo[l] + 1) / 2);
-                int32_t guess = it == 0 ? normal_split(lo[l], hi[l], s1[l], s2[l], nv[l], k[l], half)
-                                        : guess_split(lo[l], hi[l], cl[l], ch[l], k[l], half);
-                mid[l] = it < GUESS_STEPS ? guess : half;
-                c[l] = 0; low[l] = INT32_MAX; high[l] = INT32_MIN; open += lo[l] < hi[l];
-            }
+            for (long l = 0; l < LN; l++) { c[l] = 0; low[l] = INT32_MAX; high[l] = INT32_MIN; open += lo[l] < hi[l]; }
             if (!open) break;
             for (long j = 0; j < n; j++) {
                 #pragma omp simd
@@ -92,10 +93,19 @@ static void topk_softmax_fwd_lanes(const float* X, float* P, int32_t* BAD, float
                     c[l] += above; low[l] = up < low[l] ? up : low[l]; high[l] = down > high[l] ? down : high[l];
                 }
             }
-            for (long l = 0; l < LN; l++) {
-                if (lo[l] >= hi[l]) continue;
-                if (c[l] == k[l]) lo[l] = hi[l] = low[l];   /* exactly k keys >= mid: the smallest of them is the k-th */
-                else if (c[l] > k[l]) { lo[l] = low[l]; cl[l] = c[l]; } else { hi[l] = high[l]; ch[l] = c[l]; }
+            #pragma omp simd
+            for (long l = 0; l < LN; l++) {            /* closed lanes (lo >= hi) keep theirs */
+                int on = lo[l] < hi[l], eq = on && c[l] == k[l], up = on && c[l] > k[l], down = on && c[l] < k[l];
+                lo[l] = eq || up ? low[l] : lo[l];     /* exactly k keys >= mid: the smallest of them is the k-th */
+                hi[l] = eq ? low[l] : (down ? high[l] : hi[l]);
+                cl[l] = up ? c[l] : cl[l]; ch[l] = down ? c[l] : ch[l];
+            }
+            if (it + 1 < GUESS_STEPS) {
+                #pragma omp simd
+                for (long l = 0; l < LN; l++) mid[l] = guess_split(lo[l], hi[l], cl[l], ch[l], k[l], half_split(lo[l], hi[l]));
+            } else {
+                #pragma omp simd
+                for (long l = 0; l < LN; l++) mid[l] = half_split(lo[l], hi[l]);
             }
         }
         for (long l = 0; l < LN; l++) {
