@@ -148,6 +148,15 @@ CATALOGUE = {e.name: e for e in [
                Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker", "kmnist"),
                       methods=("sigmoid_attention", "scalable_softmax", "softpick")),
                Analysis("versus_baseline", family="each new method's own"), root="literature"),
+    Experiment("learned_temperature", "Is Scalable-Softmax's 20 Newsgroups gain length scaling? At a fixed length s·log n is a learned "
+               "per-head temperature: the learned-temperature softmax control, paired with the committed runs under the paper's recipe",
+               "learned_temperature", Design(datasets=("twenty_news",), methods=("learned_temperature_softmax",)),
+               Analysis("versus_baseline", family="each new method's own"), root="literature"),
+    Experiment("literature_masked_padding", "With 20 Newsgroups' padding masked (n = the real length), do the literature normalizers and "
+               "the learned-temperature control still beat softmax? Paired with the masked-padding ablation's runs",
+               "masked_padding", Design(datasets=("twenty_news",), methods=("scalable_softmax", "learned_temperature_softmax",
+                                                                            "sigmoid_attention", "softpick"), options=dict(mask_padding=True)),
+               Analysis("versus_baseline", family="each new method's own"), root="literature"),
     Experiment("fashion_mnist_fast", "Does `--fast` (Philox masks, bf16, fused attention) change any Fashion-MNIST gain over softmax, paired "
                "by seed with the default path?", "fashion_mnist_fast", Design(datasets=("fashion_mnist",), options=dict(fast=True)),
                Analysis("speed_check", margin=0.005), root="speed"),
@@ -241,9 +250,10 @@ def verdict_line(e: Experiment, root) -> str:
         return "against dense: " + "; ".join(f"{r.method} {100 * r.mean_delta:+.1f} pt (Holm p {r.p_holm:.2g})" for r in t.itertuples())
     if k == "alpha_start" and (t := read("alpha_start.csv")) is not None:
         return f"{len(t)} (dataset, start, layer) readings: {_count(t.verdict)}"
-    if k == "versus_baseline" and (v := Path(root) / "versus_baseline.csv").exists() and len(t := pd.read_csv(v).query("baseline == @BASELINE")):
+    if k == "versus_baseline" and (v := Path(root) / e.folder / "versus_baseline.csv").exists() and len(t := pd.read_csv(v).query("baseline == @BASELINE")):
         won = t[(t.p_holm < 0.05) & (t.mean_delta > 0)]
-        return (f"{len(t)} comparisons with softmax at the paper's recipe: {len(won)} significant gains after Holm"
+        recipe = "the paper's recipe" + "".join(f", {k}={v}" for k, v in e.design.options.items())
+        return (f"{len(t)} comparisons with softmax at {recipe}: {len(won)} significant gains after Holm"
                 + (" (" + ", ".join(f"{r.method} on {r.dataset}" for r in won.itertuples()) + ")" if len(won) else ""))
     if k == "speed_check": return "paired checks in BENCHMARKS.md"
     if k == "selection" and (t := read("selection.csv")) is not None:

@@ -18,7 +18,9 @@
 # | training cost | `train_seconds` over softmax's in the same lock-step notebook (the seven only: a method run another day is not timed side by side) | — |
 #
 # A normalizer judged with `sparse-repro grid --methods mine --baseline outputs/paper --out outputs/mine` appears once
-# its `versus_baseline.csv` exists under the outputs folder: nothing here names it. The verdict words: **better** /
+# its `versus_baseline.csv` exists under the outputs folder: nothing here names it. A folder whose runs used other run
+# options than the main results (its `manifest.json`: padding masked, other patches, …) is a variant, read in its own
+# `versus_baseline.md`, not in the paper-recipe column. The verdict words: **better** /
 # **worse** — significant after Holm in its family; **n.s.** — neither; a tuned verdict keeps the protocol's words.
 
 # %%
@@ -37,6 +39,14 @@ import tempfile
 
 # %%
 #| export
+def same_recipe(folder, main_folder, study="study_a") -> bool:
+    """Whether the runs in `folder` were made with the run options of `main_folder` (each `manifest.json`'s `study` options,
+    compared where both record one): a variant (padding masked, other patches, …) is not the paper's recipe."""
+    import json
+    read = lambda f: json.loads((Path(f) / "manifest.json").read_text()).get(study, {}) if (Path(f) / "manifest.json").exists() else {}
+    a, b = read(folder), read(main_folder)
+    return all(a[k] == b[k] for k in a.keys() & b.keys())
+
 LEADERBOARD_COLS = ["normalizer", "dataset", "reading", "gain", "ci_low", "ci_high", "p_holm", "verdict", "n", "source"]
 
 def _word(gain, p_holm, alpha=0.05) -> str:
@@ -55,6 +65,7 @@ def leaderboard_rows(outputs, main="paper", baseline=BASELINE) -> pd.DataFrame:
         t = pd.read_csv(f).query("baseline == @baseline and metric == 'accuracy'")
         parts.append(_rows(t, "paper recipe", f"{main}/tables/paired_tests.csv"))
     for f in sorted(outputs.glob("**/versus_baseline.csv")):
+        if not same_recipe(f.parent, outputs / main): continue          # a variant's verdicts live in its own folder
         t = pd.read_csv(f).query("baseline == @baseline")
         parts.append(_rows(t, "paper recipe", f.relative_to(outputs).as_posix()))
     if (f := tab / "tuned_tests.csv").exists():
@@ -84,7 +95,7 @@ def leaderboard_rows(outputs, main="paper", baseline=BASELINE) -> pd.DataFrame:
 def density_and_cost(outputs, main="paper") -> pd.DataFrame:
     "Per (normalizer, dataset): mean density over its paper-recipe runs, and the median same-notebook cost ratio to softmax."
     outputs = Path(outputs); frames = []
-    for f in [outputs / main / "runs.csv", *sorted(outputs.glob("**/versus_baseline.csv"))]:
+    for f in [outputs / main / "runs.csv", *[v for v in sorted(outputs.glob("**/versus_baseline.csv")) if same_recipe(v.parent, outputs / main)]]:
         runs = f if f.name == "runs.csv" else f.parent / "runs.csv"
         if runs.exists(): frames.append(pd.read_csv(runs).query("status == 'ok'").assign(_same=f.name == "runs.csv"))
     if not frames: return pd.DataFrame(columns=["normalizer", "dataset", "density", "cost_vs_softmax"])
@@ -166,7 +177,13 @@ pd.DataFrame([dict(family="versus:mine", dataset="cifar10", method="mine", basel
                    ci_high=-0.01, p=0.001, p_holm=0.003)]).to_csv(_o / "mine" / "versus_baseline.csv", index=False)
 pd.DataFrame([dict(family="versus:mine", dataset="cifar10", method="mine", baseline="softmax", n=10, gain=0.002, ci_low=-0.004,
                    ci_high=0.008, p_holm=0.9, verdict="gone")]).to_csv(_o / "mine" / "fair_verdict.csv", index=False)
-_lb = leaderboard_rows(_o)
+import json
+for _f, _mask in ((_o / "paper", False), (_o / "mine", False), (_o / "mine_masked", True)):
+    _f.mkdir(exist_ok=True); (_f / "manifest.json").write_text(json.dumps({"study_a": {"mask_padding": _mask, "profile": "paper"}}))
+pd.DataFrame([dict(family="versus:mine", dataset="cifar10", method="mine", baseline="softmax", n=10, mean_delta=0.05, ci_low=0.04,
+                   ci_high=0.06, p=0.001, p_holm=0.001)]).to_csv(_o / "mine_masked" / "versus_baseline.csv", index=False)
+test_eq([same_recipe(_o / f, _o / "paper") for f in ("mine", "mine_masked")], [True, False])
+_lb = leaderboard_rows(_o)                                                # the masked variant's +5 pt is not a paper-recipe row
 test_eq(sorted(zip(_lb.normalizer, _lb.reading, _lb.verdict)),
         [("entmax15", "paper recipe", "n.s."), ("entmax15", "tuned", "undecided"), ("mine", "paper recipe", "worse"),
          ("mine", "tuned", "gone"), ("sparsemax", "paper recipe", "better"), ("sparsemax", "tuned", "gone")])

@@ -493,6 +493,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                               'sparse_attention_repro/leaderboard.py'),
                                                     'sparse_attention_repro.leaderboard.normalizer_card': ( 'leaderboard.html#normalizer_card',
                                                                                                             'sparse_attention_repro/leaderboard.py'),
+                                                    'sparse_attention_repro.leaderboard.same_recipe': ( 'leaderboard.html#same_recipe',
+                                                                                                        'sparse_attention_repro/leaderboard.py'),
                                                     'sparse_attention_repro.leaderboard.step_costs': ( 'leaderboard.html#step_costs',
                                                                                                        'sparse_attention_repro/leaderboard.py'),
                                                     'sparse_attention_repro.leaderboard.write_leaderboard': ( 'leaderboard.html#write_leaderboard',
