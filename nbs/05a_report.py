@@ -253,7 +253,9 @@ def versus_report(results_dir, baseline_dir) -> Path:
              f"and dropout masks). Holm within each new method's own family (all its comparisons); the paper's tests are unchanged.", ""]
     same = int(pc.identical.sum())
     lines += [f"**Pairing check:** softmax re-run on {len(pc)} (dataset, seed) pair(s); {same} of {len(pc)} test accuracies equal "
-              f"the committed ones bit for bit." + ("" if same == len(pc) else " The pairing is **not** exact: read the comparisons as unpaired."), ""]
+              f"the committed ones bit for bit." + ("" if same == len(pc) else " The pairing is **not** exact: read the comparisons as unpaired."), "",
+              "**Cost:** not read from these runs, which ran on another day than the baselines; `sparse-repro card NAME` measures "
+              "a normalizer's forward + backward beside softmax's in one process.", ""]
     for m in sorted(set(t.method)):
         lines += [f"## {m}", "", V.versus_answer(t, m).to_markdown(index=False, disable_numparse=True), "",
                   V.readable_versus(t[t.method == m]).to_markdown(index=False, disable_numparse=True), ""]

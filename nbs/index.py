@@ -316,22 +316,24 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # in another pair.
 # Per-method tables and the targets these figures miss are in `BENCHMARKS.md`.
 #
-# The normalizer kernels (forward + backward, one thread, `bench normalizers`): at T = 97 top-k now costs 1.8–2.3× softmax
-# (3.2–3.4× before its threshold search took ~5 counting passes instead of 14–17), sparsemax 1.8–1.9×, entmax-1.5
-# 1.6–1.7×, the learned-α entmax 5.0–5.4×; at T = 17, 1.7–2.5× for all but the learned-α entmax (5.1–6.1×). Bit-identical to before.
+# The normalizer kernels (forward + backward over softmax's, one thread, `bench normalizers`, 2026-12-05, on a loaded
+# machine): at T = 97 top-k costs 2.02–2.05× softmax (3.2–3.4× before its threshold search took ~5 counting passes
+# instead of 14–17, and its split points moved into simd loops), sparsemax 1.76×, entmax-1.5 2.01×, the learned-α entmax
+# 7.55×; at T = 17, 1.57–2.09× for all but the learned-α entmax (5.65×). Each kernel change is bit-identical to what it
+# replaced. The dated measurements, and the per-normalizer cost of every carded normalizer, are in `BENCHMARKS.md` and
+# `outputs/leaderboard.md`.
 #
 # `--fast` takes the opt-in speed levers that pay on the machine it runs on. A lever that pays on one CPU can cost on
-# another: on a 2-core AVX-512 Xeon, bf16 autocast made training 1.36× slower and Philox masks 1.15× slower, and
-# `--fast` with every lever on was slower than the default path there (1.48× the original's script against the
-# default path's 1.84×). So at first use `--fast` times every combination of the levers this machine can run, the
+# another: on the Intel Xeon (AVX-512) host of a GPU machine, bf16 autocast alone made a Fashion-MNIST training step of
+# the seven methods slower than the default path (186.5 against 177.3 ms), where on this project's AMD EPYC it is the
+# main saving. So at first use `--fast` times every combination of the levers this machine can run, the
 # default path among them, on 16 training steps of the grid's own methods and datasets (interleaved, median of 3), and
 # keeps the one with the least projected training time; it is cached per CPU, kernel build, torch version, thread count
 # and grid, and the choice and every measured per-step time go in the folder's `manifest.json`
 # (`sparse-repro bench fast` prints the table). The figures below were measured with all three levers on. The levers:
 # `--dropout-rng philox`
 # (dropout masks from a counter-based generator in the C kernels, the same on every device; since the default path draws
-# torch's masks in C it no longer saves time on a one-thread job, and `--fast` keeps it until a paired check without it
-# replaces the one below), `--precision bf16` (bf16 autocast, for CPUs with bf16 units and GPUs) and `--attention fused`
+# torch's masks in C it no longer saves time on a one-thread job; the calibration keeps it only where it pays), `--precision bf16` (bf16 autocast, for CPUs with bf16 units and GPUs) and `--attention fused`
 # (each head's scores, normalizer and weighted values in one C function, forward and backward, so the `[B, H, T, T]`
 # scores and their gradients never travel through memory and the attention core stays in float32; on the CPU, when every
 # method of the grid has the kernel, otherwise every arm runs the torch path). In one process, one training step is
@@ -340,9 +342,11 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # original's own swing (its 20 Newsgroups run took 840.6 s in the earlier pair, 933.1 s in this one).
 #
 # The levers change each run's random stream and rounding, so they are not the default. The paired 10-seed check of
-# `--fast` as it is now (`outputs/speed/fashion_mnist_fast`, `outputs/speed/twenty_news_fast`, 7 methods × seeds 0–9,
+# all three levers together (Philox + bf16 + fused attention, what `--fast` ran before its calibration; the combination
+# the calibration picks on this machine, bf16 + fused without Philox, has no paired check of its own yet;
+# `outputs/speed/fashion_mnist_fast`, `outputs/speed/twenty_news_fast`, 7 methods × seeds 0–9,
 # against `outputs/paper` and against Philox + bf16 alone) finds no gain over softmax that changes significantly (24
-# change tests, all p ≥ 0.065), and every 20 Newsgroups gain stays significant after Holm. **But four Fashion-MNIST
+# change tests, all p ≥ 0.065), and every 20 Newsgroups gain stays significant after Holm within the dataset. **But four Fashion-MNIST
 # verdicts flip**: sparsemax, entmax-1.5, the adaptive entmax and top-k 0.5 beat softmax with Holm p = 0.092 within the
 # dataset on the default path and p = 0.014–0.021 on every fast path, Philox alone included. They sit at the threshold
 # and move with the dropout stream; read them as fragile, whichever path you run. Per method, one difference is nominally

@@ -183,7 +183,8 @@ def verdict_line(e: Experiment, root) -> str:
         return f"{len(t)} changes of a gain over softmax: {_count(t.change_verdict)} (Holm over all ablations, ±1 pt)"
     if k == "tuned" and (t := read("tuned_tests.csv")) is not None:
         t = t[(t.source == (e.analysis.reading or e.name)) & (t.baseline == BASELINE)]
-        if len(t): return (f"{len(t)} tuned comparisons with softmax: {_count(t.verdict)}"
+        if len(t): return (f"{len(t)} tuned comparisons with softmax" + (" (read where the protocol's grid has not run yet)" if e.analysis.reading else "")
+                           + f": {_count(t.verdict)}"
                            + (f" ({int((~t.complete).sum())} provisional: not every seed has run)" if (~t.complete).any() else ""))
     if k == "paired_vs_softmax" and e.name == "main" and (t := read("claims.csv")) is not None:
         t = t[t.study == "A"]
@@ -191,7 +192,8 @@ def verdict_line(e: Experiment, root) -> str:
     if k == "crisp" and e.name == "crisp" and (t := read("claims.csv")) is not None and len(t := t[t.study == "B"]):
         return f"{len(t)} claims of Crisp Attention read: {_count(t.verdict, first_word=False)}"
     if k == "crisp" and e.name == "crisp_normalizers" and (t := read("crisp_normalizer_tests.csv")) is not None:
-        return "against dense: " + "; ".join(f"{r.method} {100 * r.mean_delta:+.1f} pt (Holm p {r.p_holm:.2g})" for r in t.itertuples())
+        return "against dense: " + "; ".join(f"{r.method} {100 * r.mean_delta:+.1f} pt on {r.family.rsplit('_', 1)[-1]} (Holm p {r.p_holm:.2g})"
+                                             for r in t.itertuples())
     if k == "alpha_start" and (t := read("alpha_start.csv")) is not None:
         return f"{len(t)} (dataset, start, layer) readings: {_count(t.verdict)}"
     if k == "versus_baseline" and (v := Path(root) / e.folder / "versus_baseline.csv").exists() and len(t := pd.read_csv(v).query("baseline == @BASELINE")):
@@ -211,13 +213,15 @@ the paper's size, its ablations, follow-ups and recipe grids, the Crisp runs and
 (normalizers from recent papers against the baselines of `paper/`), `speed/` (the paired checks that the opt-in fast
 paths reach the same conclusions) and `example/` (the `quick` profile). `leaderboard.md` (with its `.csv` and `.png`)
 lists every normalizer with committed runs, per dataset, under both recipes (`sparse-repro leaderboard`), and `cards/`
-holds one page per normalizer (`sparse-repro card NAME`). `site/` holds the rendered notebooks.
+holds one page per normalizer (`sparse-repro card NAME`). The rendered notebooks are built into `site/` by
+`sparse-repro site` (not committed).
 
 This index is generated from the catalogue of experiments (`nbs/05c_catalogue.ipynb`) by `sparse-repro index`: every experiment whose
 runs are committed here, its folder, its question, and its verdict line read from the committed tables (`tables/*.csv`
-of its results root, written by `sparse-repro report`). Each folder holds `runs.csv` (or `crisp_runs.csv`), the
+of its results root, written by `sparse-repro report`). A grid's folder holds `runs.csv` (or `crisp_runs.csv`), the
 `manifest.json` of the options it was made with, one executed notebook per (dataset, seed) under `notebooks/`, and its
-rows under `rows/`. The full reading of every experiment is the report, `paper/report.html`.
+rows under `rows/`; a folder of several grids (`tuned/`, `recipes/`) holds one such folder per grid, and a record
+(`attention_maps/`, the GPU timing) holds only its own files. The full reading of every experiment is the report, `paper/report.html`.
 """
 
 def _has_runs(f: Path, nested: bool) -> bool:

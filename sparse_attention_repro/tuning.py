@@ -465,10 +465,23 @@ def time_to_reach(curves, recipes, runs=None, baseline=BASELINE) -> pd.DataFrame
 # %% ../nbs/05b_tuning.ipynb
 def _pt(v, signed=True): return "–" if not np.isfinite(v) else (f"{100 * v:+.1f}" if signed else f"{100 * v:.1f}")
 
-def readable_tuned(tests) -> pd.DataFrame:
-    "The tuned verdicts for reading: comparison, recipes, gains at the paper's and the tuned recipe (pt) with CI, Holm p, TOST p, verdict."
+def _flag(col) -> pd.Series:
+    "A yes/no column as booleans, whether it holds bools, 0/1 or the words True/False (as read back from a CSV)."
+    return col.astype(str).str.strip().str.lower().isin(["true", "1", "1.0"])
+
+def _paper_gain(tests, paper_tests) -> pd.Series:
+    """Each comparison's gain under the paper's recipe: from the committed paper-size runs (`paper_tests`, every seed)
+    where given, else the tuned grids' own reading at the paper's rate and length (only the seeds that ran there)."""
+    if paper_tests is None or not len(paper_tests): return tests.gain_paper_recipe
+    pt = paper_tests[paper_tests.metric == "accuracy"] if "metric" in paper_tests else paper_tests
+    g = pt.drop_duplicates(["dataset", "method", "baseline"]).set_index(["dataset", "method", "baseline"]).mean_delta
+    return pd.Series([g.get((d, m, b), np.nan) for d, m, b in zip(tests.dataset, tests.method, tests.baseline)], index=tests.index)
+
+def readable_tuned(tests, paper_tests=None) -> pd.DataFrame:
+    """The tuned verdicts for reading: comparison, recipes, gains at the paper's recipe (from `paper_tests`, the paper-size
+    runs, where given) and at the tuned recipe (pt) with CI, Holm p, TOST p, verdict."""
     from sparse_attention_repro.verdicts import fmt_p
-    t = tests
+    t = tests.assign(complete=_flag(tests.complete), bracketed=_flag(tests.bracketed), gain_paper_recipe=_paper_gain(tests, paper_tests))
     note = lambda r: ("first round" if getattr(r, "source", "tuned") == "first round" else "tuned") + ("" if r.complete else ", provisional") \
         + ("" if r.bracketed else ", on an edge")
     return pd.DataFrame({"dataset": t.dataset, "comparison": t.method + " vs " + t.baseline, "recipes (its; the baseline's)":
@@ -511,7 +524,7 @@ def answer_lines(tests, paper_tests=None, reach=None) -> list:
                      + (f" ({100 * saved.min():.0f}–{100 * saved.max():.0f} % fewer)" if len(fast) else "")
                      + f"; {never} never reach it within the run.")
     first = int((vs.get("source", pd.Series("tuned", index=vs.index)) == "first round").sum())
-    prov, edge = int((~vs.complete).sum()), int((~vs.bracketed).sum())
+    prov, edge = int((~_flag(vs.complete)).sum()), int((~_flag(vs.bracketed)).sum())
     total = len(SPARSE) * len(TUNED_SEARCH)
     if len(vs) < total or first or prov or edge:
         lines.append(f"Read so far: {len(vs)} of the {total} comparisons of the four learnable datasets"
@@ -580,7 +593,7 @@ def answer_markdown(results_dir, figure="figures/gain_vs_epochs.png", relative_t
     parts = ["\n".join(f"{i}. {line}" for i, line in enumerate(answer_lines(tests, paper, reach), 1))]   # at most five, one a line
     if (Path(results_dir) / figure).exists():
         parts.append(f"![Gain over softmax against training length]({Path(os.path.relpath(Path(results_dir) / figure, relative_to)).as_posix()})")
-    if len(tests): parts.append(readable_tuned(tests).to_markdown(index=False, disable_numparse=True))
+    if len(tests): parts.append(readable_tuned(tests, paper).to_markdown(index=False, disable_numparse=True))
     return "\n\n".join(parts)
 
 def _with_answer(text, answer, where):

@@ -103,7 +103,7 @@ if len(bud):
        "softmax is trained longer.")
 if len(tt):
     tt.to_csv(TAB / "tuned_tests.csv", index=False)
-    table(T.readable_tuned(tt))
+    table(T.readable_tuned(tt, paper_tests))
     md("*Verdict*: **persists** — positive after Holm in the paper's families; **gone** — equivalent to zero within ±1 pt "
        "(TOST); **reversed** — negative after Holm; **undecided** — neither. *Reading*: `tuned` = the protocol's grid, "
        "`first round` = the earlier three-method grid read with the same rule, for a dataset the protocol has not reached; "
@@ -642,8 +642,8 @@ if crisp_lr is not None:
     wins = cb[(cb.mean_delta > 0) & (cb.equivalence == "different")]
     md(f"On validation, dense is best at learning rate {dense_val.idxmax():g} ("
        + ", ".join(f"{100 * v:.1f} % at {lr:g}" for lr, v in dense_val.items()) + "). "
-       + ("No masking configuration beats dense at any of these learning rates: the verdict on the paper's gain does not "
-          "hinge on the rate." if wins.empty else
+       + (f"{' and '.join(sorted(set(cb.method)))} beats dense at none of these learning rates ({', '.join(f'{lr:g}' for lr in sorted(set(cb.lr)))}): "
+          "the verdict on the paper's gain does not hinge on the rate, for the configurations run at both." if wins.empty else
           "Masking beats dense at " + ", ".join(f"{m} ({sp}, lr {lr:g})" for m, sp, lr in zip(wins.method, wins.split, wins.lr)) + "."))
 else: md("The learning-rate check has not been run in this folder.")
 
