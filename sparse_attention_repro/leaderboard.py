@@ -7,6 +7,7 @@ __all__ = ['LEADERBOARD_COLS', 'STEP_COSTS', 'same_recipe', 'leaderboard_rows', 
            'step_costs', 'leaderboard_table', 'write_leaderboard', 'normalizer_card']
 
 # %% ../nbs/05d_leaderboard.ipynb
+import os
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +83,9 @@ def keep_step_costs(outputs, name, cost, repeats):
     "Replace `name`'s rows in `<outputs>/cards/step_costs.csv` by this measurement (`bench_normalizers` rows of the kernels path)."
     from sparse_attention_repro.files import atomic_write
     f = Path(outputs) / STEP_COSTS
-    new = cost.assign(normalizer=name, repeats=repeats, threads=1)[["normalizer", "shape", "ms", "ratio_to_softmax", "repeats", "threads"]]
+    load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else float("nan")   # a busy machine inflates long calls most
+    new = cost.assign(normalizer=name, repeats=repeats, threads=1, load_1min=load, cpus=os.cpu_count())[
+        ["normalizer", "shape", "ms", "ratio_to_softmax", "repeats", "threads", "load_1min", "cpus"]]
     old = pd.read_csv(f) if f.exists() else new.iloc[:0]
     both = pd.concat([old[old.normalizer != name], new], ignore_index=True).sort_values(["normalizer", "shape"])
     atomic_write(f, lambda tmp: both.to_csv(tmp, index=False))
@@ -195,7 +198,8 @@ def normalizer_card(outputs, name, main="paper", cost_repeats=10) -> Path:
     keep_step_costs(outputs, name, cost, cost_repeats)
     lines += ["## Cost, measured side by side with softmax in one process", "",
               f"Forward + backward of the normalizer alone, one thread, median of {cost_repeats} interleaved repeats, over softmax's "
-              "(this machine):", "",
+              f"(this machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} when measured; a load above the core count "
+              "lengthens the slower normalizers' calls most, so read such ratios as upper bounds):", "",
               cost[["shape", "ms", "ratio_to_softmax"]].round(3).to_markdown(index=False), ""]
     out = outputs / "cards" / f"{name}.md"; out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, lambda tmp: Path(tmp).write_text("\n".join(lines), encoding="utf-8"))
