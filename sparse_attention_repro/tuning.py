@@ -511,8 +511,8 @@ def answer_lines(tests, paper_tests=None, reach=None) -> list:
     base = vs.drop_duplicates("dataset")
     lift = (base.baseline_accuracy - base.baseline_accuracy_paper_recipe).dropna()
     if len(lift): lines.append(f"Tuning lifts softmax itself by {_pt(lift.min())} to {_pt(lift.max())} pt"
-                               + (": no paper-recipe gain survives as a significant gain, so those gains read as faster early "
-                                  "learning against an under-trained baseline (figure)." if not counts.get("persists", 0) else "."))
+                               + (": no paper-recipe gain survives as a significant gain; those gains are consistent with faster "
+                                  "early learning against an under-trained baseline (figure)." if not counts.get("persists", 0) else "."))
     if reach is not None and len(reach):
         r = reach[reach.method != BASELINE].merge(reach[reach.method == BASELINE][["dataset", "seconds_to_reach"]], on="dataset",
                                                   suffixes=("", "_softmax"))
