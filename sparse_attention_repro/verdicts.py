@@ -143,7 +143,9 @@ def _sentence(r):
                 f"and it would be reproduced only when measured on a GPU and its CI lies within 3–5×.")
     if k == "alpha":
         return (f"{r['claim']}: the final mean α over {n} HAE runs is {r['estimate']:.3f} (95% CI {r['ci_low']:.3f}–"
-                f"{r['ci_high']:.3f}, runs range {r['pi_low']:.3f}–{r['pi_high']:.3f}) — {v}.")
+                f"{r['ci_high']:.3f}, runs range {r['pi_low']:.3f}–{r['pi_high']:.3f}) — {v}. Every run starts at α = 1.5, so this "
+                f"shows that α barely moves, not that 1.5 is where it settles; the start-value follow-up (`alpha_start`) starts it "
+                f"elsewhere.")
     return (f"{r['claim']}: our {n} dense seeds average {100 * r['estimate']:.2f}% (one run: 95% PI "
             f"{100 * r['pi_low']:.2f}–{100 * r['pi_high']:.2f}%) — {v}.")
 
