@@ -257,6 +257,7 @@ def verdict_line(e: Experiment, root) -> str:
         recipe = "the paper's recipe" + "".join(f", {k}={v}" for k, v in e.design.options.items())
         return (f"{len(t)} comparisons with softmax at {recipe}: {len(won)} significant gains after Holm"
                 + (" (" + ", ".join(f"{r.method} on {r.dataset}" for r in won.itertuples()) + ")" if len(won) else ""))
+    if k == "versus_baseline": return "runs in progress: the comparison is written when its grid finishes (rerun its command to resume)"
     if k == "speed_check": return "paired checks in BENCHMARKS.md"
     if k == "selection" and (t := read("selection.csv")) is not None:
         return f"validation chose the test-chosen top-k ratio on {int(t.same_choice.sum())} of {len(t)} datasets"
@@ -304,3 +305,5 @@ pd.DataFrame(dict(ablation=["patch4"] * 3, change_verdict=["equivalent within ±
 _ix = outputs_index(_o)
 assert "| `paper/ablations/patch4` | patch4 |" in _ix and "3 changes of a gain over softmax: 2 undecided, 1 equivalent" in _ix
 assert "masked_padding" not in _ix and "| `paper` |" not in _ix and "## `literature/`" not in _ix
+(_o / "literature" / "masked_padding").mkdir(parents=True); (_o / "literature" / "masked_padding" / "runs.csv").write_text("dataset\n")
+assert "runs in progress" in outputs_index(_o)              # a grid still running is listed as such, with no verdict

@@ -201,6 +201,7 @@ def verdict_line(e: Experiment, root) -> str:
         recipe = "the paper's recipe" + "".join(f", {k}={v}" for k, v in e.design.options.items())
         return (f"{len(t)} comparisons with softmax at {recipe}: {len(won)} significant gains after Holm"
                 + (" (" + ", ".join(f"{r.method} on {r.dataset}" for r in won.itertuples()) + ")" if len(won) else ""))
+    if k == "versus_baseline": return "runs in progress: the comparison is written when its grid finishes (rerun its command to resume)"
     if k == "speed_check": return "paired checks in BENCHMARKS.md"
     if k == "selection" and (t := read("selection.csv")) is not None:
         return f"validation chose the test-chosen top-k ratio on {int(t.same_choice.sum())} of {len(t)} datasets"
