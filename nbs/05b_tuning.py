@@ -167,10 +167,11 @@ test_eq(_tc[["lr", "val_accuracy"]].values.tolist(), [[1e-3, 0.5], [3e-3, 0.6]])
 # %%
 #| export
 def _mean_curve(g, seeds=None):
-    "Mean validation (and test) accuracy per epoch over the seeds of `g` that have every epoch (and are in `seeds`)."
+    "Mean validation accuracy per epoch over the seeds of `g` (those in `seeds`), up to the last epoch every one of them reached."
     if seeds is not None: g = g[g.seed.isin(seeds)]
-    piv = g.pivot_table(index="seed", columns="epoch", values="val_accuracy").dropna()
-    return piv.mean(), len(piv)
+    piv = g.pivot_table(index="seed", columns="epoch", values="val_accuracy")
+    piv = piv.loc[:, piv.notna().all()]          # a longer run's later epochs count once all its seeds have them
+    return piv.mean(), len(piv) if piv.shape[1] else 0
 
 def choose_lr(curves, failed=None, search=None, seeds=SELECTION_SEEDS) -> pd.DataFrame:
     "Per (dataset, method, candidate lr): its score on the selection seeds, its status, and which candidate is chosen."
@@ -209,8 +210,8 @@ def choose_lr(curves, failed=None, search=None, seeds=SELECTION_SEEDS) -> pd.Dat
 # %%
 #| export
 def arm_length(arm_curves, declared: int) -> int:
-    "The run length of one arm at one rate: the declared one, or the longer one its extension ran to."
-    return max(declared, int(arm_curves.epoch.max())) if len(arm_curves) else declared
+    "The run length of one arm at one rate: the declared one, or the longer one its extension ran to on every seed."
+    return max(declared, int(arm_curves.groupby("seed").epoch.max().min())) if len(arm_curves) else declared
 
 def needs_longer(arm_curves, declared: int, seeds=SELECTION_SEEDS) -> bool:
     "Whether an arm's best epoch on the selection seeds (at its chosen rate) is on the edge of a run not yet extended."
@@ -426,6 +427,13 @@ test_eq([(x["lr"], x["epochs"], x["methods"], x["seeds"], x["folder"]) for x in 
 test_eq(tuned_plan(_late, _fail, _search, "complete"), [])                  # waits for the longer run
 _ext = _late[(_late.method == "topk_softmax_025") & (_late.lr == 3e-3)]
 _ext = pd.concat([_ext, _ext[_ext.epoch <= 18].assign(epoch=lambda d: d.epoch + 36, val_accuracy=0.80)])   # epochs 37-54
+# the longer run finished on seeds 0-1 only (stopped midway): the rate stays chosen, the extension resumes, nothing completes
+_half = pd.concat([_late, _ext[_ext.seed < 2]]).drop_duplicates(["dataset", "method", "seed", "lr", "epoch"], keep="last")
+_hl = choose_lr(_half, _fail, _search)
+test_eq(_hl[(_hl.method == "topk_softmax_025") & _hl.chosen][["lr", "status"]].values.tolist(), [[3e-3, "ok"]])
+test_eq([(x["lr"], x["epochs"], x["seeds"]) for x in tuned_plan(_half, _fail, _search, "select")], [(3e-3, 54, [0, 1, 2])])
+test_eq(tuned_plan(_half, _fail, _search, "complete"), [])
+test_eq(arm_length(_half[(_half.method == "topk_softmax_025") & (_half.lr == 3e-3)], 36), 36)
 _late = pd.concat([_late, _ext]).drop_duplicates(["dataset", "method", "seed", "lr", "epoch"], keep="last")
 test_eq(tuned_plan(_late, _fail, _search, "select"), [])                    # extended once: never again
 test_eq([(x["lr"], x["epochs"], x["methods"]) for x in tuned_plan(_late, _fail, _search, "complete")],

@@ -762,8 +762,13 @@ def cmd_tuned(args):
     from contextlib import ExitStack
     _check_executor(args)
     fails = {}
+    ran = None
     while grids := tuned_grids(args):
-        for line, _ in grids: print(f"tuned ({args.stage}): {line}")
+        lines = [line for line, _ in grids]
+        if lines == ran:                                    # its rows should have changed the plan: never loop on a settled grid
+            raise ValueError(f"tuned ({args.stage}): the plan still asks for {lines[0]} after it ran; its runs.csv rows do not settle "
+                             f"the selection (a bug: please report it with {Path(args.out) / 'tuned'})")
+        for line in lines: print(f"tuned ({args.stage}): {line}")
         if args.dry_run: return {}
         with ExitStack() as stack:                          # every grid's folder held and checked, then one pool for all their notebooks
             groups = []
@@ -774,6 +779,7 @@ def cmd_tuned(args):
             fails = run_task_groups(groups, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
                                     desc=f"tuned ({args.stage}) notebooks")
         if fails or args.stage != "select": break
+        ran = lines
     else: print(f"tuned ({args.stage}): nothing left to run in {Path(args.out) / 'tuned'}")
     if getattr(args, "baseline", None) and getattr(args, "methods", None) and not args.dry_run:
         from sparse_attention_repro.tuning import write_fair_verdict

@@ -84,10 +84,11 @@ def tuned_curves(runs) -> pd.DataFrame:
 
 # %% ../nbs/05b_tuning.ipynb
 def _mean_curve(g, seeds=None):
-    "Mean validation (and test) accuracy per epoch over the seeds of `g` that have every epoch (and are in `seeds`)."
+    "Mean validation accuracy per epoch over the seeds of `g` (those in `seeds`), up to the last epoch every one of them reached."
     if seeds is not None: g = g[g.seed.isin(seeds)]
-    piv = g.pivot_table(index="seed", columns="epoch", values="val_accuracy").dropna()
-    return piv.mean(), len(piv)
+    piv = g.pivot_table(index="seed", columns="epoch", values="val_accuracy")
+    piv = piv.loc[:, piv.notna().all()]          # a longer run's later epochs count once all its seeds have them
+    return piv.mean(), len(piv) if piv.shape[1] else 0
 
 def choose_lr(curves, failed=None, search=None, seeds=SELECTION_SEEDS) -> pd.DataFrame:
     "Per (dataset, method, candidate lr): its score on the selection seeds, its status, and which candidate is chosen."
@@ -119,8 +120,8 @@ def choose_lr(curves, failed=None, search=None, seeds=SELECTION_SEEDS) -> pd.Dat
 
 # %% ../nbs/05b_tuning.ipynb
 def arm_length(arm_curves, declared: int) -> int:
-    "The run length of one arm at one rate: the declared one, or the longer one its extension ran to."
-    return max(declared, int(arm_curves.epoch.max())) if len(arm_curves) else declared
+    "The run length of one arm at one rate: the declared one, or the longer one its extension ran to on every seed."
+    return max(declared, int(arm_curves.groupby("seed").epoch.max().min())) if len(arm_curves) else declared
 
 def needs_longer(arm_curves, declared: int, seeds=SELECTION_SEEDS) -> bool:
     "Whether an arm's best epoch on the selection seeds (at its chosen rate) is on the edge of a run not yet extended."
