@@ -1046,6 +1046,10 @@ test_eq(_rc[["method", "seed", "lr", "epoch", "val_accuracy"]].values.tolist(), 
 #
 # `pairing_check` is the proof that the pairing is real: the grid re-runs softmax on the first seed of every dataset,
 # and its accuracy must equal the committed one bit for bit.
+#
+# When a folder holds several new methods trained together — a normalizer and its control, such as Scalable-Softmax and
+# a learned-temperature softmax — `between_new_methods` pairs them with each other by seed, per dataset, as one more
+# Holm family of its own.
 
 # %%
 #| export
@@ -1067,6 +1071,22 @@ def versus_baseline(new, base, methods=None, baselines=PAPER_METHODS):
                 j = a.join(b, how="inner", lsuffix="_a", rsuffix="_b")
                 r = paired_stats(j.accuracy_a, j.accuracy_b)
                 rows.append(dict(family=f"versus:{m}", dataset=ds, method=m, baseline=b_name, **{k: r[k] for k in ("n", "mean_delta", "ci_low", "ci_high", "p")},
+                                 density=float(j.nonzero_ratio_a.mean()), baseline_density=float(j.nonzero_ratio_b.mean()),
+                                 time_ratio=float((j.train_seconds_a / j.train_seconds_b).median())))
+    return holm(pd.DataFrame(rows))[VERSUS_COLS] if rows else pd.DataFrame(columns=VERSUS_COLS)
+
+def between_new_methods(new, baselines=PAPER_METHODS):
+    "The new methods of `new` against each other, each pair per dataset, paired by seed; Holm over all these pairs (one family)."
+    methods = [m for m in method_order(new.method) if m not in baselines] if new is not None and len(new) else []
+    rows = []
+    for ds in [d for d in DATASET_ORDER if d in set(new.dataset)] + sorted(set(new.dataset) - set(DATASET_ORDER)) if methods else []:
+        for i, m in enumerate(methods):
+            for other in methods[i + 1:]:
+                a, b = (new[(new.dataset == ds) & (new.method == x)].set_index("seed") for x in (m, other))
+                j = a.join(b, how="inner", lsuffix="_a", rsuffix="_b")
+                if not len(j): continue
+                r = paired_stats(j.accuracy_a, j.accuracy_b)
+                rows.append(dict(family="between new methods", dataset=ds, method=m, baseline=other, **{k: r[k] for k in ("n", "mean_delta", "ci_low", "ci_high", "p")},
                                  density=float(j.nonzero_ratio_a.mean()), baseline_density=float(j.nonzero_ratio_b.mean()),
                                  time_ratio=float((j.train_seconds_a / j.train_seconds_b).median())))
     return holm(pd.DataFrame(rows))[VERSUS_COLS] if rows else pd.DataFrame(columns=VERSUS_COLS)
@@ -1098,6 +1118,14 @@ ok = vt.p.notna()
 test_close(vt.p_holm[ok].to_numpy(), manual_holm(vt.p[ok].to_numpy()))
 test_close(row.density, runs[(runs.dataset == "cifar10") & (runs.method == "sparsemax")].nonzero_ratio.mean())
 test_eq(paired_tests(pd.concat([runs, new])), paired_tests(runs))                     # the paper's tests ignore the new method
+# two new methods (sparsemax and top-k 0.25 under other names): their pair is scipy's paired t-test of the originals
+two = pd.concat([new, runs[runs.method == "topk_softmax_025"].assign(method="my_other")])
+bt = between_new_methods(two)
+test_eq((len(bt), set(bt.method), set(bt.baseline), set(bt.family)), (5, {"my_norm"}, {"my_other"}, {"between new methods"}))
+b = bt[bt.dataset == "cifar10"].iloc[0]
+test_close(b.p, sps.ttest_rel(j.sparsemax, j.topk_softmax_025).pvalue); test_close(b.mean_delta, (j.sparsemax - j.topk_softmax_025).mean())
+test_close(bt.p_holm[bt.p.notna()].to_numpy(), manual_holm(bt.p[bt.p.notna()].to_numpy()))
+test_eq(len(between_new_methods(new)), 0)                                          # one new method: no pair
 pc = pairing_check(runs[runs.method == "softmax"].iloc[:2], runs)
 test_eq(pc.identical.tolist(), [True, True])
 pc = pairing_check(runs[runs.method == "softmax"].iloc[:2].assign(accuracy=lambda d: d.accuracy + 1e-12), runs)

@@ -237,7 +237,9 @@ with tempfile.TemporaryDirectory() as d:
 # `versus_report` writes what a researcher with a new normalizer reads: the pairing check (softmax re-run on the first
 # seed of each dataset against the committed run), the answer per dataset (does the method beat softmax and entmax-1.5
 # after Holm within its own family?) and every comparison with the seven committed methods
-# (`stats.versus_baseline`). It goes to `versus_baseline.md` and `versus_baseline.csv` in the new method's folder.
+# (`stats.versus_baseline`). It goes to `versus_baseline.md` and `versus_baseline.csv` in the new method's folder. Where
+# the folder holds several new methods, their comparisons with each other follow (`stats.between_new_methods`, also in
+# `between_methods.csv`).
 
 # %%
 #| export
@@ -260,8 +262,13 @@ def versus_report(results_dir, baseline_dir) -> Path:
         lines += [f"## {m}", "", V.versus_answer(t, m).to_markdown(index=False, disable_numparse=True), "",
                   V.readable_versus(t[t.method == m]).to_markdown(index=False, disable_numparse=True), ""]
     if not len(t): lines += ["No new method found in this folder (only the baselines' methods)."]
+    if len(between := S.between_new_methods(new)):
+        lines += ["## The new methods against each other", "",
+                  "Trained together on the same seeds, so paired by seed; Holm over these pairs alone (`between_methods.csv`).", "",
+                  V.readable_versus(between).to_markdown(index=False, disable_numparse=True), ""]
     atomic_write(res / "versus_baseline.md", lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n", encoding="utf-8"))
     save_rows(t, res / "versus_baseline.csv")
+    if len(between): save_rows(between, res / "between_methods.csv")
     return res / "versus_baseline.md"
 
 

@@ -880,6 +880,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                            'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.alpha_start_tests': ( 'stats.html#alpha_start_tests',
                                                                                                   'sparse_attention_repro/stats.py'),
+                                              'sparse_attention_repro.stats.between_new_methods': ( 'stats.html#between_new_methods',
+                                                                                                    'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.check_results_file': ( 'stats.html#check_results_file',
                                                                                                    'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats.crisp_by_lr': ( 'stats.html#crisp_by_lr',

@@ -167,8 +167,13 @@ def versus_report(results_dir, baseline_dir) -> Path:
         lines += [f"## {m}", "", V.versus_answer(t, m).to_markdown(index=False, disable_numparse=True), "",
                   V.readable_versus(t[t.method == m]).to_markdown(index=False, disable_numparse=True), ""]
     if not len(t): lines += ["No new method found in this folder (only the baselines' methods)."]
+    if len(between := S.between_new_methods(new)):
+        lines += ["## The new methods against each other", "",
+                  "Trained together on the same seeds, so paired by seed; Holm over these pairs alone (`between_methods.csv`).", "",
+                  V.readable_versus(between).to_markdown(index=False, disable_numparse=True), ""]
     atomic_write(res / "versus_baseline.md", lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n", encoding="utf-8"))
     save_rows(t, res / "versus_baseline.csv")
+    if len(between): save_rows(between, res / "between_methods.csv")
     return res / "versus_baseline.md"
 
 # %% ../nbs/05a_report.ipynb

@@ -10,7 +10,7 @@ __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'SPARSE_METHODS', 'TOPK_METHODS
            'single_seed_summary', 'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas',
            'power_table', 'accuracy_ci', 'select_topk', 'alpha_long', 'pad_attention', 'time_ratios', 'layer_sparsity',
            'crisp_learning_curve', 'crisp_by_lr', 'alpha_start_tests', 'prediction_interval', 'ablation_tests',
-           'ablation_family', 'run_curves', 'versus_baseline', 'pairing_check']
+           'ablation_family', 'run_curves', 'versus_baseline', 'between_new_methods', 'pairing_check']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -513,6 +513,22 @@ def versus_baseline(new, base, methods=None, baselines=PAPER_METHODS):
                 j = a.join(b, how="inner", lsuffix="_a", rsuffix="_b")
                 r = paired_stats(j.accuracy_a, j.accuracy_b)
                 rows.append(dict(family=f"versus:{m}", dataset=ds, method=m, baseline=b_name, **{k: r[k] for k in ("n", "mean_delta", "ci_low", "ci_high", "p")},
+                                 density=float(j.nonzero_ratio_a.mean()), baseline_density=float(j.nonzero_ratio_b.mean()),
+                                 time_ratio=float((j.train_seconds_a / j.train_seconds_b).median())))
+    return holm(pd.DataFrame(rows))[VERSUS_COLS] if rows else pd.DataFrame(columns=VERSUS_COLS)
+
+def between_new_methods(new, baselines=PAPER_METHODS):
+    "The new methods of `new` against each other, each pair per dataset, paired by seed; Holm over all these pairs (one family)."
+    methods = [m for m in method_order(new.method) if m not in baselines] if new is not None and len(new) else []
+    rows = []
+    for ds in [d for d in DATASET_ORDER if d in set(new.dataset)] + sorted(set(new.dataset) - set(DATASET_ORDER)) if methods else []:
+        for i, m in enumerate(methods):
+            for other in methods[i + 1:]:
+                a, b = (new[(new.dataset == ds) & (new.method == x)].set_index("seed") for x in (m, other))
+                j = a.join(b, how="inner", lsuffix="_a", rsuffix="_b")
+                if not len(j): continue
+                r = paired_stats(j.accuracy_a, j.accuracy_b)
+                rows.append(dict(family="between new methods", dataset=ds, method=m, baseline=other, **{k: r[k] for k in ("n", "mean_delta", "ci_low", "ci_high", "p")},
                                  density=float(j.nonzero_ratio_a.mean()), baseline_density=float(j.nonzero_ratio_b.mean()),
                                  time_ratio=float((j.train_seconds_a / j.train_seconds_b).median())))
     return holm(pd.DataFrame(rows))[VERSUS_COLS] if rows else pd.DataFrame(columns=VERSUS_COLS)
