@@ -217,11 +217,20 @@ def save_checkpoint(path, key, models, opts, gen, results, active, step, epoch):
                  models=[m.state_dict() for m in models], opts=[o.state_dict() for o in opts])
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
+def _same_run_but_length(a: str, b: str) -> bool:
+    "Whether two checkpoint keys differ at most in the number of epochs (the learning rate is constant: a shorter run is the start of a longer one)."
+    a, b = json.loads(a), json.loads(b)
+    for k in (a, b): k["settings"].pop("epochs", None)
+    return a == b
+
 def load_checkpoint(path, key, models, opts, gen, device):
-    "Restore the state `save_checkpoint` kept in `path` into `models`, `opts`, `gen` and torch's generators; `(results, active, step, epoch)`, or None when there is none or it belongs to another run."
+    """Restore the state `save_checkpoint` kept in `path` into `models`, `opts`, `gen` and torch's generators; `(results, active, step, epoch)`,
+    or None when there is none or it belongs to another run. A state of the same run stopped earlier, or of the same run
+    with fewer epochs (its last), is continued; one with more epochs than `key`'s run is not."""
     if not Path(path).exists(): return None
     state = torch.load(path, map_location=device, weights_only=False)      # our own file, written by save_checkpoint
-    if state.get("key") != key: return None                               # another configuration: start afresh (and overwrite it)
+    if not (isinstance(state.get("key"), str) and _same_run_but_length(state["key"], key)): return None   # another configuration: start afresh
+    if state["epoch"] > json.loads(key)["settings"]["epochs"]: return None                          # a longer run's: not this one's start
     for m, s in zip(models, state["models"]): m.load_state_dict(s)
     for o, s in zip(opts, state["opts"]): o.load_state_dict(s)
     gen.set_state(state["gen"]); torch.set_rng_state(state["rng"])
@@ -247,6 +256,8 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="", monitor=
     key = _checkpoint_key(cfg, seed, models, n)
     if checkpoint is not None and (state := load_checkpoint(checkpoint, key, models, opts, gen, device)) is not None:
         results, active, step, done = state
+        for r in results:                                                    # a shorter run continued: room for the new steps
+            if len(r.losses) < steps: r.losses = torch.cat([r.losses, torch.full((steps - len(r.losses),), float("nan"), device=device)])
     bar = tqdm(total=steps, initial=step, desc=desc, disable=not cfg.progress, mininterval=2, leave=False)
     try:
         for m in models: m.set_mask_tape(tape)
@@ -542,6 +553,11 @@ test_close(rk["nonzero_ratio"], 5 / 17, eps=1e-6)
 # (so only epoch 1 was kept) and rerun: its losses, learning curves, learned $\alpha$ and final weights equal those of
 # a run never interrupted. A checkpoint of another configuration is not continued, and `run_study_a` deletes the file
 # once the group's rows are written.
+#
+# The learning rate is constant, so a shorter run *is* the start of a longer one: a checkpoint that differs only in the
+# number of epochs, kept at the end of a shorter run, is continued to the longer length, and the result is the longer
+# run bit for bit (below: 2 epochs, then on to 3, against 3 at once). This is what makes a longer run of the tuned
+# protocol cost only its extra epochs.
 
 # %%
 import tempfile
@@ -569,6 +585,17 @@ with tempfile.TemporaryDirectory() as tmp:
     c2 = replace(cfg, lr=3e-3)
     test_eq(load_checkpoint(ck, _checkpoint_key(c2, 0, other, len(data.train.y)), other,
                             [torch.optim.AdamW(m.parameters()) for m in other], torch.Generator(), torch.device("cpu")), None)
+    test_eq(load_checkpoint(ck, _checkpoint_key(replace(cfg, epochs=1), 0, other, len(data.train.y)), other,   # 3 epochs kept: not a 1-epoch run's
+                            [torch.optim.AdamW(m.parameters()) for m in other], torch.Generator(), torch.device("cpu")), None)
+    ck2 = Path(tmp) / "short.pt"
+    short_models = [_new_model(data, m, 0) for m in pair]
+    train_lockstep(short_models, data.train, replace(cfg, epochs=2), 0, monitor=mon, checkpoint=ck2)     # a 2-epoch run, state kept
+    long_models = [_new_model(data, m, 0) for m in pair]
+    long = train_lockstep(long_models, data.train, cfg, 0, monitor=mon, checkpoint=ck2)                  # continued to 3
+    for a, b, ma, mb in zip(ref, long, ref_models, long_models):
+        test_eq(torch.equal(a.losses, b.losses), True)
+        test_eq((a.status, a.epoch_metrics, a.learned_history), (b.status, b.epoch_metrics, b.learned_history))
+        test_eq(all(torch.equal(x, y) for x, y in zip(ma.state_dict().values(), mb.state_dict().values())), True)
     rows = run_study_a("fashion_mnist", 0, ["softmax"], "smoke", rows_dir=tmp, progress=False)
     test_eq(sorted(p.name for p in (Path(tmp) / "seed0").iterdir()), ["softmax.csv"])   # rows written, checkpoint gone
 

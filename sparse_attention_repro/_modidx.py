@@ -961,6 +961,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                               'sparse_attention_repro.train._rounded': ( 'train.html#_rounded',
                                                                                          'sparse_attention_repro/train.py'),
                                               'sparse_attention_repro.train._row': ('train.html#_row', 'sparse_attention_repro/train.py'),
+                                              'sparse_attention_repro.train._same_run_but_length': ( 'train.html#_same_run_but_length',
+                                                                                                     'sparse_attention_repro/train.py'),
                                               'sparse_attention_repro.train.attention_maps': ( 'train.html#attention_maps',
                                                                                                'sparse_attention_repro/train.py'),
                                               'sparse_attention_repro.train.cls_attention': ( 'train.html#cls_attention',

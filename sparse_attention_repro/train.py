@@ -137,11 +137,20 @@ def save_checkpoint(path, key, models, opts, gen, results, active, step, epoch):
                  models=[m.state_dict() for m in models], opts=[o.state_dict() for o in opts])
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
+def _same_run_but_length(a: str, b: str) -> bool:
+    "Whether two checkpoint keys differ at most in the number of epochs (the learning rate is constant: a shorter run is the start of a longer one)."
+    a, b = json.loads(a), json.loads(b)
+    for k in (a, b): k["settings"].pop("epochs", None)
+    return a == b
+
 def load_checkpoint(path, key, models, opts, gen, device):
-    "Restore the state `save_checkpoint` kept in `path` into `models`, `opts`, `gen` and torch's generators; `(results, active, step, epoch)`, or None when there is none or it belongs to another run."
+    """Restore the state `save_checkpoint` kept in `path` into `models`, `opts`, `gen` and torch's generators; `(results, active, step, epoch)`,
+    or None when there is none or it belongs to another run. A state of the same run stopped earlier, or of the same run
+    with fewer epochs (its last), is continued; one with more epochs than `key`'s run is not."""
     if not Path(path).exists(): return None
     state = torch.load(path, map_location=device, weights_only=False)      # our own file, written by save_checkpoint
-    if state.get("key") != key: return None                               # another configuration: start afresh (and overwrite it)
+    if not (isinstance(state.get("key"), str) and _same_run_but_length(state["key"], key)): return None   # another configuration: start afresh
+    if state["epoch"] > json.loads(key)["settings"]["epochs"]: return None                          # a longer run's: not this one's start
     for m, s in zip(models, state["models"]): m.load_state_dict(s)
     for o, s in zip(opts, state["opts"]): o.load_state_dict(s)
     gen.set_state(state["gen"]); torch.set_rng_state(state["rng"])
@@ -167,6 +176,8 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="", monitor=
     key = _checkpoint_key(cfg, seed, models, n)
     if checkpoint is not None and (state := load_checkpoint(checkpoint, key, models, opts, gen, device)) is not None:
         results, active, step, done = state
+        for r in results:                                                    # a shorter run continued: room for the new steps
+            if len(r.losses) < steps: r.losses = torch.cat([r.losses, torch.full((steps - len(r.losses),), float("nan"), device=device)])
     bar = tqdm(total=steps, initial=step, desc=desc, disable=not cfg.progress, mininterval=2, leave=False)
     try:
         for m in models: m.set_mask_tape(tape)
