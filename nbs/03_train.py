@@ -16,7 +16,7 @@
 
 # %%
 #| export
-import hashlib, json, time
+import hashlib, json, shutil, time
 from pathlib import Path
 from dataclasses import dataclass, replace
 import numpy as np
@@ -483,10 +483,12 @@ def run_one(dataset: str, method: str, seed: int, config: TrainConfig, data=None
 # %%
 #| export
 def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, rows_dir=None, lockstep=True, stack=False,
-                **options) -> list:
+                keep_state=False, continue_from=None, **options) -> list:
     """Rows of every method in `methods` on each of `seeds` (an int or a list) under `profile`; `options` override TrainConfig fields.
     With `rows_dir`, each lock-step group keeps its training state after every epoch beside its rows (`resume-<group>.pt`,
-    deleted once its rows are written), so a killed run continues from its last finished epoch, bit for bit."""
+    deleted once its rows are written), so a killed run continues from its last finished epoch, bit for bit.
+    `keep_state`: keep the final state instead (`state-<group>.pt`); `continue_from`, the `rows_dir` of a shorter run of
+    the same configuration made with `keep_state`: each group starts from its final state there (when it has one)."""
     seeds = [seeds] if isinstance(seeds, int) else list(seeds)
     if not seeds or any(s < 0 for s in seeds): raise ValueError(f"seeds must be one or more integers >= 0, got {seeds}")
     methods = [resolve_normalizer(m) for m in methods]               # the edge: names become registry entries once
@@ -505,8 +507,14 @@ def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, ro
             data = load_run_data(dataset, seed, config)
             for group in ([list(methods)] if lockstep else [[m] for m in methods]):
                 ckpt = None if rows_dir is None else Path(rows_dir) / f"seed{seed}" / f"resume-{group_digest(group)}.pt"
+                if ckpt is not None and continue_from is not None and not ckpt.exists() and (
+                        start := Path(continue_from) / f"seed{seed}" / f"state-{group_digest(group)}.pt").exists():
+                    ckpt.parent.mkdir(parents=True, exist_ok=True)
+                    atomic_write(ckpt, lambda tmp: shutil.copyfile(start, tmp))   # the shorter run's end: continued, bit for bit
+                    print(f"{dataset} seed {seed}: continuing the shorter run's final state {start.name} from {Path(continue_from).name}")
                 keep(run_methods(dataset, group, seed, config, data, checkpoint=ckpt))
-                if ckpt is not None: ckpt.unlink(missing_ok=True)
+                if ckpt is not None and keep_state: ckpt.replace(ckpt.with_name(f"state-{group_digest(group)}.pt"))
+                elif ckpt is not None: ckpt.unlink(missing_ok=True)
     return rows
 
 def group_digest(methods) -> str:
@@ -598,6 +606,14 @@ with tempfile.TemporaryDirectory() as tmp:
         test_eq(all(torch.equal(x, y) for x, y in zip(ma.state_dict().values(), mb.state_dict().values())), True)
     rows = run_study_a("fashion_mnist", 0, ["softmax"], "smoke", rows_dir=tmp, progress=False)
     test_eq(sorted(p.name for p in (Path(tmp) / "seed0").iterdir()), ["softmax.csv"])   # rows written, checkpoint gone
+    # the same through `run_study_a`: a 1-epoch grid keeps its end, a 2-epoch one continues it and equals a 2-epoch run made at once
+    one, two, fresh = (Path(tmp) / x for x in ("one", "two", "fresh"))
+    run_study_a("fashion_mnist", 0, pair, "smoke", rows_dir=one, keep_state=True, progress=False)
+    test_eq(sorted(p.name for p in (one / "seed0").glob("*.pt")), [f"state-{group_digest([resolve_normalizer(m) for m in pair])}.pt"])
+    cont = run_study_a("fashion_mnist", 0, pair, "smoke", rows_dir=two, continue_from=one, epochs=2, progress=False)
+    made = run_study_a("fashion_mnist", 0, pair, "smoke", rows_dir=fresh, epochs=2, progress=False)
+    test_eq([(r["accuracy"], r["test_loss"], r["epochs"]) for r in cont], [(r["accuracy"], r["test_loss"], r["epochs"]) for r in made])
+    test_eq(list((two / "seed0").glob("*.pt")), [])                                  # continued, then its own checkpoint gone
 
 # %% [markdown]
 # The adaptive entmax logs its $\alpha$ per head after each epoch (starting at 1.5), and a diverging run is recorded, not raised:

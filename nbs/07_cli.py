@@ -115,6 +115,11 @@ def _grid_args(sub):
     g.add_argument("--fast", action="store_true", help=FAST_HELP)
     g.add_argument("--baseline", default=None, help="a committed results folder (e.g. outputs/paper): train only --methods on its seeds "
                                                     "and options, pair them with its runs and write versus_baseline.md")
+    g.add_argument("--keep-state", action="store_true", help="keep each lock-step group's final training state beside its rows "
+                                                           "(state-<group>.pt, not committed), so that a longer run can continue it")
+    g.add_argument("--continue-from", default=None, help="a results folder of this grid with fewer --epochs, made with --keep-state: "
+                                                        "each group continues from its final state there (the same result, bit for bit, "
+                                                        "as a run made at once; a group without one starts afresh)")
     _executor_args(g)
     return g
 
@@ -329,6 +334,22 @@ def _check_baseline(folder, base, options, datasets, seeds):
 
 # %%
 #| export
+def _check_shorter_run(folder, options):
+    "Refuse, in one line, a --continue-from folder that is not this grid's with fewer epochs."
+    import json
+    from sparse_attention_repro.train import TrainConfig
+    made = Path(folder) / "manifest.json"
+    if not made.is_file() or STUDY_A.name not in (m := json.loads(made.read_text())):
+        raise UsageError(f"--continue-from {folder} holds no study A grid (manifest.json); give a results folder made by `sparse-repro grid --keep-state`")
+    made = {**option_defaults(TrainConfig), **m[STUDY_A.name]}
+    if diff := [k for k in sorted(options) if k != "epochs" and made.get(k) != options[k]]:
+        raise UsageError(f"--continue-from {folder} was made with " + ", ".join(f"{k}={made.get(k)!r} (this grid: {options[k]!r})" for k in diff)
+                         + "; only --epochs may differ")
+    if not (made["epochs"] and options["epochs"] and made["epochs"] < options["epochs"]):
+        raise UsageError(f"--continue-from {folder} ran --epochs {made['epochs']}; give this grid more (now --epochs {options['epochs']}; 0, the paper's, does not count)")
+
+# %%
+#| export
 def _fast_calibration(args, specs, datasets, stacked, run) -> dict:
     """--fast's levers: the results folder's own calibration when it has one (every run of a folder takes one path),
     else the baseline's (a comparison pairs runs of one path), else `bench.calibrate_fast` on this machine (cached)."""
@@ -408,6 +429,7 @@ def grid_tasks(args):
     run, calibration = plan.run, plan.calibration
     options = dict(profile=args.profile, **run, **({"fast_calibration": calibration} if calibration else {}))
     if base is not None: _check_baseline(args.baseline, base, options, datasets, seeds)
+    if getattr(args, "continue_from", None): _check_shorter_run(args.continue_from, options)
     out, nb = Path(args.out).resolve(), experiments_dir() / STUDY_A.notebook
     threads = threads_per_job(args.jobs)
     tasks = []
@@ -429,7 +451,9 @@ def grid_tasks(args):
                                       ([rows_dir / f"seed{group[0]}" / f"{BASELINE}.csv"] if check else []),
                                       dict(dataset=d, seeds=group, methods=[ref_of[m] for m in todo], threads=threads, rows_dir=str(rows_dir),
                                            lockstep=plan.container != "plain", stack=len(group) > 1, download=args.download,
-                                           device=plan.device, profile=args.profile, options=run)))
+                                           device=plan.device, profile=args.profile, options=run,
+                                           keep_state=bool(getattr(args, "keep_state", False)),
+                                           continue_from=str((STUDY_A.rows_dir(Path(args.continue_from)) / d).resolve()) if getattr(args, "continue_from", None) else "")))
     return tasks, options
 
 # %%
@@ -459,6 +483,20 @@ test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_ou
 _lr = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--lr", "3e-3", "--epochs", "12", "--epoch-eval"]))
 test_eq([_lr[0][0].parameters["options"][k] for k in ("lr", "epochs", "epoch_eval")], [3e-3, 12, True])
 test_eq([opts[k] for k in ("lr", "epochs", "epoch_eval")], [0.0, 0, False])          # 0: the protocol's values
+# a longer run continuing a shorter one: only --epochs may differ, and it must grow
+import json
+_short = Path(tempfile.mkdtemp()) / "short"; _short.mkdir()
+(_short / "manifest.json").write_text(json.dumps({"study_a": dict(_lr[1], epochs=6)}))
+_cont = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--lr", "3e-3", "--epochs", "12",
+                                              "--epoch-eval", "--continue-from", str(_short), "--keep-state"]))
+test_eq((_cont[0][0].parameters["continue_from"], _cont[0][0].parameters["keep_state"]), (str((_short / "rows" / "study_a" / "synthetic_marker").resolve()), True))
+test_eq((_lr[0][0].parameters["continue_from"], _lr[0][0].parameters["keep_state"]), ("", False))
+for more, msg in [(["--lr", "1e-3", "--epochs", "12"], "was made with lr=0.003 (this grid: 0.001); only --epochs may differ"),
+                  (["--lr", "3e-3", "--epochs", "6"], "ran --epochs 6; give this grid more")]:
+    test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--epoch-eval",
+                                                             "--continue-from", str(_short), *more])), exc=UsageError, contains=msg)
+test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--continue-from", str(_out)])),
+          exc=UsageError, contains="holds no study A grid")
 # `--fast` takes the levers its calibration chose. A folder that already holds a calibration keeps it (every run of a
 # folder takes one path); here one written by hand, Philox and fused attention, is applied to the tasks and recorded:
 import json

@@ -120,6 +120,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                             'sparse_attention_repro/cli.py'),
                                             'sparse_attention_repro.cli._check_executor': ( 'cli.html#_check_executor',
                                                                                             'sparse_attention_repro/cli.py'),
+                                            'sparse_attention_repro.cli._check_shorter_run': ( 'cli.html#_check_shorter_run',
+                                                                                               'sparse_attention_repro/cli.py'),
                                             'sparse_attention_repro.cli._crisp_args': ( 'cli.html#_crisp_args',
                                                                                         'sparse_attention_repro/cli.py'),
                                             'sparse_attention_repro.cli._executor_args': ( 'cli.html#_executor_args',

@@ -73,6 +73,11 @@ def _grid_args(sub):
     g.add_argument("--fast", action="store_true", help=FAST_HELP)
     g.add_argument("--baseline", default=None, help="a committed results folder (e.g. outputs/paper): train only --methods on its seeds "
                                                     "and options, pair them with its runs and write versus_baseline.md")
+    g.add_argument("--keep-state", action="store_true", help="keep each lock-step group's final training state beside its rows "
+                                                           "(state-<group>.pt, not committed), so that a longer run can continue it")
+    g.add_argument("--continue-from", default=None, help="a results folder of this grid with fewer --epochs, made with --keep-state: "
+                                                        "each group continues from its final state there (the same result, bit for bit, "
+                                                        "as a run made at once; a group without one starts afresh)")
     _executor_args(g)
     return g
 
@@ -256,6 +261,21 @@ def _check_baseline(folder, base, options, datasets, seeds):
         raise UsageError(f"--baseline {folder} has no runs for {', '.join(missing[:3])}{' …' if len(missing) > 3 else ''}; choose its seeds and datasets")
 
 # %% ../nbs/07_cli.ipynb
+def _check_shorter_run(folder, options):
+    "Refuse, in one line, a --continue-from folder that is not this grid's with fewer epochs."
+    import json
+    from sparse_attention_repro.train import TrainConfig
+    made = Path(folder) / "manifest.json"
+    if not made.is_file() or STUDY_A.name not in (m := json.loads(made.read_text())):
+        raise UsageError(f"--continue-from {folder} holds no study A grid (manifest.json); give a results folder made by `sparse-repro grid --keep-state`")
+    made = {**option_defaults(TrainConfig), **m[STUDY_A.name]}
+    if diff := [k for k in sorted(options) if k != "epochs" and made.get(k) != options[k]]:
+        raise UsageError(f"--continue-from {folder} was made with " + ", ".join(f"{k}={made.get(k)!r} (this grid: {options[k]!r})" for k in diff)
+                         + "; only --epochs may differ")
+    if not (made["epochs"] and options["epochs"] and made["epochs"] < options["epochs"]):
+        raise UsageError(f"--continue-from {folder} ran --epochs {made['epochs']}; give this grid more (now --epochs {options['epochs']}; 0, the paper's, does not count)")
+
+# %% ../nbs/07_cli.ipynb
 def _fast_calibration(args, specs, datasets, stacked, run) -> dict:
     """--fast's levers: the results folder's own calibration when it has one (every run of a folder takes one path),
     else the baseline's (a comparison pairs runs of one path), else `bench.calibrate_fast` on this machine (cached)."""
@@ -335,6 +355,7 @@ def grid_tasks(args):
     run, calibration = plan.run, plan.calibration
     options = dict(profile=args.profile, **run, **({"fast_calibration": calibration} if calibration else {}))
     if base is not None: _check_baseline(args.baseline, base, options, datasets, seeds)
+    if getattr(args, "continue_from", None): _check_shorter_run(args.continue_from, options)
     out, nb = Path(args.out).resolve(), experiments_dir() / STUDY_A.notebook
     threads = threads_per_job(args.jobs)
     tasks = []
@@ -356,7 +377,9 @@ def grid_tasks(args):
                                       ([rows_dir / f"seed{group[0]}" / f"{BASELINE}.csv"] if check else []),
                                       dict(dataset=d, seeds=group, methods=[ref_of[m] for m in todo], threads=threads, rows_dir=str(rows_dir),
                                            lockstep=plan.container != "plain", stack=len(group) > 1, download=args.download,
-                                           device=plan.device, profile=args.profile, options=run)))
+                                           device=plan.device, profile=args.profile, options=run,
+                                           keep_state=bool(getattr(args, "keep_state", False)),
+                                           continue_from=str((STUDY_A.rows_dir(Path(args.continue_from)) / d).resolve()) if getattr(args, "continue_from", None) else "")))
     return tasks, options
 
 # %% ../nbs/07_cli.ipynb

@@ -9,7 +9,7 @@ __all__ = ['PROFILES', 'TrainConfig', 'profile_config', 'macro_f1', 'evaluate', 
            'cls_attention', 'attention_maps']
 
 # %% ../nbs/03_train.ipynb
-import hashlib, json, time
+import hashlib, json, shutil, time
 from pathlib import Path
 from dataclasses import dataclass, replace
 import numpy as np
@@ -366,10 +366,12 @@ def run_one(dataset: str, method: str, seed: int, config: TrainConfig, data=None
 
 # %% ../nbs/03_train.ipynb
 def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, rows_dir=None, lockstep=True, stack=False,
-                **options) -> list:
+                keep_state=False, continue_from=None, **options) -> list:
     """Rows of every method in `methods` on each of `seeds` (an int or a list) under `profile`; `options` override TrainConfig fields.
     With `rows_dir`, each lock-step group keeps its training state after every epoch beside its rows (`resume-<group>.pt`,
-    deleted once its rows are written), so a killed run continues from its last finished epoch, bit for bit."""
+    deleted once its rows are written), so a killed run continues from its last finished epoch, bit for bit.
+    `keep_state`: keep the final state instead (`state-<group>.pt`); `continue_from`, the `rows_dir` of a shorter run of
+    the same configuration made with `keep_state`: each group starts from its final state there (when it has one)."""
     seeds = [seeds] if isinstance(seeds, int) else list(seeds)
     if not seeds or any(s < 0 for s in seeds): raise ValueError(f"seeds must be one or more integers >= 0, got {seeds}")
     methods = [resolve_normalizer(m) for m in methods]               # the edge: names become registry entries once
@@ -388,8 +390,14 @@ def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, ro
             data = load_run_data(dataset, seed, config)
             for group in ([list(methods)] if lockstep else [[m] for m in methods]):
                 ckpt = None if rows_dir is None else Path(rows_dir) / f"seed{seed}" / f"resume-{group_digest(group)}.pt"
+                if ckpt is not None and continue_from is not None and not ckpt.exists() and (
+                        start := Path(continue_from) / f"seed{seed}" / f"state-{group_digest(group)}.pt").exists():
+                    ckpt.parent.mkdir(parents=True, exist_ok=True)
+                    atomic_write(ckpt, lambda tmp: shutil.copyfile(start, tmp))   # the shorter run's end: continued, bit for bit
+                    print(f"{dataset} seed {seed}: continuing the shorter run's final state {start.name} from {Path(continue_from).name}")
                 keep(run_methods(dataset, group, seed, config, data, checkpoint=ckpt))
-                if ckpt is not None: ckpt.unlink(missing_ok=True)
+                if ckpt is not None and keep_state: ckpt.replace(ckpt.with_name(f"state-{group_digest(group)}.pt"))
+                elif ckpt is not None: ckpt.unlink(missing_ok=True)
     return rows
 
 def group_digest(methods) -> str:

@@ -50,6 +50,24 @@ def test_same_seed_same_accuracy_plain_or_lockstep(smoke, tmp_path):
             assert again.loc[m, col] == pytest.approx(first.loc[m, col], abs=1e-12, nan_ok=True), (m, col)
 
 @pytest.mark.slow                  # the same equality is tested in process in nbs/03_train; here through the command line
+def test_longer_run_continued_from_a_shorter_one_is_the_longer_run(tmp_path, data_root):
+    """`--keep-state`, then `--continue-from` with more epochs: the rows equal those of the longer run made at once."""
+    common = ["--profile", "smoke", "--datasets", "fashion_mnist", "--methods", "softmax", "entmax15", "--seeds", "1", "--val-fraction", "0.1", "--epoch-eval"]
+    short, cont, once = tmp_path / "short", tmp_path / "continued", tmp_path / "once"
+    for out, more in [(short, ["--epochs", "1", "--keep-state"]), (cont, ["--epochs", "2", "--continue-from", short]), (once, ["--epochs", "2"])]:
+        res = cli("grid", "--out", out, *common, *more)
+        assert res.returncode == 0, res.stderr[-2000:]
+    assert len(list((short / "rows").rglob("state-*.pt"))) == 1 and not list((cont / "rows").rglob("*.pt"))
+    assert "continuing the shorter run's final state" in (cont / "notebooks" / "fashion_mnist" / "seed1.ipynb").read_text()
+    assert "continuing" not in (once / "notebooks" / "fashion_mnist" / "seed1.ipynb").read_text()
+    a, b = (pd.read_csv(d / "runs.csv").set_index("method").sort_index() for d in (cont, once))
+    for col in ("accuracy", "test_loss", "val_accuracy", "epoch_metrics"):
+        assert a[col].tolist() == b[col].tolist(), col
+    assert (a.epochs == 2).all()
+    res = cli("grid", "--out", tmp_path / "bad", *common, "--epochs", "1", "--continue-from", short)
+    assert res.returncode == 2 and "give this grid more" in res.stderr, res.stderr
+
+@pytest.mark.slow                  # the same equality is tested in process in nbs/03_train; here through the command line
 def test_stacked_seeds_give_the_lockstep_results(smoke, tmp_path):
     """`--stack-seeds 2`: two seeds of three methods trained as one stacked model, through papermill, give the grid's rows."""
     res = cli("grid", "--profile", "smoke", "--out", tmp_path, "--datasets", "fashion_mnist", "--methods", "softmax", "entmax15",

@@ -22,6 +22,8 @@ stack = False  # train all seeds and methods as one stacked model (the GPU path;
 rows_dir = "rows"  # one CSV per run is written to rows_dir/seed<k>/<method>.csv, atomically, as soon as it ends
 download = False  # fetch the dataset from its official online source when no offline copy is found
 device = "auto"  # auto (CUDA when available, else CPU) | cpu | cuda
+keep_state = False  # keep each group's final training state (state-<group>.pt beside its rows) for a longer run to continue
+continue_from = ""  # the rows folder of a shorter run made with keep_state: each group continues from its final state there
 
 # %%
 import pandas as pd
@@ -29,7 +31,7 @@ from sparse_attention_repro.train import run_study_a
 
 # %%
 rows = run_study_a(dataset, seeds, methods, profile, threads=threads, lockstep=lockstep, stack=stack, rows_dir=rows_dir,
-                   download=download, device=device, **options)
+                   keep_state=keep_state, continue_from=continue_from or None, download=download, device=device, **options)
 
 # %%
 pd.DataFrame(rows)[["seed", "method", "accuracy", "macro_f1", "test_loss", "nonzero_ratio", "learned_alpha_mean", "train_seconds", "status"]]
