@@ -7,7 +7,7 @@ __all__ = ['FAST_HELP', 'SUBCOMMANDS', 'STUDY_A', 'CRISP', 'BENCHES', 'TIMED_BEN
            'threads_per_job', 'build_parser', 'ExecutionPlan', 'execution_plan', 'grid_tasks', 'study_group',
            'run_study', 'cmd_grid', 'crisp_tasks', 'cmd_crisp', 'cmd_report', 'cmd_index', 'cmd_leaderboard',
            'cmd_card', 'cmd_readme', 'cmd_site', 'cmd_reproduce', 'ablation_grids', 'cmd_ablations', 'cmd_follow_ups',
-           'tuned_grids', 'cmd_tuned', 'cmd_attention_maps', 'cmd_bench', 'main']
+           'tuned_grids', 'tuned_rule', 'cmd_tuned', 'cmd_attention_maps', 'cmd_bench', 'main']
 
 # %% ../nbs/07_cli.ipynb
 import argparse, os, sys
@@ -181,6 +181,9 @@ def _tuned_args(sub):
                    "writes <out>/fair_verdict.md/.csv once the new method's grids exist")
     x.add_argument("--stack-seeds", type=int, default=1, help="train this many seeds of a grid (all its methods) as one stacked model "
                    "per notebook, learning curves included: the GPU path")
+    x.add_argument("--halving", action="store_true", help="select by successive halving: every rate for a third of the length, the best two "
+                   "continued to the end (two thirds of the select stage's cost; it chose the full stage's rate for every committed "
+                   "baseline arm); a new folder's choice, recorded in <out>/tuned/search.json")
     _executor_args(x)
 
 def _maps_args(sub):
@@ -577,16 +580,20 @@ def tuned_grids(args):
         raise UsageError(f"--baseline {base} holds no tuned grids ({Path(base) / 'tuned'}/*/runs.csv); run `sparse-repro tuned --out {base}` first")
     search = T.search_for(methods) if methods else None
     runs = T.tuned_runs(args.out)
+    rule = tuned_rule(args, runs)
     curves, failed = T.tuned_curves(runs), T.diverged(runs)
     if args.stage == "power":
-        rec = T.choose_recipes(curves, failed)
+        rec = T.choose_recipes(curves, failed, rule=rule)
         plan = [p for p in T.power_plan(curves, rec, T.tuned_tests(curves, rec)) if p["dataset"] in datasets] if len(rec) else []
-    else: plan = T.tuned_plan(curves, failed, search, stage=args.stage, datasets=datasets)
+    else: plan = T.tuned_plan(curves, failed, search, stage=args.stage, datasets=datasets, rule=rule)
     grids = []
     for p in plan:
         argv = ["grid", "--profile", args.profile, "--out", str(Path(args.out) / "tuned" / p["folder"]), "--datasets", p["dataset"],
                 "--methods", *p["methods"], "--seeds", *map(str, p["seeds"]), "--lr", f"{p['lr']:g}", "--epochs", str(p["epochs"]),
                 "--epoch-eval", "--val-fraction", f"{T.TUNED_VAL_FRACTION:g}"]
+        argv += ["--keep-state"] if p.get("keep_state") else []
+        if p.get("continue_from") and (Path(args.out) / "tuned" / p["continue_from"] / "manifest.json").is_file():
+            argv += ["--continue-from", str(Path(args.out) / "tuned" / p["continue_from"])]   # the shorter run's kept states
         run = ["--jobs", str(args.jobs), "--executor", args.executor, "--device", args.device, "--stack-seeds", str(args.stack_seeds)]
         run += (["--scheduler", args.scheduler] if args.scheduler else []) + (["--download"] if args.download else [])
         g = build_parser("grid").parse_args(argv + run)
@@ -594,12 +601,23 @@ def tuned_grids(args):
         grids.append((" ".join(["sparse-repro", *argv]), g))
     return grids
 
+def tuned_rule(args, runs):
+    "The selection rule of `args.out`'s tuned grids: the one recorded there, or `--halving` for a folder with no tuned run yet."
+    from sparse_attention_repro import tuning as T
+    stored = T.search_rule(args.out)
+    if getattr(args, "halving", False) and stored is None and len(runs):
+        raise UsageError(f"{Path(args.out) / 'tuned'} was searched with the full select stage; --halving starts a new search (give another --out)")
+    return T.HALVING if getattr(args, "halving", False) or stored is not None else None
+
 def cmd_tuned(args):
     "Run the requested stage of the tuned-recipe protocol until it needs nothing more (or a notebook fails); returns the failures."
     from contextlib import ExitStack
     _check_executor(args)
     fails = {}
     ran = None
+    if getattr(args, "halving", False) and not args.dry_run:
+        from sparse_attention_repro import tuning as T
+        T.record_search_rule(args.out, tuned_rule(args, T.tuned_runs(args.out)))      # refused before anything is written
     while grids := tuned_grids(args):
         lines = [line for line, _ in grids]
         if lines == ran:                                    # its rows should have changed the plan: never loop on a settled grid

@@ -4,10 +4,11 @@
 
 # %% auto 0
 __all__ = ['TUNED_SEARCH', 'SELECTION_SEEDS', 'TUNED_SEEDS', 'TUNED_VAL_FRACTION', 'LENGTH_EDGE', 'LENGTH_EXTENSION', 'PAPER_LR',
-           'SPARSE', 'TUNED_MARGIN', 'POWER_TARGET', 'RECIPE_COLS', 'CHEAPER_SEARCHES', 'TUNED_TEST_COLS', 'MAX_SEEDS',
-           'HEADLINE', 'FIRST_ROUND', 'SOURCES', 'README_MARKERS', 'RecipeSearch', 'next_lr', 'tuned_folder',
-           'tuned_runs', 'diverged', 'tuned_curves', 'choose_lr', 'arm_length', 'needs_longer', 'choose_recipes',
-           'CheaperSearch', 'cheaper_search_check', 'tuned_plan', 'tuned_comparison', 'tuned_tests', 'tost_power',
+           'SPARSE', 'TUNED_MARGIN', 'POWER_TARGET', 'RECIPE_COLS', 'CHEAPER_SEARCHES', 'HALVING', 'TUNED_TEST_COLS',
+           'MAX_SEEDS', 'HEADLINE', 'FIRST_ROUND', 'SOURCES', 'README_MARKERS', 'RecipeSearch', 'next_lr',
+           'tuned_folder', 'tuned_runs', 'diverged', 'tuned_curves', 'halving_length', 'halving_kept', 'choose_lr',
+           'arm_length', 'needs_longer', 'choose_recipes', 'CheaperSearch', 'search_rule', 'record_search_rule',
+           'cheaper_search_check', 'tuned_plan', 'tuned_comparison', 'tuned_tests', 'tost_power',
            'seeds_for_tost_power', 'power_plan', 'identical_to_main', 'recipe_budget', 'fair_recipe_readings',
            'tuned_verdicts', 'val_test_agreement', 'time_to_reach', 'readable_tuned', 'answer_lines', 'search_for',
            'fair_verdict', 'write_fair_verdict', 'answer_markdown', 'sync_readme']
@@ -79,7 +80,9 @@ def diverged(runs) -> pd.DataFrame:
 def tuned_curves(runs) -> pd.DataFrame:
     "The learning curves of the successful rows of `runs` (one row per dataset, method, seed, lr, epoch)."
     if runs is None or not len(runs): return pd.DataFrame(columns=CURVE_COLS)
-    ok = runs[runs.status.fillna("ok").astype(str) == "ok"].drop_duplicates(["dataset", "method", "seed", "lr"], keep="last")
+    ok = runs[runs.status.fillna("ok").astype(str) == "ok"]
+    if "epochs" in ok: ok = ok.sort_values("epochs", kind="stable")       # the longest run last: a shorter one is its start
+    ok = ok.drop_duplicates(["dataset", "method", "seed", "lr"], keep="last")
     return run_curves(ok).drop_duplicates(["dataset", "method", "seed", "lr", "epoch"], keep="last")
 
 # %% ../nbs/05b_tuning.ipynb
@@ -90,8 +93,24 @@ def _mean_curve(g, seeds=None):
     piv = piv.loc[:, piv.notna().all()]          # a longer run's later epochs count once all its seeds have them
     return piv.mean(), len(piv) if piv.shape[1] else 0
 
-def choose_lr(curves, failed=None, search=None, seeds=SELECTION_SEEDS) -> pd.DataFrame:
-    "Per (dataset, method, candidate lr): its score on the selection seeds, its status, and which candidate is chosen."
+def halving_length(rule, declared: int) -> int:
+    "The short length every rate runs under a halving `rule`."
+    return max(1, round(rule.share * declared))
+
+def halving_kept(arm, bad, s, seeds, rule):
+    """The declared rates of one (dataset, method) that a halving `rule` runs on to the full length — the `rule.keep` best by
+    mean validation accuracy up to the short length (a failed rate is never kept) —, or None while a rate lacks its short run."""
+    short, scores = halving_length(rule, s.epochs), {}
+    for lr in s.lrs:
+        if np.isclose(bad.lr, lr).any(): continue
+        curve, n = _mean_curve(arm[np.isclose(arm.lr, lr) & (arm.epoch <= short)], seeds)
+        if not (n == len(seeds) and len(curve) and curve.index.max() >= short): return None
+        scores[lr] = float(curve.max())
+    return set(sorted(scores, key=scores.get, reverse=True)[:rule.keep])
+
+def choose_lr(curves, failed=None, search=None, seeds=SELECTION_SEEDS, rule=None) -> pd.DataFrame:
+    """Per (dataset, method, candidate lr): its score on the selection seeds, its status, and which candidate is chosen.
+    With a halving `rule` (`CheaperSearch` with `keep`), declared rates beaten at the short length are `halved` (lost)."""
     search = TUNED_SEARCH if search is None else search
     failed = diverged(None) if failed is None else failed
     rows = []
@@ -106,6 +125,10 @@ def choose_lr(curves, failed=None, search=None, seeds=SELECTION_SEEDS) -> pd.Dat
                 full = n == len(seeds) and len(curve) and curve.index.max() >= s.epochs
                 if not full: rows.append(dict(dataset=ds, method=m, lr=lr, status="missing")); continue
                 rows.append(dict(dataset=ds, method=m, lr=lr, status="ok", score=float(curve.max()), best_epoch=int(curve.idxmax())))
+            if rule is not None and rule.keep and (kept := halving_kept(g, bad, s, seeds, rule)) is not None:
+                for r in rows:                                  # declared rates beaten at the short length: lost, never run on
+                    if ((r["dataset"], r["method"]) == (ds, m) and r["status"] == "missing" and np.isclose(r["lr"], s.lrs).any()
+                            and not np.isclose(r["lr"], list(kept)).any()): r["status"] = "halved"
     cols = ["dataset", "method", "lr", "status", "score", "best_epoch", "chosen", "bracketed"]
     out = pd.DataFrame(rows).reindex(columns=cols)
     out["chosen"], out["bracketed"] = False, pd.Series([None] * len(out), dtype=object)
@@ -132,10 +155,10 @@ def needs_longer(arm_curves, declared: int, seeds=SELECTION_SEEDS) -> bool:
 RECIPE_COLS = ["dataset", "method", "lr", "epoch", "val_accuracy", "seeds", "lr_bracketed", "epoch_bracketed",
                "candidates", "missing", "diverged", "complete"]
 
-def choose_recipes(curves, failed=None, search=None, seeds=TUNED_SEEDS) -> pd.DataFrame:
-    "Each (dataset, method)'s recipe: the learning rate of `choose_lr`, then the epoch with the best mean validation accuracy."
+def choose_recipes(curves, failed=None, search=None, seeds=TUNED_SEEDS, rule=None) -> pd.DataFrame:
+    "Each (dataset, method)'s recipe: the learning rate of `choose_lr` (under `rule`), then the epoch with the best mean validation accuracy."
     search = TUNED_SEARCH if search is None else search
-    lrs = choose_lr(curves, failed, search)
+    lrs = choose_lr(curves, failed, search, rule=rule)
     rows = []
     for (ds, m), g in lrs.groupby(["dataset", "method"], sort=False):
         if not g.chosen.any(): continue
@@ -172,6 +195,21 @@ CHEAPER_SEARCHES = {
     "halving: all rates a third, best two to the end": CheaperSearch(share=1 / 3, keep=2),
     "one seed, halving": CheaperSearch(seeds=SELECTION_SEEDS[:1], share=1 / 3, keep=2),
 }
+HALVING = CHEAPER_SEARCHES["halving: all rates a third, best two to the end"]   # the one rule that qualified (see below)
+
+def search_rule(results_dir):
+    "The selection rule a results folder's tuned grids were searched with: `HALVING`, or None for the full stage."
+    import json
+    f = Path(results_dir, "tuned", "search.json")
+    return HALVING if f.is_file() and json.loads(f.read_text()).get("selection") == "halving" else None
+
+def record_search_rule(results_dir, rule):
+    "Write the folder's selection rule (`tuned/search.json`) before its first grid runs: its later reading must know it."
+    import json
+    from sparse_attention_repro.files import atomic_write
+    f = Path(results_dir, "tuned", "search.json"); f.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(dict(selection="halving" if rule is not None else "full", share=getattr(rule, "share", 1.0), keep=getattr(rule, "keep", None)))
+    atomic_write(f, lambda tmp: Path(tmp).write_text(text + "\n"))
 
 def _cheaper_choice(curves, failed, search, rule: CheaperSearch) -> pd.Series:
     "The rate `rule` chooses per (dataset, method)."
@@ -204,15 +242,19 @@ def cheaper_search_check(curves, failed=None, search=None, rules=None) -> pd.Dat
     return pd.DataFrame(rows)
 
 # %% ../nbs/05b_tuning.ipynb
-def tuned_plan(curves, failed=None, search=None, stage="select", datasets=None) -> list:
-    "The grids still to run for `stage` ('select' or 'complete'): dicts of dataset, lr, epochs, methods, seeds, folder."
+def tuned_plan(curves, failed=None, search=None, stage="select", datasets=None, rule=None) -> list:
+    """The grids still to run for `stage` ('select' or 'complete'): dicts of dataset, lr, epochs, methods, seeds, folder,
+    keep_state (keep the final training states: a longer run may continue them) and continue_from (the folder of the
+    shorter run a grid continues, or None). Under a halving `rule`, each declared rate first runs the short length."""
     search = TUNED_SEARCH if search is None else search
     if stage not in ("select", "complete"): raise ValueError(f"unknown stage {stage!r}; choose select or complete")
-    lrs = choose_lr(curves, failed, search)
+    failed = diverged(None) if failed is None else failed
+    lrs = choose_lr(curves, failed, search, rule=rule)
     rest = [s for s in TUNED_SEEDS if s not in SELECTION_SEEDS]
     plan = []
-    def add(ds, lr, epochs, methods, seeds):
-        plan.append(dict(dataset=ds, lr=lr, epochs=epochs, methods=method_order(methods), seeds=list(seeds), folder=tuned_folder(ds, lr, epochs)))
+    def add(ds, lr, epochs, methods, seeds, keep_state=False, continue_from=None):
+        plan.append(dict(dataset=ds, lr=lr, epochs=epochs, methods=method_order(methods), seeds=list(seeds), folder=tuned_folder(ds, lr, epochs),
+                         keep_state=keep_state, continue_from=continue_from))
     for ds in datasets or list(search):
         s, g = search[ds], lrs[lrs.dataset == ds]
         arm = lambda m, lr: curves[(curves.dataset == ds) & (curves.method == m) & np.isclose(curves.lr, lr)]
@@ -226,12 +268,25 @@ def tuned_plan(curves, failed=None, search=None, stage="select", datasets=None) 
             todo = {lr: list(s.methods) for lr in s.lrs}
             for m, lr in wider.items():                                       # a chosen rate on the edge: one step beyond it
                 todo.setdefault(next_lr(lr, lr >= max(g[g.method == m].lr)), []).append(m)
+            halving = rule is not None and bool(rule.keep)
+            short = halving_length(rule, s.epochs) if halving else None
+            kept = {m: halving_kept(curves[(curves.dataset == ds) & (curves.method == m)],
+                                    failed[(failed.dataset == ds) & (failed.method == m) & failed.seed.isin(SELECTION_SEEDS)], s, SELECTION_SEEDS, rule)
+                    for m in s.methods} if halving else {}
+            def has_short(m, lr):
+                curve, n = _mean_curve(arm(m, lr)[lambda d: d.epoch <= short], SELECTION_SEEDS)
+                return n == len(SELECTION_SEEDS) and len(curve) and curve.index.max() >= short
             for lr, methods in todo.items():
                 have = set(g[np.isclose(g.lr, lr) & (g.status != "missing")].method)
-                if methods := [m for m in methods if m not in have]: add(ds, lr, s.epochs, methods, SELECTION_SEEDS)
+                if not (methods := [m for m in methods if m not in have]): continue
+                if not (halving and declared(lr)): add(ds, lr, s.epochs, methods, SELECTION_SEEDS, keep_state=True); continue
+                if first := [m for m in methods if not has_short(m, lr)]:      # halving: every rate to the short length first
+                    add(ds, lr, short, first, SELECTION_SEEDS, keep_state=True)
+                if on := [m for m in methods if m not in first and kept[m] is not None and np.isclose(lr, list(kept[m])).any()]:
+                    add(ds, lr, s.epochs, on, SELECTION_SEEDS, keep_state=True, continue_from=tuned_folder(ds, lr, short))   # the best go on
             longer_epochs = int(round(LENGTH_EXTENSION * s.epochs))            # a chosen epoch on the edge: a longer run, once
-            for lr in sorted(set(longer.values())):
-                add(ds, lr, longer_epochs, [m for m, l in longer.items() if l == lr], SELECTION_SEEDS)
+            for lr in sorted(set(longer.values())):                           # continuing the declared run where its state was kept
+                add(ds, lr, longer_epochs, [m for m, l in longer.items() if l == lr], SELECTION_SEEDS, continue_from=tuned_folder(ds, lr, s.epochs))
         else:
             if not settled or longer or wider: continue                         # the select stage is not finished
             groups = {}
@@ -549,7 +604,7 @@ def fair_verdict(new_dir, base_dir, method, baselines=PAPER_METHODS, search=None
         raise ValueError(f"{Path(new_dir) / 'tuned'} holds no tuned runs of {method!r}; run `sparse-repro tuned --methods {method} "
                          f"--out {new_dir} --baseline {base_dir}` first")
     new_curves, base_curves = tuned_curves(new_runs[new_runs.method == method]), tuned_curves(base_runs)
-    recipes = pd.concat([choose_recipes(new_curves, diverged(new_runs), search_for([method], search)),
+    recipes = pd.concat([choose_recipes(new_curves, diverged(new_runs), search_for([method], search), rule=search_rule(new_dir)),
                          choose_recipes(base_curves, diverged(base_runs), search)], ignore_index=True)
     curves, rec = pd.concat([new_curves, base_curves], ignore_index=True), recipes.set_index(["dataset", "method"])
     rows, missing = [], []

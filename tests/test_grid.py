@@ -163,3 +163,34 @@ def test_tuned_select_stage_runs_its_plan_to_the_end(tmp_path, data_root, monkey
     assert set(rec.method) == {"softmax", "sparsemax"} and (rec.lr_bracketed | extended).all()   # an edge choice: extended once
     plan = tuned_grids(build_parser().parse_args(args[:3] + ["--profile", "smoke", "--stage", "complete"]))
     assert {tuple(g.seeds) for _, g in plan} == {tuple(str(s) for s in range(3, 10))}  # the other seeds, at the chosen rates
+
+@pytest.mark.slow
+def test_tuned_halving_runs_short_then_continues_the_best_two(tmp_path, data_root, monkeypatch):
+    "`sparse-repro tuned --halving`: every rate for a third of the length, the best two continued from their kept states to the end."
+    import json
+    from sparse_attention_repro import tuning as T
+    from sparse_attention_repro.cli import main, tuned_grids, build_parser
+    monkeypatch.setattr(T, "TUNED_SEARCH", {"fashion_mnist": T.RecipeSearch(lrs=(1e-3, 3e-3, 1e-2), epochs=3, methods=("softmax",))})
+    args = ["tuned", "--out", str(tmp_path), "--profile", "smoke", "--jobs", "2", "--halving"]
+    assert main(args) == 0
+    assert json.loads((tmp_path / "tuned" / "search.json").read_text())["selection"] == "halving"
+    assert tuned_grids(build_parser().parse_args(args[:-1])) == []                 # the folder's rule is read back: nothing left
+    runs = T.tuned_runs(tmp_path)
+    short = runs[runs.epochs == 1]
+    assert set(short.lr.round(6)) == {1e-3, 3e-3, 1e-2} and set(short.seed) == set(T.SELECTION_SEEDS)
+    kept = set(runs[runs.epochs == 3].lr.round(6))
+    assert len(kept) == 2 and kept < {1e-3, 3e-3, 1e-2}
+    lrs = T.choose_lr(T.tuned_curves(runs), T.diverged(runs), T.TUNED_SEARCH, rule=T.HALVING)
+    assert (lrs.status == "halved").sum() == 1 and lrs.chosen.sum() == 1
+    records = list((tmp_path / "tuned").glob("*/notebooks/fashion_mnist/seed*.ipynb"))
+    said = {f.name: [("continuing the shorter run's final state" in r.read_text()) for r in records if r.parent.parent.parent == f]
+            for f in {r.parent.parent.parent for r in records}}
+    assert all(len(v) == 3 and len(set(v)) == 1 for v in said.values())         # the three seeds of a folder alike
+    said = {k: v[0] for k, v in said.items()}
+    assert {k for k, v in said.items() if v} == {f"fashion_mnist_lr{lr:g}" for lr in kept} | {k for k in said if k.endswith("_ep4")}  # continued
+    assert not any(v for k, v in said.items() if k.endswith("_ep1"))                                              # the short runs start afresh
+    import shutil                                                                   # a folder searched in full: --halving is refused there
+    done = tmp_path / "tuned" / f"fashion_mnist_lr{min(kept):g}"
+    (tmp_path / "full" / "tuned" / done.name).mkdir(parents=True)
+    shutil.copy(done / "runs.csv", tmp_path / "full" / "tuned" / done.name / "runs.csv")
+    assert main(["tuned", "--out", str(tmp_path / "full"), "--profile", "smoke", "--halving", "--dry-run"]) == 2
