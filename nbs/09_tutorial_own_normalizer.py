@@ -143,6 +143,8 @@ test_eq(hist.epoch.tolist()[0], 0)
 # sparse-repro tuned --methods tempered:TemperedSoftmax --out outputs/tempered --baseline outputs/paper --stage complete
 # ```
 #
+# `--halving` on the first (select) line makes the search cheaper: every rate for a third of the length, the two best
+# continued to the end from their kept states (the protocol notebook declares it and the replay that qualified it).
 # Each stage resumes where it stopped; `outputs/tempered/fair_verdict.md` then holds its gain over each of the seven,
 # each at its own recipe chosen on validation, with CI, Holm within its own family and TOST at ±1 pt, and the
 # leaderboard (`sparse-repro leaderboard`) shows it in its tuned column. It is not run here: at paper size the search
