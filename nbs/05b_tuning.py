@@ -531,6 +531,42 @@ test_eq(_cheaper_choice(pd.concat([_done, _halving_curves((1e-2,), 36)]).drop_du
                         diverged(None), _hs, HALVING).item(), 3e-3)             # the replay of the rule on full curves agrees
 
 # %% [markdown]
+# **What halving and continued extensions would have cost.** `projected_cost` charges each run of a full search (its
+# measured core-seconds, e.g. from `bench.fair_cost_runs`) what it would cost under the rule: a rate the rule halves
+# only its short part, a longer run only its extra epochs (it continues the declared run); the rest as measured. This is
+# the cost for one new normalizer, whose grids hold one method each (a continued run needs the same lock-step group).
+
+# %%
+#| export
+def projected_cost(cost_runs, curves, failed=None, search=None, rule=HALVING) -> pd.DataFrame:
+    "Per (dataset, method): core-hours as run (`cost_runs`: dataset, method, seed, lr, epochs, core_seconds) and projected under `rule` with continued extensions."
+    search = TUNED_SEARCH if search is None else search
+    failed = diverged(None) if failed is None else failed
+    r = cost_runs.assign(projected=cost_runs.core_seconds.astype(float))
+    for (ds, m), g in r.groupby(["dataset", "method"]):
+        if ds not in search: continue
+        s = search[ds]
+        kept = halving_kept(curves[(curves.dataset == ds) & (curves.method == m)],
+                            failed[(failed.dataset == ds) & (failed.method == m) & failed.seed.isin(SELECTION_SEEDS)], s, SELECTION_SEEDS, rule) \
+            if rule is not None and rule.keep else None
+        for i, x in g[g.seed.isin(SELECTION_SEEDS)].iterrows():
+            if x.epochs > s.epochs: r.at[i, "projected"] = x.core_seconds * (x.epochs - s.epochs) / x.epochs          # continued
+            elif (kept is not None and x.epochs == s.epochs and np.isclose(x.lr, s.lrs).any() and not np.isclose(x.lr, list(kept)).any()):
+                r.at[i, "projected"] = x.core_seconds * halving_length(rule, s.epochs) / s.epochs                  # halved
+    cols = ["dataset", "method", "core_hours", "projected_core_hours"]
+    if not len(r): return pd.DataFrame(columns=cols)
+    out = r.groupby(["dataset", "method"], sort=False).agg(core_hours=("core_seconds", "sum"), projected_core_hours=("projected", "sum"))
+    return (out / 3600).reset_index()[cols]
+
+# %%
+_cr = pd.DataFrame([dict(dataset="cifar10", method="softmax", seed=sd, lr=lr, epochs=36, core_seconds=36.0) for sd in (0, 1, 2) for lr in (1e-3, 3e-3, 1e-2)]
+                   + [dict(dataset="cifar10", method="softmax", seed=3, lr=3e-3, epochs=36, core_seconds=36.0),
+                      dict(dataset="cifar10", method="softmax", seed=0, lr=3e-3, epochs=54, core_seconds=54.0)])
+_pc = projected_cost(_cr, _done, None, _hs)
+test_close(_pc[["core_hours", "projected_core_hours"]].values[0] * 3600, [9 * 36 + 36 + 54, 6 * 36 + 3 * 12 + 36 + 18])   # 1e-2 halved, 18 extra epochs
+test_close(projected_cost(_cr, _done, None, _hs, rule=None).projected_core_hours.item() * 3600, 9 * 36 + 36 + 18)             # continued extension only
+
+# %% [markdown]
 # ## The tuned verdicts
 #
 # Each sparse method at its recipe against softmax at *its* recipe, paired by seed on test accuracy; beside it the

@@ -923,9 +923,16 @@ def _bench_fair_cost(args, bench):
     per = cost.groupby("dataset").core_hours.median()
     print("median arm per dataset: " + ", ".join(f"{d} {h:.2f} h" for d, h in per.items()) + f"; sum {per.sum():.2f} core-hours")
     runs = T.tuned_runs(args.results[0])
+    curves, failed = T.tuned_curves(runs), T.diverged(runs)
     print("\ncheaper searches on these grids: the share of the selection stage each costs, and the arms whose rate it chooses "
           "as the full stage did (a rule qualifies only with every arm right)")
-    print(T.cheaper_search_check(T.tuned_curves(runs), T.diverged(runs)).to_string(index=False))
+    print(T.cheaper_search_check(curves, failed).to_string(index=False))
+    proj = T.projected_cost(bench.fair_cost_runs(args.results[0]), curves, failed)
+    per = proj.groupby("dataset")[["core_hours", "projected_core_hours"]].median()
+    print("\none new normalizer's fair search, charged from these runs' measured times: as run, and with --halving and continued "
+          "extensions (a projection from measured per-epoch costs, not a run); median arm per dataset, core-hours:")
+    print(per.round(2).to_string())
+    print(f"sum over datasets: {per.core_hours.sum():.2f} as run, {per.projected_core_hours.sum():.2f} projected")
 
 def _bench_floor(args, bench):
     "bench floor: a results folder's training time per seed against the machine's matmul rate."

@@ -634,8 +634,8 @@ test_eq(ft.tflop_per_seed, 2 * 6 * 8000 * 3 * forward_flops(17, 49) / 1e12)
 
 # %%
 #| export
-def fair_cost(results_dir, folder="tuned") -> pd.DataFrame:
-    "Core-hours each (dataset, method) of the tuned grids under `results_dir/<folder>/` took, from the executed notebooks' wall times."
+def fair_cost_runs(results_dir, folder="tuned") -> pd.DataFrame:
+    "One row per run of the tuned grids under `results_dir/<folder>/`: dataset, method, seed, lr, epochs, grid and the core-seconds charged to it."
     rows = []
     for grid in sorted(Path(results_dir, folder).glob("*/runs.csv")):
         runs = pd.read_csv(grid)
@@ -646,10 +646,14 @@ def fair_cost(results_dir, folder="tuned") -> pd.DataFrame:
             wall = json.loads(nb.read_text()).get("metadata", {}).get("papermill", {}).get("duration")
             if not wall: continue
             share = g.train_seconds / g.train_seconds.sum()
-            rows += [dict(dataset=ds, method=m, seed=int(seed), grid=grid.parent.name, core_seconds=float(wall) * s)
-                     for m, s in zip(g.method, share)]
-    if not rows: return pd.DataFrame(columns=["dataset", "method", "runs", "seeds", "core_hours"])
-    r = pd.DataFrame(rows)
+            rows += [dict(dataset=ds, method=m, seed=int(seed), lr=float(lr), epochs=int(e), grid=grid.parent.name, core_seconds=float(wall) * s)
+                     for m, lr, e, s in zip(g.method, g.lr, g.epochs, share)]
+    return pd.DataFrame(rows, columns=["dataset", "method", "seed", "lr", "epochs", "grid", "core_seconds"])
+
+def fair_cost(results_dir, folder="tuned") -> pd.DataFrame:
+    "Core-hours each (dataset, method) of the tuned grids under `results_dir/<folder>/` took, from the executed notebooks' wall times."
+    r = fair_cost_runs(results_dir, folder)
+    if not len(r): return pd.DataFrame(columns=["dataset", "method", "runs", "seeds", "core_hours"])
     return (r.groupby(["dataset", "method"]).agg(runs=("grid", "size"), seeds=("seed", "nunique"), core_hours=("core_seconds", "sum"))
             .assign(core_hours=lambda d: d.core_hours / 3600).reset_index())
 
@@ -659,8 +663,9 @@ def fair_cost(results_dir, folder="tuned") -> pd.DataFrame:
 # %%
 with _tf.TemporaryDirectory() as _d:
     _g = Path(_d) / "tuned" / "kmnist_lr0.001"; (_g / "notebooks" / "kmnist").mkdir(parents=True)
-    pd.DataFrame([dict(dataset="kmnist", method=m, seed=0, status="ok", train_seconds=t) for m, t in (("softmax", 30.0), ("sparsemax", 10.0))]
+    pd.DataFrame([dict(dataset="kmnist", method=m, seed=0, lr=1e-3, epochs=36, status="ok", train_seconds=t) for m, t in (("softmax", 30.0), ("sparsemax", 10.0))]
                  ).to_csv(_g / "runs.csv", index=False)
     (_g / "notebooks" / "kmnist" / "seed0.ipynb").write_text(json.dumps({"metadata": {"papermill": {"duration": 100.0}}}))
     _fc = fair_cost(_d).set_index("method")
     test_close(_fc.core_hours.to_numpy() * 3600, [75.0, 25.0]); test_eq(_fc.seeds.tolist(), [1, 1])
+    test_eq(fair_cost_runs(_d)[["lr", "epochs", "grid"]].values.tolist(), [[1e-3, 36, "kmnist_lr0.001"]] * 2)

@@ -7,7 +7,7 @@ __all__ = ['DEFAULT_LEVERS', 'CALIBRATION_STEPS', 'CALIBRATION_REPEATS', 'SPEED_
            'paired_ratios', 'bench_normalizers', 'normalizer_table', 'lever_candidates', 'lever_label',
            'variant_options', 'measure_levers', 'choose_levers', 'fused_ok', 'calibrate_fast', 'OriginalNormalizer',
            'bench_grid', 'method_ratios', 'project_paper', 'bench_stack', 'bench_profile', 'compare_runs',
-           'compare_gains', 'forward_flops', 'matmul_rate', 'floor_table', 'fair_cost']
+           'compare_gains', 'forward_flops', 'matmul_rate', 'floor_table', 'fair_cost_runs', 'fair_cost']
 
 # %% ../nbs/08_bench.ipynb
 import hashlib, json, math, statistics, time
@@ -377,8 +377,8 @@ def floor_table(runs, gflops) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 # %% ../nbs/08_bench.ipynb
-def fair_cost(results_dir, folder="tuned") -> pd.DataFrame:
-    "Core-hours each (dataset, method) of the tuned grids under `results_dir/<folder>/` took, from the executed notebooks' wall times."
+def fair_cost_runs(results_dir, folder="tuned") -> pd.DataFrame:
+    "One row per run of the tuned grids under `results_dir/<folder>/`: dataset, method, seed, lr, epochs, grid and the core-seconds charged to it."
     rows = []
     for grid in sorted(Path(results_dir, folder).glob("*/runs.csv")):
         runs = pd.read_csv(grid)
@@ -389,9 +389,13 @@ def fair_cost(results_dir, folder="tuned") -> pd.DataFrame:
             wall = json.loads(nb.read_text()).get("metadata", {}).get("papermill", {}).get("duration")
             if not wall: continue
             share = g.train_seconds / g.train_seconds.sum()
-            rows += [dict(dataset=ds, method=m, seed=int(seed), grid=grid.parent.name, core_seconds=float(wall) * s)
-                     for m, s in zip(g.method, share)]
-    if not rows: return pd.DataFrame(columns=["dataset", "method", "runs", "seeds", "core_hours"])
-    r = pd.DataFrame(rows)
+            rows += [dict(dataset=ds, method=m, seed=int(seed), lr=float(lr), epochs=int(e), grid=grid.parent.name, core_seconds=float(wall) * s)
+                     for m, lr, e, s in zip(g.method, g.lr, g.epochs, share)]
+    return pd.DataFrame(rows, columns=["dataset", "method", "seed", "lr", "epochs", "grid", "core_seconds"])
+
+def fair_cost(results_dir, folder="tuned") -> pd.DataFrame:
+    "Core-hours each (dataset, method) of the tuned grids under `results_dir/<folder>/` took, from the executed notebooks' wall times."
+    r = fair_cost_runs(results_dir, folder)
+    if not len(r): return pd.DataFrame(columns=["dataset", "method", "runs", "seeds", "core_hours"])
     return (r.groupby(["dataset", "method"]).agg(runs=("grid", "size"), seeds=("seed", "nunique"), core_hours=("core_seconds", "sum"))
             .assign(core_hours=lambda d: d.core_hours / 3600).reset_index())

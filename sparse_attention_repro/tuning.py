@@ -8,7 +8,7 @@ __all__ = ['TUNED_SEARCH', 'SELECTION_SEEDS', 'TUNED_SEEDS', 'TUNED_VAL_FRACTION
            'MAX_SEEDS', 'HEADLINE', 'FIRST_ROUND', 'SOURCES', 'README_MARKERS', 'RecipeSearch', 'next_lr',
            'tuned_folder', 'tuned_runs', 'diverged', 'tuned_curves', 'halving_length', 'halving_kept', 'choose_lr',
            'arm_length', 'needs_longer', 'choose_recipes', 'CheaperSearch', 'search_rule', 'record_search_rule',
-           'cheaper_search_check', 'tuned_plan', 'tuned_comparison', 'tuned_tests', 'tost_power',
+           'cheaper_search_check', 'tuned_plan', 'projected_cost', 'tuned_comparison', 'tuned_tests', 'tost_power',
            'seeds_for_tost_power', 'power_plan', 'identical_to_main', 'recipe_budget', 'fair_recipe_readings',
            'tuned_verdicts', 'val_test_agreement', 'time_to_reach', 'readable_tuned', 'answer_lines', 'search_for',
            'fair_verdict', 'write_fair_verdict', 'answer_markdown', 'sync_readme']
@@ -297,6 +297,27 @@ def tuned_plan(curves, failed=None, search=None, stage="select", datasets=None, 
                 seeds = [x for x in rest if any(not ((have.method == m) & (have.seed == x)).any() for m in methods)]
                 if seeds: add(ds, lr, length, methods, seeds)
     return plan
+
+# %% ../nbs/05b_tuning.ipynb
+def projected_cost(cost_runs, curves, failed=None, search=None, rule=HALVING) -> pd.DataFrame:
+    "Per (dataset, method): core-hours as run (`cost_runs`: dataset, method, seed, lr, epochs, core_seconds) and projected under `rule` with continued extensions."
+    search = TUNED_SEARCH if search is None else search
+    failed = diverged(None) if failed is None else failed
+    r = cost_runs.assign(projected=cost_runs.core_seconds.astype(float))
+    for (ds, m), g in r.groupby(["dataset", "method"]):
+        if ds not in search: continue
+        s = search[ds]
+        kept = halving_kept(curves[(curves.dataset == ds) & (curves.method == m)],
+                            failed[(failed.dataset == ds) & (failed.method == m) & failed.seed.isin(SELECTION_SEEDS)], s, SELECTION_SEEDS, rule) \
+            if rule is not None and rule.keep else None
+        for i, x in g[g.seed.isin(SELECTION_SEEDS)].iterrows():
+            if x.epochs > s.epochs: r.at[i, "projected"] = x.core_seconds * (x.epochs - s.epochs) / x.epochs          # continued
+            elif (kept is not None and x.epochs == s.epochs and np.isclose(x.lr, s.lrs).any() and not np.isclose(x.lr, list(kept)).any()):
+                r.at[i, "projected"] = x.core_seconds * halving_length(rule, s.epochs) / s.epochs                  # halved
+    cols = ["dataset", "method", "core_hours", "projected_core_hours"]
+    if not len(r): return pd.DataFrame(columns=cols)
+    out = r.groupby(["dataset", "method"], sort=False).agg(core_hours=("core_seconds", "sum"), projected_core_hours=("projected", "sum"))
+    return (out / 3600).reset_index()[cols]
 
 # %% ../nbs/05b_tuning.ipynb
 TUNED_TEST_COLS = ["family", "dataset", "method", "baseline", "recipe", "baseline_recipe", "complete", "bracketed", "n",
