@@ -125,14 +125,19 @@ CATALOGUE = {e.name: e for e in [
                       methods=("sigmoid_attention", "scalable_softmax", "softpick")),
                Analysis("versus_baseline", family="each new method's own"), root="literature"),
     Experiment("learned_temperature", "Is Scalable-Softmax's 20 Newsgroups gain length scaling? At a fixed length s·log n is a learned "
-               "per-head temperature: the learned-temperature softmax control, paired with the committed runs under the paper's recipe",
-               "learned_temperature", Design(datasets=("twenty_news",), methods=("learned_temperature_softmax",)),
+               "per-head temperature: the learned-temperature softmax control, trained beside Scalable-Softmax and paired with it and "
+               "with the committed runs under the paper's recipe",
+               "learned_temperature", Design(datasets=("twenty_news",), methods=("learned_temperature_softmax", "scalable_softmax")),
                Analysis("versus_baseline", family="each new method's own"), root="literature"),
     Experiment("literature_masked_padding", "With 20 Newsgroups' padding masked (n = the real length), do the literature normalizers and "
                "the learned-temperature control still beat softmax? Paired with the masked-padding ablation's runs",
                "masked_padding", Design(datasets=("twenty_news",), methods=("scalable_softmax", "learned_temperature_softmax",
                                                                             "sigmoid_attention", "softpick"), options=dict(mask_padding=True)),
                Analysis("versus_baseline", family="each new method's own"), root="literature"),
+    Experiment("fair_scalable_softmax", "At its own learning rate and length, chosen on validation (the tuned-recipe protocol, with "
+               "halving), does Scalable-Softmax beat softmax and the other paper methods at theirs?", "fair/scalable_softmax",
+               Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "kmnist"), methods=("scalable_softmax",)),
+               Analysis("fair_verdict", family="each new method's own", margin=0.01), runner="tuned", root="literature"),
     Experiment("fashion_mnist_fast", "Does `--fast` (Philox masks, bf16, fused attention) change any Fashion-MNIST gain over softmax, paired "
                "by seed with the default path?", "fashion_mnist_fast", Design(datasets=("fashion_mnist",), options=dict(fast=True)),
                Analysis("speed_check", margin=0.005), root="speed"),
@@ -202,6 +207,10 @@ def verdict_line(e: Experiment, root) -> str:
         return (f"{len(t)} comparisons with softmax at {recipe}: {len(won)} significant gains after Holm"
                 + (" (" + ", ".join(f"{r.method} on {r.dataset}" for r in won.itertuples()) + ")" if len(won) else ""))
     if k == "versus_baseline": return "runs in progress: the comparison is written when its grid finishes (rerun its command to resume)"
+    if k == "fair_verdict" and (v := Path(root) / e.folder / "fair_verdict.csv").exists() and len(t := pd.read_csv(v).query("baseline == @BASELINE")):
+        return (f"{len(t)} tuned comparisons with tuned softmax ({', '.join(t.dataset)}): {_count(t.verdict)}"
+                + (f" ({int((~t.complete.astype(bool)).sum())} provisional: not every seed has run)" if (~t.complete.astype(bool)).any() else ""))
+    if k == "fair_verdict": return "search in progress: the verdict is written as each dataset's grids finish (rerun its command to resume)"
     if k == "speed_check": return "paired checks in BENCHMARKS.md"
     if k == "selection" and (t := read("selection.csv")) is not None:
         return f"validation chose the test-chosen top-k ratio on {int(t.same_choice.sum())} of {len(t)} datasets"
