@@ -1024,8 +1024,9 @@ def answer_lines(tests, paper_tests=None, reach=None) -> list:
     if len(vs) < total or first or prov or edge:
         lines.append(f"Read so far: {len(vs)} of the {total} comparisons of the four learnable datasets"
                      + (f"; {first} from the first round's three-method grid" if first else "")
-                     + (f"; {prov} provisional" if prov else "") + (f"; {edge} with a recipe on the edge of its search" if edge else "")
-                     + ". The protocol's grid, all seven methods on each dataset, replaces them as it completes.")
+                     + (f"; {prov} provisional (not every seed has run at the chosen recipes)" if prov else "")
+                     + (f"; {edge} with a recipe on the edge of its search, which the protocol extends once only" if edge else "") + "."
+                     + (" The protocol's grid, all seven methods on each dataset, replaces the first round's readings as it completes." if first else ""))
     return lines[:5]
 
 # %%
