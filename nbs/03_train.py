@@ -210,12 +210,29 @@ def _checkpoint_key(cfg: TrainConfig, seed: int, models, n: int) -> str:
     shapes = [[tuple(p.shape) for p in m.parameters()] for m in models]
     return json.dumps(dict(settings=settings, seed=seed, shapes=shapes, n=n), sort_keys=True, default=str)
 
+def _where(device) -> dict:
+    "What bit-for-bit continuation needs besides the key: the device kind and torch's CPU thread count."
+    return dict(device=torch.device(device).type, threads=torch.get_num_threads())
+
 def save_checkpoint(path, key, models, opts, gen, results, active, step, epoch):
     "Keep the whole training state after `epoch` in `path` (atomically): weights, optimizers, every random stream, results so far."
+    device = next(models[0].parameters()).device
     state = dict(key=key, epoch=epoch, step=step, active=list(active), results=results, gen=gen.get_state(),
                  rng=torch.get_rng_state(), cuda_rng=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                 models=[m.state_dict() for m in models], opts=[o.state_dict() for o in opts])
+                 models=[m.state_dict() for m in models], opts=[o.state_dict() for o in opts],
+                 names=[getattr(m.cfg.normalizer, "name", str(m.cfg.normalizer)) for m in models], **_where(device))
     atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+def state_subset(state, names):
+    """The part of a lock-step group's `state` that trains `names` (in that order): their weights, optimizers and results,
+    the group's shared random streams. Lock-step training equals training each method alone, so the part continues
+    as a group of `names` would have; None when the state lacks one of them (or predates recorded names)."""
+    have = state.get("names") or []
+    if any(n not in have for n in names): return None
+    idx = [have.index(n) for n in names]
+    key = json.loads(state["key"]); key["shapes"] = [key["shapes"][i] for i in idx]
+    return dict(state, key=json.dumps(key, sort_keys=True, default=str), names=list(names), active=[j for j, i in enumerate(idx) if i in state["active"]],
+                results=[state["results"][i] for i in idx], models=[state["models"][i] for i in idx], opts=[state["opts"][i] for i in idx])
 
 def _same_run_but_length(a: str, b: str) -> bool:
     "Whether two checkpoint keys differ at most in the number of epochs (the learning rate is constant: a shorter run is the start of a longer one)."
@@ -231,6 +248,8 @@ def load_checkpoint(path, key, models, opts, gen, device):
     state = torch.load(path, map_location=device, weights_only=False)      # our own file, written by save_checkpoint
     if not (isinstance(state.get("key"), str) and _same_run_but_length(state["key"], key)): return None   # another configuration: start afresh
     if state["epoch"] > json.loads(key)["settings"]["epochs"]: return None                          # a longer run's: not this one's start
+    if state.get("device", "cpu") != torch.device(device).type or state.get("threads", torch.get_num_threads()) != torch.get_num_threads():
+        return None                                   # made on another device or thread count: the same bits are not assured
     for m, s in zip(models, state["models"]): m.load_state_dict(s)
     for o, s in zip(opts, state["opts"]): o.load_state_dict(s)
     gen.set_state(state["gen"]); torch.set_rng_state(state["rng"])
@@ -501,17 +520,16 @@ def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, ro
         if rows_dir is not None:
             for r in done: save_rows([r], Path(rows_dir) / f"seed{r['seed']}" / f"{r['method']}.csv")
         rows.extend(done)
-    if stack: keep(run_stacked(dataset, list(methods), seeds, config))
+    if stack:
+        if keep_state or continue_from: print("stacked seeds keep no training state: keep_state and continue_from do not apply")
+        keep(run_stacked(dataset, list(methods), seeds, config))
     else:
         for seed in seeds:
             data = load_run_data(dataset, seed, config)
             for group in ([list(methods)] if lockstep else [[m] for m in methods]):
                 ckpt = None if rows_dir is None else Path(rows_dir) / f"seed{seed}" / f"resume-{group_digest(group)}.pt"
-                if ckpt is not None and continue_from is not None and not ckpt.exists() and (
-                        start := Path(continue_from) / f"seed{seed}" / f"state-{group_digest(group)}.pt").exists():
-                    ckpt.parent.mkdir(parents=True, exist_ok=True)
-                    atomic_write(ckpt, lambda tmp: shutil.copyfile(start, tmp))   # the shorter run's end: continued, bit for bit
-                    print(f"{dataset} seed {seed}: continuing the shorter run's final state {start.name} from {Path(continue_from).name}")
+                if ckpt is not None and continue_from is not None and not ckpt.exists():
+                    start_from(ckpt, Path(continue_from) / f"seed{seed}", group, f"{dataset} seed {seed}")
                 keep(run_methods(dataset, group, seed, config, data, checkpoint=ckpt))
                 if ckpt is not None and keep_state: ckpt.replace(ckpt.with_name(f"state-{group_digest(group)}.pt"))
                 elif ckpt is not None: ckpt.unlink(missing_ok=True)
@@ -520,6 +538,26 @@ def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, ro
 def group_digest(methods) -> str:
     "A short name for a lock-step group of methods (its checkpoint file's)."
     return hashlib.sha1("+".join(m.name for m in methods).encode()).hexdigest()[:12]
+
+def _grid_name(rows_dir) -> str:
+    "The results folder's name of a grid's rows folder (`<out>/rows/<study>/<dataset>`), else the folder's own name: no machine path."
+    p = Path(rows_dir)
+    return p.parents[2].name if len(p.parents) > 2 and p.parents[1].name == "rows" else p.name
+
+def start_from(ckpt, shorter, group, label=""):
+    """Make `ckpt` the final state a shorter run kept in the folder `shorter` for `group` — its own group's, or the part for
+    `group` of a larger group's — and say so; say so too when there is none."""
+    names = [m.name for m in group]
+    own = Path(shorter) / f"state-{group_digest(group)}.pt"
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    if own.exists():
+        atomic_write(ckpt, lambda tmp: shutil.copyfile(own, tmp))
+        return print(f"{label}: continuing the shorter run's final state {own.name} from {_grid_name(Path(shorter).parent)}")
+    for f in sorted(Path(shorter).glob("state-*.pt")):
+        if (part := state_subset(torch.load(f, map_location="cpu", weights_only=False), names)) is not None:
+            atomic_write(ckpt, lambda tmp: torch.save(part, tmp))
+            return print(f"{label}: continuing the shorter run's final state {f.name} from {_grid_name(Path(shorter).parent)} ({', '.join(names)} of its group)")
+    print(f"{label}: no final state kept in {_grid_name(Path(shorter).parent)} for {', '.join(names)}: training from the start")
 
 
 # %% [markdown]
@@ -614,6 +652,10 @@ with tempfile.TemporaryDirectory() as tmp:
     made = run_study_a("fashion_mnist", 0, pair, "smoke", rows_dir=fresh, epochs=2, progress=False)
     test_eq([(r["accuracy"], r["test_loss"], r["epochs"]) for r in cont], [(r["accuracy"], r["test_loss"], r["epochs"]) for r in made])
     test_eq(list((two / "seed0").glob("*.pt")), [])                                  # continued, then its own checkpoint gone
+    # one method of the pair, continued from the pair's kept state: its part of the state, the same result as the pair's run
+    solo = run_study_a("fashion_mnist", 0, pair[1:], "smoke", rows_dir=Path(tmp) / "solo", continue_from=one, epochs=2, progress=False)
+    test_eq([(r["accuracy"], r["test_loss"]) for r in solo], [(r["accuracy"], r["test_loss"]) for r in made[1:]])
+    test_eq(state_subset(torch.load(next((one / "seed0").glob("state-*.pt")), weights_only=False), ["sparsemax"]), None)   # not in the pair
 
 # %% [markdown]
 # The adaptive entmax logs its $\alpha$ per head after each epoch (starting at 1.5), and a diverging run is recorded, not raised:

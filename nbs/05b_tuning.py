@@ -549,7 +549,8 @@ def projected_cost(cost_runs, curves, failed=None, search=None, rule=HALVING) ->
         kept = halving_kept(curves[(curves.dataset == ds) & (curves.method == m)],
                             failed[(failed.dataset == ds) & (failed.method == m) & failed.seed.isin(SELECTION_SEEDS)], s, SELECTION_SEEDS, rule) \
             if rule is not None and rule.keep else None
-        for i, x in g[g.seed.isin(SELECTION_SEEDS)].iterrows():
+        done = g.get("continued", pd.Series(False, index=g.index)).fillna(False).astype(bool)     # continued already: charged as run
+        for i, x in g[g.seed.isin(SELECTION_SEEDS) & ~done].iterrows():
             if x.epochs > s.epochs: r.at[i, "projected"] = x.core_seconds * (x.epochs - s.epochs) / x.epochs          # continued
             elif (kept is not None and x.epochs == s.epochs and np.isclose(x.lr, s.lrs).any() and not np.isclose(x.lr, list(kept)).any()):
                 r.at[i, "projected"] = x.core_seconds * halving_length(rule, s.epochs) / s.epochs                  # halved
@@ -565,6 +566,8 @@ _cr = pd.DataFrame([dict(dataset="cifar10", method="softmax", seed=sd, lr=lr, ep
 _pc = projected_cost(_cr, _done, None, _hs)
 test_close(_pc[["core_hours", "projected_core_hours"]].values[0] * 3600, [9 * 36 + 36 + 54, 6 * 36 + 3 * 12 + 36 + 18])   # 1e-2 halved, 18 extra epochs
 test_close(projected_cost(_cr, _done, None, _hs, rule=None).projected_core_hours.item() * 3600, 9 * 36 + 36 + 18)             # continued extension only
+test_close(projected_cost(_cr.assign(continued=_cr.epochs == 54), _done, None, _hs, rule=None).projected_core_hours.item() * 3600,
+           9 * 36 + 36 + 54)                                                    # a run that was continued already is not discounted again
 
 # %% [markdown]
 # ## The tuned verdicts
@@ -826,7 +829,8 @@ def fair_recipe_readings(results_dir, main_runs=None) -> dict:
         runs = tuned_runs(results_dir, folder)
         cur, bad = tuned_curves(runs), diverged(runs)
         if not len(cur): continue
-        rec, cand = choose_recipes(cur, bad, search), choose_lr(cur, bad, search)
+        rule = search_rule(results_dir) if folder == "tuned" else None
+        rec, cand = choose_recipes(cur, bad, search, rule=rule), choose_lr(cur, bad, search, rule=rule)
         taken = {d for r in recipes for d in r.dataset}
         ready = [d for d in search if d not in taken and set(search[d].methods) <= set(rec[rec.dataset == d].method)
                  and not (cand[cand.dataset == d].status == "missing").any()]      # every candidate rate run: the choice is settled

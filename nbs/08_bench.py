@@ -643,12 +643,14 @@ def fair_cost_runs(results_dir, folder="tuned") -> pd.DataFrame:
         for (ds, seed), g in runs.groupby(["dataset", "seed"]):
             nb = grid.parent / "notebooks" / ds / f"seed{seed}.ipynb"
             if not nb.exists(): continue
-            wall = json.loads(nb.read_text()).get("metadata", {}).get("papermill", {}).get("duration")
+            text = nb.read_text()
+            wall = json.loads(text).get("metadata", {}).get("papermill", {}).get("duration")
             if not wall: continue
             share = g.train_seconds / g.train_seconds.sum()
-            rows += [dict(dataset=ds, method=m, seed=int(seed), lr=float(lr), epochs=int(e), grid=grid.parent.name, core_seconds=float(wall) * s)
-                     for m, lr, e, s in zip(g.method, g.lr, g.epochs, share)]
-    return pd.DataFrame(rows, columns=["dataset", "method", "seed", "lr", "epochs", "grid", "core_seconds"])
+            continued = "continuing the shorter run's final state" in text          # its wall time covers only the extra epochs
+            rows += [dict(dataset=ds, method=m, seed=int(seed), lr=float(lr), epochs=int(e), grid=grid.parent.name, core_seconds=float(wall) * s,
+                          continued=continued) for m, lr, e, s in zip(g.method, g.lr, g.epochs, share)]
+    return pd.DataFrame(rows, columns=["dataset", "method", "seed", "lr", "epochs", "grid", "core_seconds", "continued"])
 
 def fair_cost(results_dir, folder="tuned") -> pd.DataFrame:
     "Core-hours each (dataset, method) of the tuned grids under `results_dir/<folder>/` took, from the executed notebooks' wall times."
@@ -668,4 +670,4 @@ with _tf.TemporaryDirectory() as _d:
     (_g / "notebooks" / "kmnist" / "seed0.ipynb").write_text(json.dumps({"metadata": {"papermill": {"duration": 100.0}}}))
     _fc = fair_cost(_d).set_index("method")
     test_close(_fc.core_hours.to_numpy() * 3600, [75.0, 25.0]); test_eq(_fc.seeds.tolist(), [1, 1])
-    test_eq(fair_cost_runs(_d)[["lr", "epochs", "grid"]].values.tolist(), [[1e-3, 36, "kmnist_lr0.001"]] * 2)
+    test_eq(fair_cost_runs(_d)[["lr", "epochs", "grid", "continued"]].values.tolist(), [[1e-3, 36, "kmnist_lr0.001", False]] * 2)

@@ -386,12 +386,14 @@ def fair_cost_runs(results_dir, folder="tuned") -> pd.DataFrame:
         for (ds, seed), g in runs.groupby(["dataset", "seed"]):
             nb = grid.parent / "notebooks" / ds / f"seed{seed}.ipynb"
             if not nb.exists(): continue
-            wall = json.loads(nb.read_text()).get("metadata", {}).get("papermill", {}).get("duration")
+            text = nb.read_text()
+            wall = json.loads(text).get("metadata", {}).get("papermill", {}).get("duration")
             if not wall: continue
             share = g.train_seconds / g.train_seconds.sum()
-            rows += [dict(dataset=ds, method=m, seed=int(seed), lr=float(lr), epochs=int(e), grid=grid.parent.name, core_seconds=float(wall) * s)
-                     for m, lr, e, s in zip(g.method, g.lr, g.epochs, share)]
-    return pd.DataFrame(rows, columns=["dataset", "method", "seed", "lr", "epochs", "grid", "core_seconds"])
+            continued = "continuing the shorter run's final state" in text          # its wall time covers only the extra epochs
+            rows += [dict(dataset=ds, method=m, seed=int(seed), lr=float(lr), epochs=int(e), grid=grid.parent.name, core_seconds=float(wall) * s,
+                          continued=continued) for m, lr, e, s in zip(g.method, g.lr, g.epochs, share)]
+    return pd.DataFrame(rows, columns=["dataset", "method", "seed", "lr", "epochs", "grid", "core_seconds", "continued"])
 
 def fair_cost(results_dir, folder="tuned") -> pd.DataFrame:
     "Core-hours each (dataset, method) of the tuned grids under `results_dir/<folder>/` took, from the executed notebooks' wall times."

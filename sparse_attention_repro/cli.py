@@ -615,10 +615,10 @@ def cmd_tuned(args):
     _check_executor(args)
     fails = {}
     ran = None
-    if getattr(args, "halving", False) and not args.dry_run:
-        from sparse_attention_repro import tuning as T
-        T.record_search_rule(args.out, tuned_rule(args, T.tuned_runs(args.out)))      # refused before anything is written
-    while grids := tuned_grids(args):
+    while grids := tuned_grids(args):                     # every argument checked before anything is written
+        if getattr(args, "halving", False) and not args.dry_run and ran is None:
+            from sparse_attention_repro import tuning as T
+            T.record_search_rule(args.out, T.HALVING)       # the folder's rule, read back by every later command
         lines = [line for line, _ in grids]
         if lines == ran:                                    # its rows should have changed the plan: never loop on a settled grid
             raise ValueError(f"tuned ({args.stage}): the plan still asks for {lines[0]} after it ran; its runs.csv rows do not settle "
