@@ -42,9 +42,12 @@ def leaderboard_rows(outputs, main="paper", baseline=BASELINE) -> pd.DataFrame:
     if (f := tab / "paired_tests.csv").exists():
         t = pd.read_csv(f).query("baseline == @baseline and metric == 'accuracy'")
         parts.append(_rows(t, "paper recipe", f"{main}/tables/paired_tests.csv"))
-    for f in sorted(outputs.glob("**/versus_baseline.csv")):
-        if not same_recipe(f.parent, outputs / main): continue          # a variant's verdicts live in its own folder
-        t = pd.read_csv(f).query("baseline == @baseline")
+    found = [(f, pd.read_csv(f)) for f in sorted(outputs.glob("**/versus_baseline.csv")) if same_recipe(f.parent, outputs / main)]
+    seen = set()                                                          # a variant's verdicts live in its own folder
+    for f, t in sorted(found, key=lambda x: -len(x[1])):                  # a method in several folders: read in its largest family
+        t = t.query("baseline == @baseline")
+        t = t[pd.Series([k not in seen for k in zip(t.method, t.dataset)], index=t.index, dtype=bool)]
+        seen |= set(zip(t.method, t.dataset))
         parts.append(_rows(t, "paper recipe", f.relative_to(outputs).as_posix()))
     if (f := tab / "tuned_tests.csv").exists():
         t = pd.read_csv(f).query("baseline == @baseline")
