@@ -169,7 +169,7 @@ def versus_report(results_dir, baseline_dir) -> Path:
     if not len(t): lines += ["No new method found in this folder (only the baselines' methods)."]
     if len(between := S.between_new_methods(new)):
         lines += ["## The new methods against each other", "",
-                  "Trained together on the same seeds, so paired by seed; Holm over these pairs alone (`between_methods.csv`).", "",
+                  "Trained on the same seeds, subsets, initial weights and batches, so paired by seed; Holm over these pairs alone (`between_methods.csv`).", "",
                   V.readable_versus(between).to_markdown(index=False, disable_numparse=True), ""]
     atomic_write(res / "versus_baseline.md", lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n", encoding="utf-8"))
     save_rows(t, res / "versus_baseline.csv")
