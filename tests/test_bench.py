@@ -35,3 +35,15 @@ def test_bench_profile_writes_rows_and_times(data_root, tmp_path):
     anchor = pd.read_csv(tmp_path / "lockstep_runs.csv")                  # seed 0 on the lock-step path: each method timed
     assert len(anchor) == 7 and set(anchor.seed) == {0} and (anchor.train_seconds > 0).all()
     assert "lock-step projected" in r.stdout, r.stdout
+
+def test_bench_fair_cost_reads_the_committed_grids_and_projects_halving():
+    "`bench fair-cost` on the committed tuned grids: core-hours per arm, the cheaper rules checked, and the halving projection below the cost as run."
+    from conftest import ROOT
+    import re
+    r = cli("bench", "fair-cost", "--results", ROOT / "outputs" / "paper")
+    assert r.returncode == 0, r.stderr
+    assert "halving: all rates a third, best two to the end" in r.stdout and "core-hours per arm" in r.stdout
+    run, projected = map(float, re.search(r"sum over datasets: ([\d.]+) as run, ([\d.]+) projected", r.stdout).groups())
+    assert 0 < projected < run, r.stdout
+    bad = cli("bench", "fair-cost", "--results", ROOT / "outputs" / "literature")
+    assert bad.returncode == 2 and "needs one results folder with tuned grids" in bad.stderr, bad.stderr
