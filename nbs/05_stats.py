@@ -1058,6 +1058,14 @@ DATASET_ORDER = ("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker", 
 VERSUS_COLS = ["family", "dataset", "method", "baseline", "n", "mean_delta", "ci_low", "ci_high", "p", "p_holm",
                "density", "baseline_density", "time_ratio"]
 
+def _paired_row(family, ds, method, baseline, a, b) -> dict:
+    "One comparison row: runs `a` of `method` against runs `b` of `baseline` (both indexed by seed), paired by seed."
+    j = a.join(b, how="inner", lsuffix="_a", rsuffix="_b")
+    r = paired_stats(j.accuracy_a, j.accuracy_b)
+    return dict(family=family, dataset=ds, method=method, baseline=baseline, **{k: r[k] for k in ("n", "mean_delta", "ci_low", "ci_high", "p")},
+                density=float(j.nonzero_ratio_a.mean()), baseline_density=float(j.nonzero_ratio_b.mean()),
+                time_ratio=float((j.train_seconds_a / j.train_seconds_b).median()))
+
 def versus_baseline(new, base, methods=None, baselines=PAPER_METHODS):
     "Each of `methods` (default: those of `new` that are not `baselines`) against each baseline method of `base`, per dataset, paired by seed."
     if new is None or base is None or not len(new) or not len(base): return pd.DataFrame(columns=VERSUS_COLS)
@@ -1068,11 +1076,7 @@ def versus_baseline(new, base, methods=None, baselines=PAPER_METHODS):
             a = new[(new.dataset == ds) & (new.method == m)].set_index("seed")
             for b_name in [b for b in baselines if b in set(base[base.dataset == ds].method)]:
                 b = base[(base.dataset == ds) & (base.method == b_name)].set_index("seed")
-                j = a.join(b, how="inner", lsuffix="_a", rsuffix="_b")
-                r = paired_stats(j.accuracy_a, j.accuracy_b)
-                rows.append(dict(family=f"versus:{m}", dataset=ds, method=m, baseline=b_name, **{k: r[k] for k in ("n", "mean_delta", "ci_low", "ci_high", "p")},
-                                 density=float(j.nonzero_ratio_a.mean()), baseline_density=float(j.nonzero_ratio_b.mean()),
-                                 time_ratio=float((j.train_seconds_a / j.train_seconds_b).median())))
+                rows.append(_paired_row(f"versus:{m}", ds, m, b_name, a, b))
     return holm(pd.DataFrame(rows))[VERSUS_COLS] if rows else pd.DataFrame(columns=VERSUS_COLS)
 
 def between_new_methods(new, baselines=PAPER_METHODS):
@@ -1083,12 +1087,7 @@ def between_new_methods(new, baselines=PAPER_METHODS):
         for i, m in enumerate(methods):
             for other in methods[i + 1:]:
                 a, b = (new[(new.dataset == ds) & (new.method == x)].set_index("seed") for x in (m, other))
-                j = a.join(b, how="inner", lsuffix="_a", rsuffix="_b")
-                if not len(j): continue
-                r = paired_stats(j.accuracy_a, j.accuracy_b)
-                rows.append(dict(family="between new methods", dataset=ds, method=m, baseline=other, **{k: r[k] for k in ("n", "mean_delta", "ci_low", "ci_high", "p")},
-                                 density=float(j.nonzero_ratio_a.mean()), baseline_density=float(j.nonzero_ratio_b.mean()),
-                                 time_ratio=float((j.train_seconds_a / j.train_seconds_b).median())))
+                if len(a.index.intersection(b.index)): rows.append(_paired_row("between new methods", ds, m, other, a, b))
     return holm(pd.DataFrame(rows))[VERSUS_COLS] if rows else pd.DataFrame(columns=VERSUS_COLS)
 
 def pairing_check(new, base, method=BASELINE):

@@ -872,6 +872,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                          'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats._ok_rows': ( 'stats.html#_ok_rows',
                                                                                          'sparse_attention_repro/stats.py'),
+                                              'sparse_attention_repro.stats._paired_row': ( 'stats.html#_paired_row',
+                                                                                            'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats._pg_get': ( 'stats.html#_pg_get',
                                                                                         'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats._unrounded': ( 'stats.html#_unrounded',
