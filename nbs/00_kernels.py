@@ -104,7 +104,9 @@ _SIGNATURES = {  # name: argument types (P = pointer, L = long, F = float, D = d
     "sparsemax_fwd": "PPPLL", "sparsemax_bwd": "PPPPLL", "entmax15_fwd": "PPPLLLF", "entmax_alpha_fwd": "PPPPPLLLF",
     "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPPLLD", "softmax_bwd": "PPPPLL",
     "philox_bits": "PLLLL", "philox_dropout": "PLLLLLF", "mt_bernoulli": "PLPDF",
-    "attention_fwd": "PPPPPPLLLLLFLDLF", "attention_bwd": "PPPPPPPLLLLLFL", "attention_scratch": "LL"}
+    "attention_fwd": "PPPPPPLLLLLFLDLF", "attention_bwd": "PPPPPPPLLLLLFL", "attention_scratch": "LL",
+    "gelu_dropout_fwd": "PPPL", "gelu_dropout_bwd": "PPPPL", "residual_layernorm_fwd": "PPPPPPPPLLF",
+    "residual_layernorm_bwd": "PPPPPPPPPLL"}
 _RETURNS = {"attention_scratch": "L"}     # the rest return nothing
 _CTYPES = {"P": ctypes.c_void_p, "L": ctypes.c_long, "F": ctypes.c_float, "D": ctypes.c_double}
 _state = {"lib": None, "tried": False, "enabled": True, "calls": 0}
@@ -320,6 +322,63 @@ def attention_bwd(qkv, p, grad_out, num_heads, kind, scale, alpha=None, d_alpha=
     _state["calls"] += 1
     _chunked(call, B * H, B * H * T * T)
     return dqkv, None if da is None else da.view(B, H).sum(0)
+
+
+# %% [markdown]
+# ## The block's elementwise layers
+#
+# At the paper's sizes (T = 17, 64 channels, batches of 96) a training step of the encoder spends about half its time in
+# the matrix products, which torch's BLAS runs near the arithmetic floor, and much of the rest in small elementwise
+# operations, each a pass over memory and a dispatch: the residual sum, its dropout, LayerNorm, GELU and the dropout
+# after it, forward and backward. `block.c` does each group in one pass, the llm.c way (one function per layer and
+# direction): `residual_layernorm_*` computes $\mathrm{LN}(x + h \odot m)$ and its gradients for $x$, $h$, $\gamma$
+# and $\beta$; `gelu_dropout_*` computes $\mathrm{GELU}(u) \odot m$ (the exact, erf-based GELU, through an erfc fit
+# with relative error below $1.2 \cdot 10^{-7}$) and its gradient. A mask of None means no dropout (evaluation). They
+# serve the model's `fused_block` path; the torch path stays the reference (tests below and in the model notebook).
+
+# %%
+#| export
+def gelu_dropout_fwd(u, mask=None):
+    "`GELU(u) * mask` (exact GELU; no dropout where `mask` is None), float32."
+    u = u.contiguous(); y = torch.empty_like(u); m = None if mask is None else mask.contiguous()
+    fn = kernels().gelu_dropout_fwd; _state["calls"] += 1
+    _chunked(lambda lo, hi: fn(u.data_ptr() + 4 * lo, None if m is None else m.data_ptr() + 4 * lo, y.data_ptr() + 4 * lo, hi - lo),
+             u.numel(), u.numel())
+    return y
+
+def gelu_dropout_bwd(u, mask, grad):
+    "The gradient of `gelu_dropout_fwd` with respect to `u`, given the output's gradient `grad`."
+    u, g = u.contiguous(), grad.float().contiguous(); du = torch.empty_like(u); m = None if mask is None else mask.contiguous()
+    fn = kernels().gelu_dropout_bwd; _state["calls"] += 1
+    _chunked(lambda lo, hi: fn(u.data_ptr() + 4 * lo, None if m is None else m.data_ptr() + 4 * lo, g.data_ptr() + 4 * lo,
+                               du.data_ptr() + 4 * lo, hi - lo), u.numel(), u.numel())
+    return du
+
+def residual_layernorm_fwd(x, h, mask, weight, bias, eps):
+    """`LayerNorm(x + h * mask)` over the last dimension (no dropout where `mask` is None), float32; also the normalised
+    sum and the reciprocal standard deviation per row, which the backward takes."""
+    x, h = x.contiguous(), h.contiguous(); m = None if mask is None else mask.contiguous()
+    w, b = weight.detach().float().contiguous(), bias.detach().float().contiguous()
+    rows, C = _rows(x)
+    y, xhat, rstd = torch.empty_like(x), torch.empty_like(x), torch.empty(x.shape[:-1])
+    fn = kernels().residual_layernorm_fwd; _state["calls"] += 1
+    def call(lo, hi):
+        o = 4 * lo * C
+        fn(x.data_ptr() + o, h.data_ptr() + o, None if m is None else m.data_ptr() + o, w.data_ptr(), b.data_ptr(),
+           y.data_ptr() + o, xhat.data_ptr() + o, rstd.data_ptr() + 4 * lo, hi - lo, C, float(eps))
+    _chunked(call, rows, rows * C)
+    return y, xhat, rstd
+
+def residual_layernorm_bwd(xhat, rstd, mask, weight, grad):
+    "Gradients of `residual_layernorm_fwd` for `x`, `h`, the weight and the bias, given the output's gradient `grad`."
+    g = grad.float().contiguous(); m = None if mask is None else mask.contiguous()
+    w = weight.detach().float().contiguous()
+    rows, C = _rows(xhat)
+    dx, dh, dw, db = torch.empty_like(xhat), torch.empty_like(xhat), torch.empty(C), torch.empty(C)
+    _state["calls"] += 1
+    kernels().residual_layernorm_bwd(xhat.data_ptr(), rstd.data_ptr(), None if m is None else m.data_ptr(), w.data_ptr(),
+                                     g.data_ptr(), dx.data_ptr(), dh.data_ptr(), dw.data_ptr(), db.data_ptr(), rows, C)
+    return dx, dh, dw, db
 
 
 # %% [markdown]
@@ -553,6 +612,34 @@ if HAVE_KERNELS:
         for a, b in zip(*outs): test_eq(a, b)
         q, k, _ = qkv.view(37, T, 3, 4, 16).movedim(-3, 0).transpose(-3, -2)
         test_close(outs[0][1], topk_softmax_fwd((q / 4) @ k.transpose(-2, -1), 0.25)[0], eps=1e-5)
+
+# %% [markdown]
+# The block's elementwise kernels against torch's `F.gelu`, `F.layer_norm` and autograd, with and without a dropout
+# mask, values and all four gradients, over the range where GELU bends (and far into both tails), with two threads too:
+
+# %%
+import torch.nn.functional as F
+if HAVE_KERNELS:
+    torch.manual_seed(2)
+    for threads in (1, 2):
+        old = torch.get_num_threads(); torch.set_num_threads(threads)
+        u = torch.cat([torch.randn(96, 17, 256) * 3, torch.linspace(-30, 30, 17 * 256).view(1, 17, 256)]).requires_grad_()
+        for mask in (None, (torch.rand(u.shape) > 0.1).float() / 0.9):
+            g = torch.randn(u.shape)
+            ref = F.gelu(u) * (1 if mask is None else mask)
+            for mine, theirs in [(gelu_dropout_fwd(u.detach(), mask), ref.detach()),
+                                 (gelu_dropout_bwd(u.detach(), mask, g), torch.autograd.grad(ref, u, g)[0])]:
+                assert ((mine - theirs).abs() <= 4e-6 * theirs.abs().clamp_min(1)).all()   # a few float32 ulps
+        x, h = torch.randn(97, 17, 64).requires_grad_(), (torch.randn(97, 17, 64) * 2).requires_grad_()
+        w, b = (1 + 0.3 * torch.randn(64)).requires_grad_(), (0.1 * torch.randn(64)).requires_grad_()
+        for mask in (None, (torch.rand(x.shape) > 0.1).float() / 0.9):
+            g = torch.randn(x.shape)
+            ref = F.layer_norm(x + h * (1 if mask is None else mask), (64,), w, b, 1e-5)
+            y, xhat, rstd = residual_layernorm_fwd(x.detach(), h.detach(), mask, w, b, 1e-5)
+            test_close(y, ref.detach(), eps=1e-5)
+            for mine, theirs in zip(residual_layernorm_bwd(xhat, rstd, mask, w, g), torch.autograd.grad(ref, (x, h, w, b), g)):
+                test_close(mine, theirs, eps=1e-4 * max(1.0, float(theirs.abs().max())))
+        torch.set_num_threads(old)
 
 # %% [markdown]
 # The kernels allocate in float32 whatever torch's default dtype is, and gradients come back in the scores' dtype:

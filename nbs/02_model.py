@@ -53,7 +53,8 @@ class ClassifierConfig:
     dropout: float = 0.1
     learned_pad_row: bool = False   # token ids: learn the embedding of id 0 (padding) instead of the original's frozen zero row
     dropout_rng: str = "torch"      # "torch": nn.Dropout's masks exactly; "philox": a faster counter-based generator (below)
-    attention: str = "torch"        # "torch": the attention core as torch operations; "fused": one C kernel per head (below)
+    attention: str = "torch"        # "torch": torch operations; "fused": the attention core in one C kernel per head;
+                                    # "fused_block": that, and the block's residual, dropout, LayerNorm and GELU in C (below)
 
 
 # %% [markdown]
@@ -77,7 +78,7 @@ class ClassifierConfig:
 
 # %%
 #| export
-ATTENTION_PATHS = ("torch", "fused")
+ATTENTION_PATHS = ("torch", "fused", "fused_block")
 
 class FusedAttentionFunction(torch.autograd.Function):
     "Scores, normalizer and weighted values of every head in one C kernel; the backward likewise (`kernels.attention_bwd`)."
@@ -108,7 +109,7 @@ class SelfAttention(nn.Module):
         self.normalizer = resolve_normalizer(cfg.normalizer).build(num_heads=cfg.num_heads)
         self.record, self.last_density, self.scale_queries = False, None, True
         if cfg.attention not in ATTENTION_PATHS: raise ValueError(f"unknown attention path {cfg.attention!r}; choose one of {', '.join(ATTENTION_PATHS)}")
-        self.fused = cfg.attention == "fused"
+        self.fused = cfg.attention in ("fused", "fused_block")
         if self.fused and fused_kernel_args(self.normalizer) is None:
             raise ValueError(f"normalizer {resolve_normalizer(cfg.normalizer).name!r} has no fused attention kernel; use attention='torch' (drop --attention fused)")
         if self.fused and self.head_dim > K.ATTENTION_MAX_HEAD:
@@ -185,14 +186,19 @@ class MaskDropout(nn.Module):
         if rng not in DROPOUT_RNGS: raise ValueError(f"unknown dropout rng {rng!r}; choose one of {', '.join(DROPOUT_RNGS)}")
         self.p, self.rng, self.tape = p, rng, None
 
-    def forward(self, x):
-        if not self.training or self.p == 0: return x
-        if self.tape is not None and self.tape.replaying: return x * self.tape.next(x.shape)
+    def mask(self, shape, device):
+        "The mask the next forward pass of a `shape` input would apply (drawn, or replayed from the tape); None when off."
+        if not self.training or self.p == 0: return None
+        if self.tape is not None and self.tape.replaying: return self.tape.next(shape)
         t0 = time.perf_counter()
-        noise = draw_mask(x.shape, self.p, self.rng, x.device)
+        noise = draw_mask(shape, self.p, self.rng, device)
         if self.tape is not None:
             self.tape.masks.append(noise); self.tape.seconds += time.perf_counter() - t0
-        return x * noise
+        return noise
+
+    def forward(self, x):
+        noise = self.mask(x.shape, x.device)
+        return x if noise is None else x * noise
 
     def extra_repr(self): return f"p={self.p}" + ("" if self.rng == "torch" else f", rng={self.rng}")
 
@@ -265,6 +271,32 @@ test_fail(lambda: MaskDropout(0.1, rng="mt"), contains="unknown dropout rng")
 
 # %%
 #| export
+class ResidualLayerNormFunction(torch.autograd.Function):
+    "LN(x + h * mask) in one C pass per row, and its backward (`kernels.residual_layernorm_*`); mask None: no dropout."
+    @staticmethod
+    def forward(ctx, x, h, mask, weight, bias, eps):
+        y, xhat, rstd = K.residual_layernorm_fwd(x, h, mask, weight, bias, eps)
+        ctx.save_for_backward(xhat, rstd, mask, weight)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        xhat, rstd, mask, weight = ctx.saved_tensors
+        dx, dh, dw, db = K.residual_layernorm_bwd(xhat, rstd, mask, weight, g)
+        return dx, dh, None, dw, db, None
+
+class GeluDropoutFunction(torch.autograd.Function):
+    "GELU(u) * mask in one C pass, and its backward (`kernels.gelu_dropout_*`); mask None: no dropout."
+    @staticmethod
+    def forward(ctx, u, mask):
+        ctx.save_for_backward(u, mask)
+        return K.gelu_dropout_fwd(u, mask)
+
+    @staticmethod
+    def backward(ctx, g):
+        u, mask = ctx.saved_tensors
+        return K.gelu_dropout_bwd(u, mask, g), None
+
 class Block(nn.Module):
     "Post-norm encoder block: x = LN(x + Drop(Attn(x))); x = LN(x + Drop(MLP(x)))."
     def __init__(self, cfg: ClassifierConfig):
@@ -275,10 +307,21 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(cfg.embed_dim, hidden), nn.GELU(), MaskDropout(cfg.dropout, cfg.dropout_rng),
                                  nn.Linear(hidden, cfg.embed_dim))
         self.drop = MaskDropout(cfg.dropout, cfg.dropout_rng)
+        self.fused = cfg.attention == "fused_block"
 
     def forward(self, x, key_mask=None):
+        if self.fused: return self._fused(x, key_mask)
         x = self.ln1(x + self.drop(self.attn(x, key_mask)))
         return self.ln2(x + self.drop(self.mlp(x)))
+
+    def _fused(self, x, key_mask):
+        "The same block with its elementwise layers in C: the masks are drawn in the torch path's order, so a tape serves both."
+        a = self.attn(x, key_mask)
+        x = ResidualLayerNormFunction.apply(x.float(), a.float(), self.drop.mask(a.shape, a.device), self.ln1.weight, self.ln1.bias, self.ln1.eps)
+        up, mid_drop, down = self.mlp[0], self.mlp[2], self.mlp[3]
+        u = up(x)
+        h = down(GeluDropoutFunction.apply(u.float(), mid_drop.mask(u.shape, u.device)))
+        return ResidualLayerNormFunction.apply(x, h.float(), self.drop.mask(h.shape, h.device), self.ln2.weight, self.ln2.bias, self.ln2.eps)
 
 
 # %%
@@ -436,6 +479,34 @@ if K.kernels() is not None:
     test_fail(lambda: CompactClassifier(ClassifierConfig(10, 16, input_dim=49, normalizer="entmax15_bisect", attention="fused")),
               contains="no fused attention kernel")
     test_fail(lambda: CompactClassifier(ClassifierConfig(10, 16, input_dim=49, attention="flash")), contains="unknown attention path")
+
+# %% [markdown]
+# **The fused block, opt-in.** `attention="fused_block"` keeps the fused attention and also runs each block's residual
+# sum, dropout and LayerNorm, and its GELU with the dropout after it, as C kernels (`kernels.residual_layernorm_*`,
+# `kernels.gelu_dropout_*`); the matrix products stay torch's. It draws its dropout masks in the torch path's order, so a
+# mask tape recorded by a torch-path model replays into it: below, with dropout on, both paths see the same masks and
+# agree to float32 rounding — logits and every parameter's gradient, for every paper method, on images and on token ids
+# with a key mask. Whether it pays is measured, not assumed: `--fast` calibrates it against the other levers.
+
+# %%
+if K.kernels() is not None:
+    for method in PAPER_METHODS:
+        for cfg, x, mask in [(ClassifierConfig(10, 16, input_dim=49, normalizer=method), torch.rand(6, 16, 49), None),
+                             (ClassifierConfig(20, 96, vocab_size=200, normalizer=method), ids2, mask)]:
+            torch.manual_seed(1); ref = CompactClassifier(replace(cfg, attention="fused"))
+            torch.manual_seed(1); blk = CompactClassifier(replace(cfg, attention="fused_block"))
+            tape, outs = MaskTape(), []
+            for pos, m_ in enumerate((ref, blk)):
+                m_.train(); m_.set_mask_tape(tape)
+                tape.replay() if pos else tape.record()                            # the second model replays the first's masks
+                y = m_(x, mask); y.pow(2).sum().backward()
+                outs.append((y.detach(), [prm.grad for prm in m_.parameters()]))
+            test_eq(tape.pos, len(tape.masks))                                      # it asked for every mask, in order
+            (y0, g0), (y1, g1) = outs
+            test_close(y1, y0, eps=1e-4)
+            for a_, b_ in zip(g1, g0): test_close(a_, b_, eps=2e-3 * max(1.0, float(b_.abs().max())))
+    blk.eval(); ref.eval()
+    test_close(blk(x, mask), ref(x, mask), eps=1e-4)                                # evaluation: no masks
 
 # %% [markdown]
 # **The padding row.** By default the embedding of id 0 is zero and gets no gradient, exactly as

@@ -66,7 +66,7 @@ class TrainConfig:
     learned_pad_row: bool = option(False, "variant: learn the padding embedding (the original keeps it zero and frozen)")
     dropout_rng: str = option("torch", "torch (nn.Dropout's masks, the default) | philox (faster counter-based masks)", choices=DROPOUT_RNGS)
     precision: str = option("fp32", "fp32 (default) | bf16 (autocast: for CPUs with bf16 units and GPUs)", choices=PRECISIONS)
-    attention: str = option("torch", "torch (default) | fused (scores, normalizer and weighted values of each head in one C kernel, CPU only; float32 rounding differs)",
+    attention: str = option("torch", "torch (default) | fused (scores, normalizer and weighted values of each head in one C kernel, CPU only; float32 rounding differs) | fused_block (that, and each block's residual, dropout, LayerNorm and GELU in C kernels)",
                             choices=ATTENTION_PATHS)
     epoch_eval: bool = option(False, "evaluate validation and test after every epoch (learning curves; training unchanged)")
     download: bool = False           # fetch the dataset online when no offline copy is found (the source is recorded per row)

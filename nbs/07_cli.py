@@ -400,8 +400,8 @@ def execution_plan(args, specs, datasets) -> ExecutionPlan:
     if fast:                                                            # resolved here into the levers measured to pay here
         calibration = _fast_calibration(args, specs, datasets, stacked, run)
         run.update(calibration["levers"])
-    elif run["attention"] == "fused" and (why := fused_refusal(specs, device, stacked)):
-        raise UsageError(f"--attention fused: {why}; use --attention torch")
+    elif run["attention"] in ("fused", "fused_block") and (why := fused_refusal(specs, device, stacked)):
+        raise UsageError(f"--attention {run['attention']}: {why}; use --attention torch")
     return ExecutionPlan(args.device, "stacked" if stacked else "plain" if args.plain else "lockstep", args.stack_seeds, run, calibration)
 
 def grid_tasks(args):

@@ -164,15 +164,16 @@ test_close(_original("topk_softmax_025", 4)(xs), topk_softmax(xs, 0.25), eps=1e-
 # ## The fast path, chosen by measurement
 #
 # `--fast` has three levers: Philox dropout masks (`dropout_rng="philox"`), bf16 autocast (`precision="bf16"`) and
-# the fused attention kernel (`attention="fused"`). Whether each pays depends on the CPU: on one AVX-512 Xeon bf16
+# the C kernels of the attention core (`attention="fused"`) or of the whole block but its matrix products
+# (`attention="fused_block"`). Whether each pays depends on the CPU: on one AVX-512 Xeon bf16
 # autocast made training 1.36× *slower* and Philox 1.15× slower, while both paid on an AMD EPYC. So the levers are not
 # fixed: `calibrate_fast` times every combination this machine can run — the default path among them — on a few real
 # training steps of the grid's own methods and datasets, interleaved and repeated, and picks the one with the least
 # projected training time. The default path is a candidate, so the choice is never slower than it as measured. The
 # result is cached per CPU, kernel build, torch version, thread count and grid (a second grid starts at once), and
 # the grid records the choice and every measured per-step time in its `manifest.json`. bf16 is tried only where the
-# CPU or GPU multiplies bf16 in hardware (elsewhere autocast emulates it), fused attention only where every method of
-# the grid has a fused kernel.
+# CPU or GPU multiplies bf16 in hardware (elsewhere autocast emulates it), the fused paths only where every method of
+# the grid has a fused attention kernel.
 
 # %%
 #| export
@@ -182,7 +183,7 @@ CALIBRATION_STEPS, CALIBRATION_REPEATS = 16, 3          # training steps per tim
 def lever_candidates(bf16=False, fused=False) -> list:
     "Every combination of the fast path's levers this machine can run, as `TrainConfig` overrides; the first is the default path."
     return [dict(dropout_rng=r, precision=p, attention=a) for r in ("torch", "philox") for p in ("fp32", "bf16")[:1 + bool(bf16)]
-            for a in ("torch", "fused")[:1 + bool(fused)]]
+            for a in ("torch", "fused", "fused_block")[:1 + 2 * bool(fused)]]
 
 def lever_label(levers) -> str:
     "`default`, or the values that differ from the default path joined by `+` (e.g. `philox+fused`)."
@@ -255,7 +256,7 @@ def calibrate_fast(datasets, methods, profile="paper", options=None, threads=1, 
 
 # %%
 _c = lever_candidates(bf16=True, fused=True)
-test_eq(len(_c), 8); test_eq(_c[0], DEFAULT_LEVERS); test_eq(len({lever_label(c) for c in _c}), 8)
+test_eq(len(_c), 12); test_eq(_c[0], DEFAULT_LEVERS); test_eq(len({lever_label(c) for c in _c}), 12)
 test_eq([lever_label(c) for c in lever_candidates()], ["default", "philox"])
 _m = pd.DataFrame([dict(dataset="fashion_mnist", levers=lever_label(c),
                         ms_per_step=10 - 2 * (c["dropout_rng"] == "philox") + 3 * (c["precision"] == "bf16")) for c in _c])
@@ -275,7 +276,7 @@ with _tf.TemporaryDirectory() as _d:
     _cal = calibrate_fast(["fashion_mnist"], ["softmax", "sparsemax"], cache_dir=_d, fused=True)
     test_eq(_cal["options"], {})
     _ms = _cal["ms_per_step"]["fashion_mnist"]
-    test_eq(set(_ms), {"default", "fused", "philox", "philox+fused"})
+    test_eq(set(_ms), {"default", "fused", "fused_block", "philox", "philox+fused", "philox+fused_block"})
     test_eq(_ms[_cal["label"]], min(_ms.values()))
     test_eq(calibrate_fast(["fashion_mnist"], ["softmax", "sparsemax"], cache_dir=_d, fused=True,
                            options=dict(lr=3e-3, epochs=12)), _cal)     # cached; the recipe does not change a step's cost

@@ -110,7 +110,7 @@ CALIBRATION_STEPS, CALIBRATION_REPEATS = 16, 3          # training steps per tim
 def lever_candidates(bf16=False, fused=False) -> list:
     "Every combination of the fast path's levers this machine can run, as `TrainConfig` overrides; the first is the default path."
     return [dict(dropout_rng=r, precision=p, attention=a) for r in ("torch", "philox") for p in ("fp32", "bf16")[:1 + bool(bf16)]
-            for a in ("torch", "fused")[:1 + bool(fused)]]
+            for a in ("torch", "fused", "fused_block")[:1 + 2 * bool(fused)]]
 
 def lever_label(levers) -> str:
     "`default`, or the values that differ from the default path joined by `+` (e.g. `philox+fused`)."

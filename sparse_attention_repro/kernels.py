@@ -6,7 +6,8 @@
 __all__ = ['CFLAGS', 'ENTMAX15_ITERS', 'ATTENTION_KINDS', 'ATTENTION_MAX_HEAD', 'kernel_folder', 'kernel_files', 'kernel_source',
            'kernel_dir', 'build_kernels', 'kernels', 'use_kernels', 'usable', 'sparsemax_fwd', 'sparsemax_bwd',
            'entmax15_fwd', 'entmax_alpha_fwd', 'entmax_bwd', 'topk_softmax_fwd', 'softmax_bwd', 'attention_fwd',
-           'attention_bwd', 'philox_bits', 'philox_dropout', 'mt_kernel_matches_torch', 'bernoulli_mask']
+           'attention_bwd', 'gelu_dropout_fwd', 'gelu_dropout_bwd', 'residual_layernorm_fwd', 'residual_layernorm_bwd',
+           'philox_bits', 'philox_dropout', 'mt_kernel_matches_torch', 'bernoulli_mask']
 
 # %% ../nbs/00_kernels.ipynb
 import ctypes, fcntl, functools, hashlib, os, platform, re, shutil, subprocess, tempfile, warnings
@@ -52,7 +53,9 @@ _SIGNATURES = {  # name: argument types (P = pointer, L = long, F = float, D = d
     "sparsemax_fwd": "PPPLL", "sparsemax_bwd": "PPPPLL", "entmax15_fwd": "PPPLLLF", "entmax_alpha_fwd": "PPPPPLLLF",
     "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPPLLD", "softmax_bwd": "PPPPLL",
     "philox_bits": "PLLLL", "philox_dropout": "PLLLLLF", "mt_bernoulli": "PLPDF",
-    "attention_fwd": "PPPPPPLLLLLFLDLF", "attention_bwd": "PPPPPPPLLLLLFL", "attention_scratch": "LL"}
+    "attention_fwd": "PPPPPPLLLLLFLDLF", "attention_bwd": "PPPPPPPLLLLLFL", "attention_scratch": "LL",
+    "gelu_dropout_fwd": "PPPL", "gelu_dropout_bwd": "PPPPL", "residual_layernorm_fwd": "PPPPPPPPLLF",
+    "residual_layernorm_bwd": "PPPPPPPPPLL"}
 _RETURNS = {"attention_scratch": "L"}     # the rest return nothing
 _CTYPES = {"P": ctypes.c_void_p, "L": ctypes.c_long, "F": ctypes.c_float, "D": ctypes.c_double}
 _state = {"lib": None, "tried": False, "enabled": True, "calls": 0}
@@ -225,6 +228,49 @@ def attention_bwd(qkv, p, grad_out, num_heads, kind, scale, alpha=None, d_alpha=
     _state["calls"] += 1
     _chunked(call, B * H, B * H * T * T)
     return dqkv, None if da is None else da.view(B, H).sum(0)
+
+# %% ../nbs/00_kernels.ipynb
+def gelu_dropout_fwd(u, mask=None):
+    "`GELU(u) * mask` (exact GELU; no dropout where `mask` is None), float32."
+    u = u.contiguous(); y = torch.empty_like(u); m = None if mask is None else mask.contiguous()
+    fn = kernels().gelu_dropout_fwd; _state["calls"] += 1
+    _chunked(lambda lo, hi: fn(u.data_ptr() + 4 * lo, None if m is None else m.data_ptr() + 4 * lo, y.data_ptr() + 4 * lo, hi - lo),
+             u.numel(), u.numel())
+    return y
+
+def gelu_dropout_bwd(u, mask, grad):
+    "The gradient of `gelu_dropout_fwd` with respect to `u`, given the output's gradient `grad`."
+    u, g = u.contiguous(), grad.float().contiguous(); du = torch.empty_like(u); m = None if mask is None else mask.contiguous()
+    fn = kernels().gelu_dropout_bwd; _state["calls"] += 1
+    _chunked(lambda lo, hi: fn(u.data_ptr() + 4 * lo, None if m is None else m.data_ptr() + 4 * lo, g.data_ptr() + 4 * lo,
+                               du.data_ptr() + 4 * lo, hi - lo), u.numel(), u.numel())
+    return du
+
+def residual_layernorm_fwd(x, h, mask, weight, bias, eps):
+    """`LayerNorm(x + h * mask)` over the last dimension (no dropout where `mask` is None), float32; also the normalised
+    sum and the reciprocal standard deviation per row, which the backward takes."""
+    x, h = x.contiguous(), h.contiguous(); m = None if mask is None else mask.contiguous()
+    w, b = weight.detach().float().contiguous(), bias.detach().float().contiguous()
+    rows, C = _rows(x)
+    y, xhat, rstd = torch.empty_like(x), torch.empty_like(x), torch.empty(x.shape[:-1])
+    fn = kernels().residual_layernorm_fwd; _state["calls"] += 1
+    def call(lo, hi):
+        o = 4 * lo * C
+        fn(x.data_ptr() + o, h.data_ptr() + o, None if m is None else m.data_ptr() + o, w.data_ptr(), b.data_ptr(),
+           y.data_ptr() + o, xhat.data_ptr() + o, rstd.data_ptr() + 4 * lo, hi - lo, C, float(eps))
+    _chunked(call, rows, rows * C)
+    return y, xhat, rstd
+
+def residual_layernorm_bwd(xhat, rstd, mask, weight, grad):
+    "Gradients of `residual_layernorm_fwd` for `x`, `h`, the weight and the bias, given the output's gradient `grad`."
+    g = grad.float().contiguous(); m = None if mask is None else mask.contiguous()
+    w = weight.detach().float().contiguous()
+    rows, C = _rows(xhat)
+    dx, dh, dw, db = torch.empty_like(xhat), torch.empty_like(xhat), torch.empty(C), torch.empty(C)
+    _state["calls"] += 1
+    kernels().residual_layernorm_bwd(xhat.data_ptr(), rstd.data_ptr(), None if m is None else m.data_ptr(), w.data_ptr(),
+                                     g.data_ptr(), dx.data_ptr(), dh.data_ptr(), dw.data_ptr(), db.data_ptr(), rows, C)
+    return dx, dh, dw, db
 
 # %% ../nbs/00_kernels.ipynb
 def _key_words(key):

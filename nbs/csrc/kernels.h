@@ -31,6 +31,14 @@ void attention_fwd(const float* QKV, float* O, float* P, const float* ALPHA, con
 void attention_bwd(const float* QKV, const float* P, const float* GO, float* DQKV, const float* ALPHA, float* DALPHA, float* W,
                    long lo, long hi, long T, long H, long D, float scale, long kind);
 
+/* The block's residual + dropout + LayerNorm and GELU + dropout (block.c): rows of C floats; M may be NULL. */
+void gelu_dropout_fwd(const float* X, const float* M, float* Y, long n);
+void gelu_dropout_bwd(const float* X, const float* M, const float* G, float* DX, long n);
+void residual_layernorm_fwd(const float* X, const float* H, const float* M, const float* GAMMA, const float* BETA,
+                            float* Y, float* XHAT, float* RSTD, long rows, long C, float eps);
+void residual_layernorm_bwd(const float* XHAT, const float* RSTD, const float* M, const float* GAMMA, const float* G,
+                            float* DX, float* DH, float* DGAMMA, float* DBETA, long rows, long C);
+
 /* Random numbers for dropout masks (random.c). */
 void philox_bits(uint32_t* out, long first, long count, long k0, long k1);
 void philox_dropout(float* out, long first, long count, long k0, long k1, long keep_below, float scale);
