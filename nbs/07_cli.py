@@ -244,9 +244,10 @@ def _maps_args(sub):
 def _bench_args(sub):
     "`bench`: speed, side by side in one process."
     b = sub.add_parser("bench", help="speed benchmarks: ratios measured side by side in one process")
-    b.add_argument("what", choices=["normalizers", "grid", "fast", "stack", "profile", "compare", "floor", "fair-cost"],
+    b.add_argument("what", choices=["normalizers", "grid", "fast", "steps", "stack", "profile", "compare", "floor", "fair-cost"],
                    help="normalizers (forward+backward), grid (training epochs), fast (time --fast's lever combinations here, "
-                        "as its calibration does, and cache the choice), stack (seeds in lock-step vs one stacked model), "
+                        "as its calibration does, and cache the choice), steps (one training step per attention path, "
+                        "the paths alternating step by step), stack (seeds in lock-step vs one stacked model), "
                         "profile (a whole profile on the stacked path, beside one lock-step seed per dataset), "
                         "compare (two results folders) or floor (a results folder against the machine's matmul rate)")
     b.add_argument("--results", nargs="+", help="compare: two results folders (e.g. default path vs --plain)")
@@ -962,6 +963,18 @@ def _bench_normalizers(args, bench):
     print(bench.normalizer_table(df).to_string())
     print("softmax ms: " + ", ".join(f"{r.shape}: {r.ms:.2f}" for r in df.query("normalizer == 'softmax'").itertuples()))
 
+def _bench_steps(args, bench):
+    "bench steps: one training step per attention path (torch, fused, fused_block), the paths alternating step by step."
+    from sparse_attention_repro.study import PAPER_METHODS
+    from sparse_attention_repro.data import has_bf16_units
+    paths = ("torch", "fused", "fused_block") if bench.fused_ok(PAPER_METHODS) else ("torch",)
+    for ds in args.datasets or ["fashion_mnist", "twenty_news"]:
+        for precision in ("fp32", "bf16") if has_bf16_units("cpu") else ("fp32",):
+            df = bench.bench_steps(ds, paths=paths, steps=args.repeats, precision=precision)
+            t = df.pivot_table(index="method", columns="path", values="ratio").reindex(columns=list(paths)).round(3)
+            print(f"{ds}, {precision}: ms per step on the torch path, and each path's median per-step ratio to it (below 1: faster)")
+            print(t.assign(torch_ms=df.query("path == 'torch'").set_index("method").ms_per_step.round(2)).to_string())
+
 def _bench_datasets(args) -> list:
     "The datasets of a training benchmark (default Fashion-MNIST and 20 Newsgroups), checked, with --epochs."
     from sparse_attention_repro.train import PAPER_SIZES
@@ -1030,15 +1043,15 @@ def _bench_grid(args, bench):
     print(f"\npaper profile, projected from these epochs, {args.jobs} parallel job(s) (a projection, not a measurement)")
     print(proj.round(1).to_string(index=False))
 
-BENCHES = {"fair-cost": _bench_fair_cost, "floor": _bench_floor, "compare": _bench_compare, "normalizers": _bench_normalizers,
+BENCHES = {"steps": _bench_steps, "fair-cost": _bench_fair_cost, "floor": _bench_floor, "compare": _bench_compare, "normalizers": _bench_normalizers,
            "fast": _bench_fast, "stack": _bench_stack, "profile": _bench_profile, "grid": _bench_grid}
-TIMED_BENCHES = ("normalizers", "fast", "stack", "profile", "grid")      # these print their thread count and repeats first
+TIMED_BENCHES = ("normalizers", "fast", "stack", "profile", "grid", "steps")      # these print their thread count and repeats first
 
 def cmd_bench(args):
     "Print the table of the benchmark `args.what` (see `BENCHES`)."
     import torch
     from sparse_attention_repro import bench
-    if args.repeats is None: args.repeats = 20 if args.what == "normalizers" else 1
+    if args.repeats is None: args.repeats = {"normalizers": 20, "steps": 60}.get(args.what, 1)
     if args.threads < 1: raise UsageError(f"--threads must be >= 1, got {args.threads}")
     if args.repeats < 1: raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     torch.set_num_threads(args.threads)

@@ -37,7 +37,7 @@ from sparse_attention_repro.normalizers import (get_normalizer, parse_topk_ratio
                                                 ORIGINAL_BISECT_STEPS)
 from sparse_attention_repro.study import PAPER_METHODS, method_order
 from sparse_attention_repro.kernels import use_kernels, kernels, kernel_dir, kernel_source, _cpu_tag
-from sparse_attention_repro.data import has_bf16_units
+from sparse_attention_repro.data import has_bf16_units, autocast
 from sparse_attention_repro.files import atomic_write
 from sparse_attention_repro.options import check_options, option_defaults
 from sparse_attention_repro.train import TrainConfig, PAPER_SIZES, PROFILES, profile_config, run_methods, run_stacked, load_run_data, train_model, _new_model
@@ -281,6 +281,57 @@ with _tf.TemporaryDirectory() as _d:
     test_eq(calibrate_fast(["fashion_mnist"], ["softmax", "sparsemax"], cache_dir=_d, fused=True,
                            options=dict(lr=3e-3, epochs=12)), _cal)     # cached; the recipe does not change a step's cost
 _cal
+
+# %% [markdown]
+# ## One training step, path against path
+#
+# The calibration times whole short runs, each lever combination for several seconds in turn; on a machine shared
+# with other jobs, a load that changes between those blocks moves its figures by tens of percent. `bench_steps`
+# isolates the attention path: one model per path (same weights, same batches, same dropout stream), the paths taking
+# turns *step by step* (their order rotating), so a slow spell hits all of them alike; it reports each path's median
+# milliseconds per training step (forward, backward, clipping, AdamW) and the median of its per-step ratios to the
+# torch path's.
+
+# %%
+#| export
+def bench_steps(dataset="fashion_mnist", methods=PAPER_METHODS, paths=("torch", "fused", "fused_block"), steps=60,
+                precision="fp32", dropout_rng="torch", warmup=5) -> pd.DataFrame:
+    "Per method and attention path: median ms per training step of one model, and the median per-step ratio to `paths[0]`."
+    cfg = profile_config("paper", dataset, epochs=1, progress=False, test_limit=32)
+    cfg = replace(cfg, train_limit=4 * cfg.batch_size)
+    data, bs, rows = load_run_data(dataset, 0, cfg), cfg.batch_size, []
+    train = data.train
+    for method in methods:
+        models, opts = {}, {}
+        for path in paths:
+            torch.manual_seed(0)
+            models[path] = _new_model(data, method, 0, dropout_rng=dropout_rng, attention=path).train()
+            opts[path] = torch.optim.AdamW(models[path].parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        times = {p: [] for p in paths}
+        for i in range(warmup + steps):
+            lo = (i % 4) * bs
+            xb, yb = train.x[lo:lo + bs], train.y[lo:lo + bs]
+            mb = None if train.key_mask is None else train.key_mask[lo:lo + bs]
+            for p in paths[i % len(paths):] + paths[:i % len(paths)]:         # rotate who goes first
+                m, opt = models[p], opts[p]
+                t0 = time.perf_counter()
+                with autocast(torch.device("cpu"), precision): loss = nn.functional.cross_entropy(m(xb, mb).float(), yb)
+                opt.zero_grad(set_to_none=True); loss.backward()
+                torch.nn.utils.clip_grad_norm_(m.parameters(), cfg.grad_clip); opt.step()
+                if i >= warmup: times[p].append(time.perf_counter() - t0)
+        for p in paths:
+            rows.append(dict(dataset=dataset, method=method, path=p, precision=precision, ms_per_step=1e3 * statistics.median(times[p]),
+                             ratio=statistics.median(paired_ratios(times[p], times[paths[0]]))))
+    return pd.DataFrame(rows)
+
+# %% [markdown]
+# A small real run (its timings are this machine's; the test checks the table's shape and that a path against itself is 1):
+
+# %%
+_st = bench_steps("fashion_mnist", ["softmax", "sparsemax"], steps=3, warmup=1)
+test_eq(len(_st), 6); test_eq(set(_st.path), {"torch", "fused", "fused_block"})
+test_eq(_st.query("path == 'torch'").ratio.tolist(), [1.0, 1.0])
+_st
 
 # %% [markdown]
 # ## Training

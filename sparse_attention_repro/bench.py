@@ -5,9 +5,10 @@
 # %% auto 0
 __all__ = ['DEFAULT_LEVERS', 'CALIBRATION_STEPS', 'CALIBRATION_REPEATS', 'SPEED_NEUTRAL', 'PATHS', 'original_bisect',
            'paired_ratios', 'bench_normalizers', 'normalizer_table', 'lever_candidates', 'lever_label',
-           'variant_options', 'measure_levers', 'choose_levers', 'fused_ok', 'calibrate_fast', 'OriginalNormalizer',
-           'bench_grid', 'method_ratios', 'project_paper', 'bench_stack', 'bench_profile', 'compare_runs',
-           'compare_gains', 'forward_flops', 'matmul_rate', 'floor_table', 'fair_cost_runs', 'fair_cost']
+           'variant_options', 'measure_levers', 'choose_levers', 'fused_ok', 'calibrate_fast', 'bench_steps',
+           'OriginalNormalizer', 'bench_grid', 'method_ratios', 'project_paper', 'bench_stack', 'bench_profile',
+           'compare_runs', 'compare_gains', 'forward_flops', 'matmul_rate', 'floor_table', 'fair_cost_runs',
+           'fair_cost']
 
 # %% ../nbs/08_bench.ipynb
 import hashlib, json, math, statistics, time
@@ -20,7 +21,7 @@ from .normalizers import (get_normalizer, parse_topk_ratio, adaptive_alpha, reso
                                                 ORIGINAL_BISECT_STEPS)
 from .study import PAPER_METHODS, method_order
 from .kernels import use_kernels, kernels, kernel_dir, kernel_source, _cpu_tag
-from .data import has_bf16_units
+from .data import has_bf16_units, autocast
 from .files import atomic_write
 from .options import check_options, option_defaults
 from .train import TrainConfig, PAPER_SIZES, PROFILES, profile_config, run_methods, run_stacked, load_run_data, train_model, _new_model
@@ -176,6 +177,37 @@ def calibrate_fast(datasets, methods, profile="paper", options=None, threads=1, 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1)))
     return record
+
+# %% ../nbs/08_bench.ipynb
+def bench_steps(dataset="fashion_mnist", methods=PAPER_METHODS, paths=("torch", "fused", "fused_block"), steps=60,
+                precision="fp32", dropout_rng="torch", warmup=5) -> pd.DataFrame:
+    "Per method and attention path: median ms per training step of one model, and the median per-step ratio to `paths[0]`."
+    cfg = profile_config("paper", dataset, epochs=1, progress=False, test_limit=32)
+    cfg = replace(cfg, train_limit=4 * cfg.batch_size)
+    data, bs, rows = load_run_data(dataset, 0, cfg), cfg.batch_size, []
+    train = data.train
+    for method in methods:
+        models, opts = {}, {}
+        for path in paths:
+            torch.manual_seed(0)
+            models[path] = _new_model(data, method, 0, dropout_rng=dropout_rng, attention=path).train()
+            opts[path] = torch.optim.AdamW(models[path].parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        times = {p: [] for p in paths}
+        for i in range(warmup + steps):
+            lo = (i % 4) * bs
+            xb, yb = train.x[lo:lo + bs], train.y[lo:lo + bs]
+            mb = None if train.key_mask is None else train.key_mask[lo:lo + bs]
+            for p in paths[i % len(paths):] + paths[:i % len(paths)]:         # rotate who goes first
+                m, opt = models[p], opts[p]
+                t0 = time.perf_counter()
+                with autocast(torch.device("cpu"), precision): loss = nn.functional.cross_entropy(m(xb, mb).float(), yb)
+                opt.zero_grad(set_to_none=True); loss.backward()
+                torch.nn.utils.clip_grad_norm_(m.parameters(), cfg.grad_clip); opt.step()
+                if i >= warmup: times[p].append(time.perf_counter() - t0)
+        for p in paths:
+            rows.append(dict(dataset=dataset, method=method, path=p, precision=precision, ms_per_step=1e3 * statistics.median(times[p]),
+                             ratio=statistics.median(paired_ratios(times[p], times[paths[0]]))))
+    return pd.DataFrame(rows)
 
 # %% ../nbs/08_bench.ipynb
 PATHS = {"reimplemented_original": dict(kernels=False, lockstep=False, original=True),
