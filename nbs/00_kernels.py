@@ -295,7 +295,7 @@ def attention_fwd(qkv, num_heads, kind, scale, ratio=1.0, alpha=None, max_iter=E
     qkv = qkv.contiguous()
     B, T, C3 = qkv.shape; H = num_heads; D = C3 // (3 * H)
     if D > ATTENTION_MAX_HEAD: raise ValueError(f"fused attention takes heads of at most {ATTENTION_MAX_HEAD} values, got {D}")
-    out, p = torch.empty(B, T, H * D), torch.empty(B, H, T, T)
+    out, p = torch.empty(B, T, H * D, dtype=torch.float32), torch.empty(B, H, T, T, dtype=torch.float32)
     a = None if alpha is None else alpha.detach().float().contiguous()
     km = None if key_mask is None else key_mask.to(torch.uint8).contiguous()
     fn = kernels().attention_fwd
@@ -313,7 +313,7 @@ def attention_bwd(qkv, p, grad_out, num_heads, kind, scale, alpha=None, d_alpha=
     B, T, C3 = qkv.shape; H = num_heads; D = C3 // (3 * H)
     dqkv = torch.empty_like(qkv)
     a = None if alpha is None else alpha.detach().float().contiguous()
-    da = torch.zeros(B * H) if d_alpha else None
+    da = torch.zeros(B * H, dtype=torch.float32) if d_alpha else None
     fn = kernels().attention_bwd
     def call(lo, hi):
         w = _attention_scratch(T, D)
@@ -340,7 +340,7 @@ def attention_bwd(qkv, p, grad_out, num_heads, kind, scale, alpha=None, d_alpha=
 #| export
 def gelu_dropout_fwd(u, mask=None):
     "`GELU(u) * mask` (exact GELU; no dropout where `mask` is None), float32."
-    u = u.contiguous(); y = torch.empty_like(u); m = None if mask is None else mask.contiguous()
+    u = u.float().contiguous(); y = torch.empty_like(u); m = None if mask is None else mask.float().contiguous()
     fn = kernels().gelu_dropout_fwd; _state["calls"] += 1
     _chunked(lambda lo, hi: fn(u.data_ptr() + 4 * lo, None if m is None else m.data_ptr() + 4 * lo, y.data_ptr() + 4 * lo, hi - lo),
              u.numel(), u.numel())
@@ -348,7 +348,7 @@ def gelu_dropout_fwd(u, mask=None):
 
 def gelu_dropout_bwd(u, mask, grad):
     "The gradient of `gelu_dropout_fwd` with respect to `u`, given the output's gradient `grad`."
-    u, g = u.contiguous(), grad.float().contiguous(); du = torch.empty_like(u); m = None if mask is None else mask.contiguous()
+    u, g = u.float().contiguous(), grad.float().contiguous(); du = torch.empty_like(u); m = None if mask is None else mask.float().contiguous()
     fn = kernels().gelu_dropout_bwd; _state["calls"] += 1
     _chunked(lambda lo, hi: fn(u.data_ptr() + 4 * lo, None if m is None else m.data_ptr() + 4 * lo, g.data_ptr() + 4 * lo,
                                du.data_ptr() + 4 * lo, hi - lo), u.numel(), u.numel())
@@ -357,10 +357,10 @@ def gelu_dropout_bwd(u, mask, grad):
 def residual_layernorm_fwd(x, h, mask, weight, bias, eps):
     """`LayerNorm(x + h * mask)` over the last dimension (no dropout where `mask` is None), float32; also the normalised
     sum and the reciprocal standard deviation per row, which the backward takes."""
-    x, h = x.contiguous(), h.contiguous(); m = None if mask is None else mask.contiguous()
+    x, h = x.float().contiguous(), h.float().contiguous(); m = None if mask is None else mask.float().contiguous()
     w, b = weight.detach().float().contiguous(), bias.detach().float().contiguous()
     rows, C = _rows(x)
-    y, xhat, rstd = torch.empty_like(x), torch.empty_like(x), torch.empty(x.shape[:-1])
+    y, xhat, rstd = torch.empty_like(x), torch.empty_like(x), torch.empty(x.shape[:-1], dtype=torch.float32)
     fn = kernels().residual_layernorm_fwd; _state["calls"] += 1
     def call(lo, hi):
         o = 4 * lo * C
@@ -371,10 +371,10 @@ def residual_layernorm_fwd(x, h, mask, weight, bias, eps):
 
 def residual_layernorm_bwd(xhat, rstd, mask, weight, grad):
     "Gradients of `residual_layernorm_fwd` for `x`, `h`, the weight and the bias, given the output's gradient `grad`."
-    g = grad.float().contiguous(); m = None if mask is None else mask.contiguous()
+    g = grad.float().contiguous(); m = None if mask is None else mask.float().contiguous()
     w = weight.detach().float().contiguous()
     rows, C = _rows(xhat)
-    dx, dh, dw, db = torch.empty_like(xhat), torch.empty_like(xhat), torch.empty(C), torch.empty(C)
+    dx, dh, dw, db = torch.empty_like(xhat), torch.empty_like(xhat), torch.empty(C, dtype=torch.float32), torch.empty(C, dtype=torch.float32)
     _state["calls"] += 1
     kernels().residual_layernorm_bwd(xhat.data_ptr(), rstd.data_ptr(), None if m is None else m.data_ptr(), w.data_ptr(),
                                      g.data_ptr(), dx.data_ptr(), dh.data_ptr(), dw.data_ptr(), db.data_ptr(), rows, C)
@@ -656,6 +656,14 @@ if HAVE_KERNELS:
             xb, ab = xa.detach().clone().requires_grad_(), al.detach().clone().requires_grad_()
             N.entmax_alpha(xb, ab).pow(2).sum().backward()
         test_close(al.grad, ab.grad, eps=1e-4); test_close(xa.grad, xb.grad, eps=1e-4)
+        x32, h32, g32 = (torch.randn(5, 64, dtype=torch.float32) for _ in range(3))     # the block's kernels too
+        w32, b32 = torch.ones(64, dtype=torch.float32), torch.zeros(64, dtype=torch.float32)
+        y, xhat, rstd = residual_layernorm_fwd(x32, h32, None, w32, b32, 1e-5)
+        ref = torch.nn.functional.layer_norm((x32 + h32).double(), (64,))
+        test_close(y.double(), ref, eps=1e-5)
+        _, _, dw, db = residual_layernorm_bwd(xhat, rstd, None, w32, g32)
+        test_close(db, g32.sum(0), eps=1e-5); test_close(dw, (g32 * xhat).sum(0), eps=1e-4)
+        test_eq({t.dtype for t in (y, xhat, rstd, dw, db, gelu_dropout_fwd(x32))}, {torch.float32})
     finally: torch.set_default_dtype(_dd)
 
 # %% [markdown]

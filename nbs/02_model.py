@@ -28,6 +28,7 @@ import torch
 import numpy as np
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 from sparse_attention_repro import kernels as K
 from sparse_attention_repro.normalizers import resolve_normalizer, attention_density, NormalizerSpec, fused_kernel_args
 
@@ -280,6 +281,7 @@ class ResidualLayerNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g):
         xhat, rstd, mask, weight = ctx.saved_tensors
         dx, dh, dw, db = K.residual_layernorm_bwd(xhat, rstd, mask, weight, g)
@@ -293,6 +295,7 @@ class GeluDropoutFunction(torch.autograd.Function):
         return K.gelu_dropout_fwd(u, mask)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g):
         u, mask = ctx.saved_tensors
         return K.gelu_dropout_bwd(u, mask, g), None

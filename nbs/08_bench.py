@@ -287,7 +287,7 @@ _cal
 #
 # The calibration times whole short runs, each lever combination for several seconds in turn; on a machine shared
 # with other jobs, a load that changes between those blocks moves its figures by tens of percent. `bench_steps`
-# isolates the attention path: one model per path (same weights, same batches, same dropout stream), the paths taking
+# isolates the attention path: one model per path (same weights, same batches), the paths taking
 # turns *step by step* (their order rotating), so a slow spell hits all of them alike; it reports each path's median
 # milliseconds per training step (forward, backward, clipping, AdamW) and the median of its per-step ratios to the
 # torch path's.
