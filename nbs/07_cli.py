@@ -160,14 +160,16 @@ def _card_args(sub):
     "`card`: one normalizer's page."
     c = sub.add_parser("card", help="write <outputs>/cards/<name>.md: a normalizer's gains under both recipes, recipes, density, and its cost measured here")
     c.add_argument("names", nargs="+", help="normalizers (by name, module:name or entry point)")
-    c.add_argument("--outputs", default="outputs"); c.add_argument("--main", default="paper")
+    c.add_argument("--outputs", default="outputs", help="the outputs folder: the results read, and where cards/ is written")
+    c.add_argument("--main", default="paper", help="the main results folder inside --outputs (its tuned grids are the baselines)")
     c.add_argument("--repeats", type=int, default=10, help="interleaved repeats of the cost measurement")
     return c
 
 def _readme_args(sub):
     "`readme`: the README from the home notebook."
     r = sub.add_parser("readme", help="write the README from its source, the home notebook nbs/index.ipynb")
-    r.add_argument("--index", default="nbs/index.ipynb", help="the home notebook"); r.add_argument("--out", default="README.md")
+    r.add_argument("--index", default="nbs/index.ipynb", help="the home notebook")
+    r.add_argument("--out", default="README.md", help="the README to write")
     return r
 
 def _site_args(sub):
