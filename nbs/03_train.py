@@ -501,6 +501,25 @@ def run_one(dataset: str, method: str, seed: int, config: TrainConfig, data=None
 
 # %%
 #| export
+def with_core_share(run) -> list:
+    """`run()`'s rows, each with `core_share`: the CPU time this process used while it ran over its wall time — the
+    cores it had (below 1 where other jobs shared them; up to its thread count). A notebook's wall time times its share
+    is the core time it took, which a loaded machine's wall time overstates."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    rows = run()
+    share = (time.process_time() - cpu) / max(time.perf_counter() - wall, 1e-9)
+    return [dict(r, core_share=round(share, 4)) for r in rows]
+
+# %% [markdown]
+# A process that waits has (almost) no core; every row gets the share:
+
+# %%
+_cs = with_core_share(lambda: (time.sleep(0.3), [dict(method="a"), dict(method="b")])[1])
+test_eq([set(r) for r in _cs], [{"method", "core_share"}] * 2)
+assert 0 <= _cs[0]["core_share"] < 0.2, _cs
+
+# %%
+#| export
 def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, rows_dir=None, lockstep=True, stack=False,
                 keep_state=False, continue_from=None, **options) -> list:
     """Rows of every method in `methods` on each of `seeds` (an int or a list) under `profile`; `options` override TrainConfig fields.
@@ -522,7 +541,7 @@ def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, ro
         rows.extend(done)
     if stack:
         if keep_state or continue_from: print("stacked seeds keep no training state: keep_state and continue_from do not apply")
-        keep(run_stacked(dataset, list(methods), seeds, config))
+        keep(with_core_share(lambda: run_stacked(dataset, list(methods), seeds, config)))
     else:
         for seed in seeds:
             data = load_run_data(dataset, seed, config)
@@ -530,7 +549,7 @@ def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, ro
                 ckpt = None if rows_dir is None else Path(rows_dir) / f"seed{seed}" / f"resume-{group_digest(group)}.pt"
                 if ckpt is not None and continue_from is not None and not ckpt.exists():
                     start_from(ckpt, Path(continue_from) / f"seed{seed}", group, f"{dataset} seed {seed}")
-                keep(run_methods(dataset, group, seed, config, data, checkpoint=ckpt))
+                keep(with_core_share(lambda: run_methods(dataset, group, seed, config, data, checkpoint=ckpt)))
                 if ckpt is not None and keep_state: ckpt.replace(ckpt.with_name(f"state-{group_digest(group)}.pt"))
                 elif ckpt is not None: ckpt.unlink(missing_ok=True)
     return rows

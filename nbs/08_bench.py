@@ -30,6 +30,7 @@
 import hashlib, json, math, statistics, time
 from pathlib import Path
 from dataclasses import replace
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn as nn
@@ -679,8 +680,11 @@ test_eq(ft.tflop_per_seed, 2 * 6 * 8000 * 3 * forward_flops(17, 49) / 1e12)
 # ## The cost of a fair verdict
 #
 # What the tuned-recipe protocol costs one normalizer, read from the tuned grids as they ran: each executed notebook
-# records its wall time (`papermill.duration`, one core), and a notebook trains its methods in lock-step, so each
-# method is charged the notebook's time in proportion to its own `train_seconds` there. Summed over a dataset's select
+# records its wall time (`papermill.duration`), and a notebook trains its methods in lock-step, so each method is
+# charged the notebook's time in proportion to its own `train_seconds` there. On a machine shared with other jobs the
+# wall time overstates the core time, so rows record their process's `core_share` (CPU time over wall time while it
+# trained and evaluated, `train.with_core_share`) and the charge is wall time × core share; rows made before it was
+# recorded count their whole wall time as one core's (`core_share` NaN), an upper bound. Summed over a dataset's select
 # stage, its extensions and its complete stage, that is the core time one arm of the fair protocol took on the machines
 # that ran it (each row records its `cpu_capability`). A dataset whose complete stage has not run yet is marked so.
 
@@ -699,10 +703,12 @@ def fair_cost_runs(results_dir, folder="tuned") -> pd.DataFrame:
             wall = json.loads(text).get("metadata", {}).get("papermill", {}).get("duration")
             if not wall: continue
             share = g.train_seconds / g.train_seconds.sum()
+            cores = float(g.core_share.median()) if "core_share" in g and g.core_share.notna().any() else np.nan
             continued = "continuing the shorter run's final state" in text          # its wall time covers only the extra epochs
-            rows += [dict(dataset=ds, method=m, seed=int(seed), lr=float(lr), epochs=int(e), grid=grid.parent.name, core_seconds=float(wall) * s,
+            rows += [dict(dataset=ds, method=m, seed=int(seed), lr=float(lr), epochs=int(e), grid=grid.parent.name,
+                          core_seconds=float(wall) * s * (1.0 if np.isnan(cores) else cores), core_share=cores,
                           continued=continued) for m, lr, e, s in zip(g.method, g.lr, g.epochs, share)]
-    return pd.DataFrame(rows, columns=["dataset", "method", "seed", "lr", "epochs", "grid", "core_seconds", "continued"])
+    return pd.DataFrame(rows, columns=["dataset", "method", "seed", "lr", "epochs", "grid", "core_seconds", "core_share", "continued"])
 
 def fair_cost(results_dir, folder="tuned") -> pd.DataFrame:
     "Core-hours each (dataset, method) of the tuned grids under `results_dir/<folder>/` took, from the executed notebooks' wall times."
@@ -723,3 +729,5 @@ with _tf.TemporaryDirectory() as _d:
     _fc = fair_cost(_d).set_index("method")
     test_close(_fc.core_hours.to_numpy() * 3600, [75.0, 25.0]); test_eq(_fc.seeds.tolist(), [1, 1])
     test_eq(fair_cost_runs(_d)[["lr", "epochs", "grid", "continued"]].values.tolist(), [[1e-3, 36, "kmnist_lr0.001", False]] * 2)
+    pd.read_csv(_g / "runs.csv").assign(core_share=0.5).to_csv(_g / "runs.csv", index=False)   # it had half a core
+    test_close(fair_cost(_d).set_index("method").core_hours.to_numpy() * 3600, [37.5, 12.5])

@@ -14,6 +14,7 @@ __all__ = ['DEFAULT_LEVERS', 'CALIBRATION_STEPS', 'CALIBRATION_REPEATS', 'SPEED_
 import hashlib, json, math, statistics, time
 from pathlib import Path
 from dataclasses import replace
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn as nn
@@ -422,10 +423,12 @@ def fair_cost_runs(results_dir, folder="tuned") -> pd.DataFrame:
             wall = json.loads(text).get("metadata", {}).get("papermill", {}).get("duration")
             if not wall: continue
             share = g.train_seconds / g.train_seconds.sum()
+            cores = float(g.core_share.median()) if "core_share" in g and g.core_share.notna().any() else np.nan
             continued = "continuing the shorter run's final state" in text          # its wall time covers only the extra epochs
-            rows += [dict(dataset=ds, method=m, seed=int(seed), lr=float(lr), epochs=int(e), grid=grid.parent.name, core_seconds=float(wall) * s,
+            rows += [dict(dataset=ds, method=m, seed=int(seed), lr=float(lr), epochs=int(e), grid=grid.parent.name,
+                          core_seconds=float(wall) * s * (1.0 if np.isnan(cores) else cores), core_share=cores,
                           continued=continued) for m, lr, e, s in zip(g.method, g.lr, g.epochs, share)]
-    return pd.DataFrame(rows, columns=["dataset", "method", "seed", "lr", "epochs", "grid", "core_seconds", "continued"])
+    return pd.DataFrame(rows, columns=["dataset", "method", "seed", "lr", "epochs", "grid", "core_seconds", "core_share", "continued"])
 
 def fair_cost(results_dir, folder="tuned") -> pd.DataFrame:
     "Core-hours each (dataset, method) of the tuned grids under `results_dir/<folder>/` took, from the executed notebooks' wall times."

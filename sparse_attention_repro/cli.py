@@ -679,11 +679,15 @@ def _bench_fair_cost(args, bench):
     if len(args.results or []) != 1 or not Path(args.results[0], "tuned").is_dir():
         raise UsageError("bench fair-cost needs one results folder with tuned grids: --results DIR (e.g. outputs/paper)")
     from sparse_attention_repro import tuning as T
-    cost = bench.fair_cost(args.results[0])
-    print("core-hours per arm of the tuned-recipe protocol, from the executed notebooks' wall times:")
+    cost, runs = bench.fair_cost(args.results[0]), bench.fair_cost_runs(args.results[0])
+    print("core-hours per arm of the tuned-recipe protocol: the executed notebooks' wall times × the share of a core each "
+          f"process had (recorded for {runs.core_share.notna().sum()} of {len(runs)} runs; the others count their whole wall time, an upper bound):")
     print(cost.round(3).to_string(index=False))
     per = cost.groupby("dataset").core_hours.median()
     print("median arm per dataset: " + ", ".join(f"{d} {h:.2f} h" for d, h in per.items()) + f"; sum {per.sum():.2f} core-hours")
+    if T.search_rule(args.results[0]) is not None:
+        print("\nthese grids were searched by halving: the cost above is that search as it ran (no full grid to replay cheaper searches on)")
+        return
     runs = T.tuned_runs(args.results[0])
     curves, failed = T.tuned_curves(runs), T.diverged(runs)
     print("\ncheaper searches on these grids: the share of the selection stage each costs, and the arms whose rate it chooses "

@@ -47,3 +47,5 @@ def test_bench_fair_cost_reads_the_committed_grids_and_projects_halving():
     assert 0 < projected < run, r.stdout
     bad = cli("bench", "fair-cost", "--results", ROOT / "outputs" / "literature")
     assert bad.returncode == 2 and "needs one results folder with tuned grids" in bad.stderr, bad.stderr
+    halved = cli("bench", "fair-cost", "--results", ROOT / "outputs" / "literature" / "fair" / "scalable_softmax")
+    assert halved.returncode == 0 and "searched by halving" in halved.stdout and "core-hours per arm" in halved.stdout, halved.stderr
