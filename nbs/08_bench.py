@@ -24,6 +24,8 @@
 #   re-implemented original path and the `paper` profile's wall time projected from the measured epochs.
 # * `bench_stack`: a methods × seeds grid trained seed by seed in lock-step against the same grid as one stacked model
 #   (`--stack-seeds`, the GPU path), with a check that both give the same accuracies.
+# * `bench_steps`: one training step of one model per attention path (torch, fused attention, fused block), the paths
+#   taking turns step by step, as ratios to the torch path.
 
 # %%
 #| export

@@ -52,6 +52,7 @@ class FusedAttentionFunction(torch.autograd.Function):
         return o, p
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g, _):
         qkv, p, alpha = ctx.saved_tensors
         dqkv, da = K.attention_bwd(qkv, p, g, *ctx.args, alpha, d_alpha=ctx.needs_input_grad[1])
