@@ -16,6 +16,14 @@ def test_bench_normalizers_prints_every_normalizer():
     for text in ("sparsemax", "entmax15", "topk_softmax_05", "entmax_pkg", "kernels", "torch"):
         assert text in r.stdout, (text, r.stdout)
 
+def test_bench_steps_prints_each_attention_path(data_root):
+    "`bench steps`: a table per precision with the torch path at 1 and a ratio for each fused path, every paper method."
+    r = cli("bench", "steps", "--datasets", "fashion_mnist", "--repeats", "2")
+    assert r.returncode == 0, r.stderr
+    assert "fashion_mnist, fp32" in r.stdout and "fused_block" in r.stdout and "torch_ms" in r.stdout, r.stdout
+    rows = [l.split() for l in r.stdout.splitlines() if l.startswith("softmax")]
+    assert rows and all(l[1] == "1.0" for l in rows), r.stdout                     # the torch path against itself
+
 def test_bench_stack_prints_speedup_and_identical_results(data_root):
     r = cli("bench", "stack", "--datasets", "fashion_mnist", "--train-limit", "192", "--stack-seeds", "2", "--device", "cpu")
     assert r.returncode == 0, r.stderr
