@@ -148,5 +148,7 @@ test_eq(hist.epoch.tolist()[0], 0)
 # Each stage resumes where it stopped; `outputs/tempered/fair_verdict.md` then holds its gain over each of the seven,
 # each at its own recipe chosen on validation, with CI, Holm within its own family and TOST at ±1 pt, and the
 # leaderboard (`sparse-repro leaderboard`) shows it in its tuned column. It is not run here: at paper size the search
-# trains 4 learning rates × 3 seeds plus 7 more seeds per dataset, hours of CPU time.
+# trains 4 learning rates × 3 seeds plus 7 more seeds per dataset, hours of CPU time. What it cost, per dataset, is
+# `sparse-repro bench fair-cost --results outputs/tempered`: each notebook's wall time times the share of a core its
+# process had (rows record it as `core_share`), so a search that shared the machine with other jobs is not overcharged.
 
