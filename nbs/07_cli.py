@@ -48,7 +48,13 @@ def _seeds(values):
 # Jobs and threads are counted on the cores this process may use (its CPU affinity: `taskset`, a container's or a
 # batch system's CPU set), not on the machine's: a grid pinned to one core of an 8-core machine runs one thread, not 8
 # threads fighting for that core (which is slow, and changes results, since they are bit-identical only at one thread
-# count).
+# count). Cores already busy with other work count as taken too: the free cores are the usable ones less the
+# one-minute load average when the grid starts. Measured here, with four other single-thread trainings on the two
+# cores, one model's training step took 60 ms at one thread and 452 ms at two (softmax, CIFAR-10's shapes; 65 and
+# 556 ms for Scalable-Softmax): threads that outnumber the free cores wait on each other. The thread count stays the
+# usable cores shared out — it is part of what makes a run bit-identical, and a kept state is continued only at the
+# count it was made with — but a grid that would run more threads than there are free cores says so in one line and
+# how to avoid it (`taskset -c`, or more jobs).
 
 # %%
 #| export
@@ -57,17 +63,40 @@ def usable_cores() -> int:
     try: return max(1, len(os.sched_getaffinity(0)))
     except AttributeError: return max(1, os.cpu_count() or 1)
 
+def load_average() -> float:
+    "The one-minute load average (0 where the OS does not report one)."
+    try: return os.getloadavg()[0]
+    except (AttributeError, OSError): return 0.0
+
+def free_cores(load=None) -> int:
+    "Usable cores not busy with other work: `usable_cores()` less the load average (`load`, else `load_average()`), at least one."
+    load = load_average() if load is None else load
+    return max(1, min(usable_cores(), int(usable_cores() - load + 0.5)))
+
 def threads_per_job(jobs: int) -> int:
     "torch threads for each of `jobs` notebooks run at once: the usable cores shared out, at least one."
     return max(1, usable_cores() // max(1, jobs))
+
+def busy_warning(jobs: int, load=None) -> str | None:
+    "A one-line warning when `jobs` notebooks' threads would outnumber the free cores (and more than one thread each), else None."
+    load = load_average() if load is None else load
+    threads, free = threads_per_job(jobs), free_cores(load)
+    if threads == 1 or threads * jobs <= free: return None
+    return (f"warning: {threads} threads per job but only {free} of {usable_cores()} cores are free (one-minute load average "
+            f"{load:.1f}): threads that wait on each other can train several times slower; pin the grid to {free} core(s) "
+            f"with `taskset -c` or run more jobs")
 
 # %%
 test_eq(threads_per_job(10_000), 1)
 old_set = os.sched_getaffinity(0)
 try:                                                            # pinned to one core: one thread, whatever the machine has
     os.sched_setaffinity(0, {min(old_set)}); test_eq((usable_cores(), threads_per_job(1)), (1, 1))
+    test_eq(busy_warning(1, load=5.0), None)                    # one thread: nothing to wait on
     if len(old_set) >= 2:                                       # two cores: two threads for one job, one each for two
         os.sched_setaffinity(0, set(sorted(old_set)[:2])); test_eq((usable_cores(), threads_per_job(1), threads_per_job(2)), (2, 2, 1))
+        test_eq([free_cores(l) for l in (0.0, 0.4, 0.6, 1.0, 7.0)], [2, 2, 1, 1, 1])              # busy cores are taken
+        test_eq(busy_warning(1, load=0.2), None); test_eq(busy_warning(2, load=3.0), None)
+        assert "taskset" in busy_warning(1, load=1.0)
 finally: os.sched_setaffinity(0, old_set)
 
 # %%
@@ -438,6 +467,7 @@ def grid_tasks(args):
     if getattr(args, "continue_from", None): _check_shorter_run(args.continue_from, options)
     out, nb = Path(args.out).resolve(), experiments_dir() / STUDY_A.notebook
     threads = threads_per_job(args.jobs)
+    if (busy := busy_warning(args.jobs)): print(busy, file=sys.stderr)
     tasks = []
     for d in datasets:
         rows_dir = (STUDY_A.rows_dir(out) / d).resolve()
@@ -599,6 +629,7 @@ def crisp_tasks(args):
         except DataUnavailableError as e: raise UsageError(str(e)) from None
     out, nb = Path(args.out).resolve(), experiments_dir() / CRISP.notebook
     threads = threads_per_job(args.jobs)
+    if (busy := busy_warning(args.jobs)): print(busy, file=sys.stderr)
     rows = lambda c, s: (CRISP.rows_dir(out) / c / f"seed{s}.csv").resolve()
     tasks = [NotebookTask(f"{c}/seed{s}", nb, out / "notebooks" / "crisp" / c / f"seed{s}.ipynb", [rows(c, s)],
                           dict(config=c, seed=s, profile=args.profile, model=args.model or "", threads=threads, rows_path=str(rows(c, s)),

@@ -163,7 +163,7 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 #
 # | command | what it does |
 # |---|---|
-# | `sparse-repro grid --profile P --out DIR [--datasets …] [--methods …] [--seeds …] [--jobs N] [--val-fraction F]` | study A: one papermill execution of `nbs/experiments/study_a.ipynb` per (dataset, seed) → `DIR/runs.csv` |
+# | `sparse-repro grid --profile P --out DIR [--datasets …] [--methods …] [--seeds …] [--jobs N] [--val-fraction F]` | study A: one papermill execution of `nbs/experiments/study_a.ipynb` per (dataset, seed) → `DIR/runs.csv`; each job gets the usable cores shared out as torch threads (its CPU affinity counts: `taskset -c 0 sparse-repro grid …` runs one thread), with a one-line warning when they would outnumber the cores free of other work (on a busy two-core machine two threads trained 7.5× slower than one) |
 # | `… grid --mask-padding / --patch-size 4 / --marker-vocab 12 / --learned-pad-row` | variants the paper did not run: masked 20 Newsgroups padding, 4×4 patches (T = 50/65), a learnable marker task, a learned padding embedding |
 # | `… grid --methods entmax15_bisect,headwise_adaptive_entmax_bisect` | the original study's entmax gradient (autograd through 18 bisection steps) instead of the exact one |
 # | `sparse-repro crisp --profile P --out DIR [--configs …] [--seeds …] [--model …] [--scope row\|head]` | study B: one execution of `nbs/experiments/crisp.ipynb` per (config, seed) → `DIR/crisp_runs.csv` |

@@ -4,10 +4,11 @@
 
 # %% auto 0
 __all__ = ['FAST_HELP', 'SUBCOMMANDS', 'STUDY_A', 'CRISP', 'BENCHES', 'TIMED_BENCHES', 'COMMANDS', 'UsageError', 'usable_cores',
-           'threads_per_job', 'build_parser', 'ExecutionPlan', 'execution_plan', 'grid_tasks', 'study_group',
-           'run_study', 'cmd_grid', 'crisp_tasks', 'cmd_crisp', 'cmd_report', 'cmd_index', 'cmd_leaderboard',
-           'cmd_card', 'cmd_readme', 'cmd_site', 'cmd_reproduce', 'ablation_grids', 'cmd_ablations', 'cmd_follow_ups',
-           'tuned_grids', 'tuned_rule', 'cmd_tuned', 'cmd_attention_maps', 'cmd_bench', 'main']
+           'load_average', 'free_cores', 'threads_per_job', 'busy_warning', 'build_parser', 'ExecutionPlan',
+           'execution_plan', 'grid_tasks', 'study_group', 'run_study', 'cmd_grid', 'crisp_tasks', 'cmd_crisp',
+           'cmd_report', 'cmd_index', 'cmd_leaderboard', 'cmd_card', 'cmd_readme', 'cmd_site', 'cmd_reproduce',
+           'ablation_grids', 'cmd_ablations', 'cmd_follow_ups', 'tuned_grids', 'tuned_rule', 'cmd_tuned',
+           'cmd_attention_maps', 'cmd_bench', 'main']
 
 # %% ../nbs/07_cli.ipynb
 import argparse, os, sys
@@ -37,9 +38,28 @@ def usable_cores() -> int:
     try: return max(1, len(os.sched_getaffinity(0)))
     except AttributeError: return max(1, os.cpu_count() or 1)
 
+def load_average() -> float:
+    "The one-minute load average (0 where the OS does not report one)."
+    try: return os.getloadavg()[0]
+    except (AttributeError, OSError): return 0.0
+
+def free_cores(load=None) -> int:
+    "Usable cores not busy with other work: `usable_cores()` less the load average (`load`, else `load_average()`), at least one."
+    load = load_average() if load is None else load
+    return max(1, min(usable_cores(), int(usable_cores() - load + 0.5)))
+
 def threads_per_job(jobs: int) -> int:
     "torch threads for each of `jobs` notebooks run at once: the usable cores shared out, at least one."
     return max(1, usable_cores() // max(1, jobs))
+
+def busy_warning(jobs: int, load=None) -> str | None:
+    "A one-line warning when `jobs` notebooks' threads would outnumber the free cores (and more than one thread each), else None."
+    load = load_average() if load is None else load
+    threads, free = threads_per_job(jobs), free_cores(load)
+    if threads == 1 or threads * jobs <= free: return None
+    return (f"warning: {threads} threads per job but only {free} of {usable_cores()} cores are free (one-minute load average "
+            f"{load:.1f}): threads that wait on each other can train several times slower; pin the grid to {free} core(s) "
+            f"with `taskset -c` or run more jobs")
 
 # %% ../nbs/07_cli.ipynb
 class _Parser(argparse.ArgumentParser):
@@ -364,6 +384,7 @@ def grid_tasks(args):
     if getattr(args, "continue_from", None): _check_shorter_run(args.continue_from, options)
     out, nb = Path(args.out).resolve(), experiments_dir() / STUDY_A.notebook
     threads = threads_per_job(args.jobs)
+    if (busy := busy_warning(args.jobs)): print(busy, file=sys.stderr)
     tasks = []
     for d in datasets:
         rows_dir = (STUDY_A.rows_dir(out) / d).resolve()
@@ -435,6 +456,7 @@ def crisp_tasks(args):
         except DataUnavailableError as e: raise UsageError(str(e)) from None
     out, nb = Path(args.out).resolve(), experiments_dir() / CRISP.notebook
     threads = threads_per_job(args.jobs)
+    if (busy := busy_warning(args.jobs)): print(busy, file=sys.stderr)
     rows = lambda c, s: (CRISP.rows_dir(out) / c / f"seed{s}.csv").resolve()
     tasks = [NotebookTask(f"{c}/seed{s}", nb, out / "notebooks" / "crisp" / c / f"seed{s}.ipynb", [rows(c, s)],
                           dict(config=c, seed=s, profile=args.profile, model=args.model or "", threads=threads, rows_path=str(rows(c, s)),
