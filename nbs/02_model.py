@@ -80,6 +80,7 @@ class ClassifierConfig:
 # %%
 #| export
 ATTENTION_PATHS = ("torch", "fused", "fused_block")
+FUSED_PATHS = ATTENTION_PATHS[1:]                      # the paths on the fused attention kernel
 
 class FusedAttentionFunction(torch.autograd.Function):
     "Scores, normalizer and weighted values of every head in one C kernel; the backward likewise (`kernels.attention_bwd`)."
@@ -111,7 +112,7 @@ class SelfAttention(nn.Module):
         self.normalizer = resolve_normalizer(cfg.normalizer).build(num_heads=cfg.num_heads)
         self.record, self.last_density, self.scale_queries = False, None, True
         if cfg.attention not in ATTENTION_PATHS: raise ValueError(f"unknown attention path {cfg.attention!r}; choose one of {', '.join(ATTENTION_PATHS)}")
-        self.fused = cfg.attention in ("fused", "fused_block")
+        self.fused = cfg.attention in FUSED_PATHS
         if self.fused and fused_kernel_args(self.normalizer) is None:
             raise ValueError(f"normalizer {resolve_normalizer(cfg.normalizer).name!r} has no fused attention kernel; use attention='torch' (drop --attention fused)")
         if self.fused and self.head_dim > K.ATTENTION_MAX_HEAD:

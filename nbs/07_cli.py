@@ -417,6 +417,7 @@ def execution_plan(args, specs, datasets) -> ExecutionPlan:
     from sparse_attention_repro.train import TrainConfig
     from sparse_attention_repro.normalizers import fused_refusal
     from sparse_attention_repro.data import resolve_device
+    from sparse_attention_repro.model import FUSED_PATHS
     try: device = resolve_device(args.device)
     except ValueError as e: raise UsageError(str(e)) from None
     run = {k: getattr(args, k) for k in option_defaults(TrainConfig)}    # TrainConfig's options, checked by their own rules
@@ -432,7 +433,7 @@ def execution_plan(args, specs, datasets) -> ExecutionPlan:
     if fast:                                                            # resolved here into the levers measured to pay here
         calibration = _fast_calibration(args, specs, datasets, stacked, run)
         run.update(calibration["levers"])
-    elif run["attention"] in ("fused", "fused_block") and (why := fused_refusal(specs, device, stacked)):
+    elif run["attention"] in FUSED_PATHS and (why := fused_refusal(specs, device, stacked)):
         raise UsageError(f"--attention {run['attention']}: {why}; use --attention torch")
     return ExecutionPlan(args.device, "stacked" if stacked else "plain" if args.plain else "lockstep", args.stack_seeds, run, calibration)
 
@@ -951,7 +952,8 @@ def _bench_fair_cost(args, bench):
     if len(args.results or []) != 1 or not Path(args.results[0], "tuned").is_dir():
         raise UsageError("bench fair-cost needs one results folder with tuned grids: --results DIR (e.g. outputs/paper)")
     from sparse_attention_repro import tuning as T
-    cost, runs = bench.fair_cost(args.results[0]), bench.fair_cost_runs(args.results[0])
+    runs = bench.fair_cost_runs(args.results[0])                       # every executed notebook read once
+    cost = bench.fair_cost(args.results[0], runs=runs)
     print("core-hours per arm of the tuned-recipe protocol: the executed notebooks' wall times × the share of a core each "
           f"process had (recorded for {runs.core_share.notna().sum()} of {len(runs)} runs; the others count their whole wall time, an upper bound):")
     print(cost.round(3).to_string(index=False))
@@ -965,7 +967,7 @@ def _bench_fair_cost(args, bench):
     print("\ncheaper searches on these grids: the share of the selection stage each costs, and the arms whose rate it chooses "
           "as the full stage did (a rule qualifies only with every arm right)")
     print(T.cheaper_search_check(curves, failed).to_string(index=False))
-    proj = T.projected_cost(bench.fair_cost_runs(args.results[0]), curves, failed)
+    proj = T.projected_cost(runs, curves, failed)
     per = proj.groupby("dataset")[["core_hours", "projected_core_hours"]].median()
     print("\none new normalizer's fair search, charged from these runs' measured times: as run, and with --halving and continued "
           "extensions (a projection from measured per-epoch costs, not a run); median arm per dataset, core-hours:")

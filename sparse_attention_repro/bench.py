@@ -430,9 +430,9 @@ def fair_cost_runs(results_dir, folder="tuned") -> pd.DataFrame:
                           continued=continued) for m, lr, e, s in zip(g.method, g.lr, g.epochs, share)]
     return pd.DataFrame(rows, columns=["dataset", "method", "seed", "lr", "epochs", "grid", "core_seconds", "core_share", "continued"])
 
-def fair_cost(results_dir, folder="tuned") -> pd.DataFrame:
-    "Core-hours each (dataset, method) of the tuned grids under `results_dir/<folder>/` took, from the executed notebooks' wall times."
-    r = fair_cost_runs(results_dir, folder)
+def fair_cost(results_dir, folder="tuned", runs=None) -> pd.DataFrame:
+    "Core-hours each (dataset, method) of the tuned grids under `results_dir/<folder>/` took (from `runs`, its `fair_cost_runs`, when given)."
+    r = fair_cost_runs(results_dir, folder) if runs is None else runs
     if not len(r): return pd.DataFrame(columns=["dataset", "method", "runs", "seeds", "core_hours"])
     return (r.groupby(["dataset", "method"]).agg(runs=("grid", "size"), seeds=("seed", "nunique"), core_hours=("core_seconds", "sum"))
             .assign(core_hours=lambda d: d.core_hours / 3600).reset_index())
