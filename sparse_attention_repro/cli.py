@@ -702,10 +702,10 @@ def _bench_fair_cost(args, bench):
     if len(args.results or []) != 1 or not Path(args.results[0], "tuned").is_dir():
         raise UsageError("bench fair-cost needs one results folder with tuned grids: --results DIR (e.g. outputs/paper)")
     from sparse_attention_repro import tuning as T
-    runs = bench.fair_cost_runs(args.results[0])                       # every executed notebook read once
-    cost = bench.fair_cost(args.results[0], runs=runs)
+    cost_runs = bench.fair_cost_runs(args.results[0])                  # every executed notebook read once
+    cost = bench.fair_cost(args.results[0], runs=cost_runs)
     print("core-hours per arm of the tuned-recipe protocol: the executed notebooks' wall times × the share of a core each "
-          f"process had (recorded for {runs.core_share.notna().sum()} of {len(runs)} runs; the others count their whole wall time, an upper bound):")
+          f"process had (recorded for {cost_runs.core_share.notna().sum()} of {len(cost_runs)} runs; the others count their whole wall time, an upper bound):")
     print(cost.round(3).to_string(index=False))
     per = cost.groupby("dataset").core_hours.median()
     print("median arm per dataset: " + ", ".join(f"{d} {h:.2f} h" for d, h in per.items()) + f"; sum {per.sum():.2f} core-hours")
@@ -717,7 +717,7 @@ def _bench_fair_cost(args, bench):
     print("\ncheaper searches on these grids: the share of the selection stage each costs, and the arms whose rate it chooses "
           "as the full stage did (a rule qualifies only with every arm right)")
     print(T.cheaper_search_check(curves, failed).to_string(index=False))
-    proj = T.projected_cost(runs, curves, failed)
+    proj = T.projected_cost(cost_runs, curves, failed)
     per = proj.groupby("dataset")[["core_hours", "projected_core_hours"]].median()
     print("\none new normalizer's fair search, charged from these runs' measured times: as run, and with --halving and continued "
           "extensions (a projection from measured per-epoch costs, not a run); median arm per dataset, core-hours:")
