@@ -143,12 +143,15 @@ def diverged(runs) -> pd.DataFrame:
     return bad[cols].drop_duplicates(["dataset", "method", "lr", "seed"], keep="last").reset_index(drop=True)
 
 def tuned_curves(runs) -> pd.DataFrame:
-    "The learning curves of the successful rows of `runs` (one row per dataset, method, seed, lr, epoch)."
-    if runs is None or not len(runs): return pd.DataFrame(columns=CURVE_COLS)
+    """The learning curves of the successful rows of `runs` (one row per dataset, method, seed, lr, epoch), read from each
+    arm's longest run; `first_val_accuracy` is the validation accuracy the *shortest* run reaching that epoch recorded."""
+    keys = ["dataset", "method", "seed", "lr", "epoch"]
+    if runs is None or not len(runs): return pd.DataFrame(columns=CURVE_COLS + ["first_val_accuracy"])
     ok = runs[runs.status.fillna("ok").astype(str) == "ok"]
     if "epochs" in ok: ok = ok.sort_values("epochs", kind="stable")       # the longest run last: a shorter one is its start
+    first = run_curves(ok).drop_duplicates(keys, keep="first")[keys + ["val_accuracy"]].rename(columns={"val_accuracy": "first_val_accuracy"})
     ok = ok.drop_duplicates(["dataset", "method", "seed", "lr"], keep="last")
-    return run_curves(ok).drop_duplicates(["dataset", "method", "seed", "lr", "epoch"], keep="last")
+    return run_curves(ok).drop_duplicates(keys, keep="last").merge(first, on=keys, how="left")
 
 # %%
 test_eq(tuned_folder("cifar10", 1e-3), "cifar10_lr0.001"); test_eq(tuned_folder("cifar10", 1e-2, 54), "cifar10_lr0.01_ep54")
@@ -181,8 +184,10 @@ def halving_length(rule, declared: int) -> int:
 
 def halving_kept(arm, bad, s, seeds, rule):
     """The declared rates of one (dataset, method) that a halving `rule` runs on to the full length — the `rule.keep` best by
-    mean validation accuracy up to the short length (a failed rate is never kept) —, or None while a rate lacks its short run."""
+    mean validation accuracy up to the short length (a failed rate is never kept) —, or None while a rate lacks its short run.
+    The short runs' own readings decide (`first_val_accuracy`): a longer run that retrained from scratch cannot change them."""
     short, scores = halving_length(rule, s.epochs), {}
+    if "first_val_accuracy" in arm: arm = arm.assign(val_accuracy=arm.first_val_accuracy.fillna(arm.val_accuracy))
     for lr in s.lrs:
         if np.isclose(bad.lr, lr).any(): continue
         curve, n = _mean_curve(arm[np.isclose(arm.lr, lr) & (arm.epoch <= short)], seeds)
@@ -208,8 +213,8 @@ def choose_lr(curves, failed=None, search=None, seeds=SELECTION_SEEDS, rule=None
                 if not full: rows.append(dict(dataset=ds, method=m, lr=lr, status="missing")); continue
                 rows.append(dict(dataset=ds, method=m, lr=lr, status="ok", score=float(curve.max()), best_epoch=int(curve.idxmax())))
             if rule is not None and rule.keep and (kept := halving_kept(g, bad, s, seeds, rule)) is not None:
-                for r in rows:                                  # declared rates beaten at the short length: lost, never run on
-                    if ((r["dataset"], r["method"]) == (ds, m) and r["status"] == "missing" and np.isclose(r["lr"], s.lrs).any()
+                for r in rows:                # declared rates beaten at the short length: lost, even where a full run of one exists
+                    if ((r["dataset"], r["method"]) == (ds, m) and r["status"] in ("missing", "ok") and np.isclose(r["lr"], s.lrs).any()
                             and not np.isclose(r["lr"], list(kept)).any()): r["status"] = "halved"
     cols = ["dataset", "method", "lr", "status", "score", "best_epoch", "chosen", "bracketed"]
     out = pd.DataFrame(rows).reindex(columns=cols)
@@ -529,6 +534,28 @@ test_eq([(x["lr"], x["epochs"], x["seeds"]) for x in tuned_plan(_done, None, _hs
 test_eq(choose_lr(_done, None, _hs).status.tolist(), ["ok", "ok", "missing"])    # without the rule, 10⁻² is simply missing
 test_eq(_cheaper_choice(pd.concat([_done, _halving_curves((1e-2,), 36)]).drop_duplicates(["dataset", "method", "seed", "lr", "epoch"]),
                         diverged(None), _hs, HALVING).item(), 3e-3)             # the replay of the rule on full curves agrees
+
+# %% [markdown]
+# **The kept set is the short runs' verdict, frozen.** A full-length run that could not continue its short run's state
+# (it retrained from scratch, e.g. with another thread count) reads differently at the early epochs. The kept set must not
+# move with it, or a third rate would be "kept" after two already went on. Here 3·10⁻³'s full run starts lower than its
+# short run did (0.70 instead of 0.82 at the short length); the kept set stays {10⁻³, 3·10⁻³} and the plan adds nothing.
+
+# %%
+def _as_runs(c, epochs):
+    return pd.DataFrame([dict(dataset=d, method=m, seed=sd, lr=lr, status="ok", epochs=epochs,
+                              epoch_metrics=json.dumps(g.drop(columns=["dataset", "method", "seed", "lr"]).to_dict("records")))
+                         for (d, m, sd, lr), g in c.groupby(["dataset", "method", "seed", "lr"])])
+_scratch = _halving_curves((3e-3,), 36).assign(val_accuracy=lambda d: np.where(d.epoch <= 12, d.val_accuracy - 0.12, d.val_accuracy))
+_rr = pd.concat([_as_runs(_short, 12), _as_runs(_halving_curves((1e-3,), 36), 36), _as_runs(_scratch, 36)], ignore_index=True)
+_rc = tuned_curves(_rr)
+test_eq(_rc[(_rc.lr == 3e-3) & (_rc.epoch == 12)][["val_accuracy", "first_val_accuracy"]].round(3).values.tolist()[0], [0.684, 0.804])
+test_eq(halving_kept(_rc, diverged(None), _hs["cifar10"], SELECTION_SEEDS, HALVING), {1e-3, 3e-3})
+test_eq(_plan_of(_rc), [])                                                        # no third rate goes on
+_extra = tuned_curves(pd.concat([_rr, _as_runs(_halving_curves((1e-2,), 36), 36)], ignore_index=True))   # a full run the rule never asked for
+test_eq(choose_lr(_extra, None, _hs, rule=HALVING).status.tolist(), ["ok", "ok", "halved"])   # does not enter the choice
+_no_first = _rc.drop(columns="first_val_accuracy")                                # read from the longest runs instead ...
+test_eq(halving_kept(_no_first, diverged(None), _hs["cifar10"], SELECTION_SEEDS, HALVING), {1e-3, 1e-2})   # ... 3e-3 would drop out
 
 # %% [markdown]
 # **What halving and continued extensions would have cost.** `projected_cost` charges each run of a full search (its

@@ -78,12 +78,15 @@ def diverged(runs) -> pd.DataFrame:
     return bad[cols].drop_duplicates(["dataset", "method", "lr", "seed"], keep="last").reset_index(drop=True)
 
 def tuned_curves(runs) -> pd.DataFrame:
-    "The learning curves of the successful rows of `runs` (one row per dataset, method, seed, lr, epoch)."
-    if runs is None or not len(runs): return pd.DataFrame(columns=CURVE_COLS)
+    """The learning curves of the successful rows of `runs` (one row per dataset, method, seed, lr, epoch), read from each
+    arm's longest run; `first_val_accuracy` is the validation accuracy the *shortest* run reaching that epoch recorded."""
+    keys = ["dataset", "method", "seed", "lr", "epoch"]
+    if runs is None or not len(runs): return pd.DataFrame(columns=CURVE_COLS + ["first_val_accuracy"])
     ok = runs[runs.status.fillna("ok").astype(str) == "ok"]
     if "epochs" in ok: ok = ok.sort_values("epochs", kind="stable")       # the longest run last: a shorter one is its start
+    first = run_curves(ok).drop_duplicates(keys, keep="first")[keys + ["val_accuracy"]].rename(columns={"val_accuracy": "first_val_accuracy"})
     ok = ok.drop_duplicates(["dataset", "method", "seed", "lr"], keep="last")
-    return run_curves(ok).drop_duplicates(["dataset", "method", "seed", "lr", "epoch"], keep="last")
+    return run_curves(ok).drop_duplicates(keys, keep="last").merge(first, on=keys, how="left")
 
 # %% ../nbs/05b_tuning.ipynb
 def _mean_curve(g, seeds=None):
@@ -99,8 +102,10 @@ def halving_length(rule, declared: int) -> int:
 
 def halving_kept(arm, bad, s, seeds, rule):
     """The declared rates of one (dataset, method) that a halving `rule` runs on to the full length — the `rule.keep` best by
-    mean validation accuracy up to the short length (a failed rate is never kept) —, or None while a rate lacks its short run."""
+    mean validation accuracy up to the short length (a failed rate is never kept) —, or None while a rate lacks its short run.
+    The short runs' own readings decide (`first_val_accuracy`): a longer run that retrained from scratch cannot change them."""
     short, scores = halving_length(rule, s.epochs), {}
+    if "first_val_accuracy" in arm: arm = arm.assign(val_accuracy=arm.first_val_accuracy.fillna(arm.val_accuracy))
     for lr in s.lrs:
         if np.isclose(bad.lr, lr).any(): continue
         curve, n = _mean_curve(arm[np.isclose(arm.lr, lr) & (arm.epoch <= short)], seeds)
@@ -126,8 +131,8 @@ def choose_lr(curves, failed=None, search=None, seeds=SELECTION_SEEDS, rule=None
                 if not full: rows.append(dict(dataset=ds, method=m, lr=lr, status="missing")); continue
                 rows.append(dict(dataset=ds, method=m, lr=lr, status="ok", score=float(curve.max()), best_epoch=int(curve.idxmax())))
             if rule is not None and rule.keep and (kept := halving_kept(g, bad, s, seeds, rule)) is not None:
-                for r in rows:                                  # declared rates beaten at the short length: lost, never run on
-                    if ((r["dataset"], r["method"]) == (ds, m) and r["status"] == "missing" and np.isclose(r["lr"], s.lrs).any()
+                for r in rows:                # declared rates beaten at the short length: lost, even where a full run of one exists
+                    if ((r["dataset"], r["method"]) == (ds, m) and r["status"] in ("missing", "ok") and np.isclose(r["lr"], s.lrs).any()
                             and not np.isclose(r["lr"], list(kept)).any()): r["status"] = "halved"
     cols = ["dataset", "method", "lr", "status", "score", "best_epoch", "chosen", "bracketed"]
     out = pd.DataFrame(rows).reindex(columns=cols)
