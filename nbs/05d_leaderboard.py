@@ -260,6 +260,70 @@ import re
 assert re.search(r"\| sparsemax +\| \+2\.0 \(\+1\.0, \+3\.0\) better", out["md"].read_text())
 
 # %% [markdown]
+# ## A normalizer's gain against training length
+#
+# The tuned verdict reads one (learning rate, epoch) per arm. The curve behind it says whether a gain is an early-training
+# effect: at each length, the normalizer and softmax each take their best learning rate for that many epochs (on
+# validation, `tuning.recipe_budget`), and the point is the mean paired test gain with its 95 % CI. The normalizer's
+# grids are every `tuned/` folder under the outputs that holds its runs; softmax's are the main results' protocol grids.
+
+# %%
+#| export
+def gain_curves(outputs, name, main="paper") -> pd.DataFrame:
+    "Per dataset and epoch: `name`'s test gain over softmax, each at its best rate for that length on validation (empty if unsearched)."
+    from sparse_attention_repro.tuning import tuned_runs, tuned_curves, recipe_budget
+    outputs = Path(outputs)
+    folders = [outputs / main] + sorted({f.parent.parent.parent for f in outputs.glob("**/tuned/*/runs.csv")} - {outputs / main})
+    runs = [r[r.method == name] for r in map(tuned_runs, folders) if len(r) and (r.method == name).any()]
+    base = tuned_runs(outputs / main)
+    if not runs or not len(base): return pd.DataFrame(columns=["dataset", "epoch", "method", "lr", "baseline_lr", "n", "gain", "ci_low", "ci_high"])
+    mine = tuned_curves(pd.concat(runs[:1], ignore_index=True))                        # the main results' own, where it is a paper method
+    curves = pd.concat([mine, tuned_curves(base[base.method == BASELINE])], ignore_index=True)
+    return recipe_budget(curves[curves.dataset.isin(set(mine.dataset))]).query("method == @name").reset_index(drop=True)
+
+def gain_curve_figure(curves, path) -> Path:
+    "One panel per dataset: the gain against epochs with its CI band; the paper's length dotted."
+    import matplotlib; matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from sparse_attention_repro.data import PAPER_SIZES
+    from sparse_attention_repro.files import atomic_write
+    dsets = [d for d in DATASETS if d in set(curves.dataset)]
+    fig, axes = plt.subplots(1, len(dsets), figsize=(4.2 * len(dsets), 3.4), squeeze=False)
+    for ax, ds in zip(axes[0], dsets):
+        g = curves[curves.dataset == ds].sort_values("epoch")
+        ax.plot(g.epoch, 100 * g.gain, marker="o", ms=3, color="C3"); ax.fill_between(g.epoch, 100 * g.ci_low, 100 * g.ci_high, color="C3", alpha=0.15)
+        ax.axhline(0, color="k", lw=0.8); ax.axvline(PAPER_SIZES[ds][0], color="0.5", ls=":", lw=1)
+        lo, hi = int(g.n.min()), int(g.n.max())
+        ax.set_title(f"{ds} ({lo}{'' if lo == hi else f'–{hi}'} seeds)", fontsize=9)
+        ax.set_xlabel("training epochs (dotted: the paper's)"); ax.set_ylabel("test gain over softmax (pt)")
+    fig.tight_layout()
+    atomic_write(Path(path), lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    plt.close(fig)
+    return Path(path)
+
+# %% [markdown]
+# A hand-made search: `mine` at one rate, softmax at two, three seeds, four epochs, on two datasets' folders. At every
+# length `mine` leads softmax's better rate by exactly 2 pt on test, so each point is +2.0 with a zero-width CI.
+
+# %%
+def _tuned_grid(folder, method, lr, val, test):
+    em = lambda s: json.dumps([dict(epoch=e, val_accuracy=val + 0.01 * e, val_loss=1.0, test_accuracy=test + 0.01 * e + 0.001 * s, test_loss=1.0)
+                               for e in range(1, 5)])
+    f = folder / "tuned" / f"kmnist_lr{lr:g}"; f.mkdir(parents=True, exist_ok=True)
+    old = pd.read_csv(f / "runs.csv") if (f / "runs.csv").exists() else None
+    new = pd.DataFrame([dict(dataset="kmnist", method=method, seed=s, lr=lr, status="ok", epochs=4, epoch_metrics=em(s)) for s in range(3)])
+    pd.concat([old, new], ignore_index=True).to_csv(f / "runs.csv", index=False)
+import json
+_gc_o = Path(tempfile.mkdtemp())
+_tuned_grid(_gc_o / "paper", "softmax", 1e-3, 0.50, 0.40); _tuned_grid(_gc_o / "paper", "softmax", 3e-3, 0.55, 0.45)
+_tuned_grid(_gc_o / "literature" / "fair" / "mine", "mine", 1e-3, 0.60, 0.47)
+_gc = gain_curves(_gc_o, "mine")
+test_eq(_gc.epoch.tolist(), [1, 2, 3, 4]); test_eq(_gc.baseline_lr.unique().tolist(), [3e-3]); test_eq(_gc.n.unique().tolist(), [3])
+test_close(_gc.gain.to_numpy(), np.full(4, 0.02), eps=1e-12); test_close(_gc.ci_high - _gc.ci_low, np.zeros(4), eps=1e-12)
+test_eq(len(gain_curves(_gc_o, "unsearched")), 0)
+assert gain_curve_figure(_gc, _gc_o / "mine.png").stat().st_size > 3000
+
+# %% [markdown]
 # ## A normalizer's card
 #
 # `normalizer_card` writes one page per normalizer, `<outputs>/cards/<name>.md`: its leaderboard rows against softmax
@@ -293,6 +357,11 @@ def normalizer_card(outputs, name, main="paper", cost_repeats=10) -> Path:
                                                                 *sorted(outputs.glob("**/fair_recipes.csv"))] if f.exists()]
     recipes = pd.concat(recipes, ignore_index=True) if recipes else pd.DataFrame()
     lines += ["## Chosen recipes (on validation)", "", recipes.to_markdown(index=False) if len(recipes) else "Not searched yet.", ""]
+    if len(gc := gain_curves(outputs, name, main)):
+        gain_curve_figure(gc, outputs / "cards" / f"{name}.png")
+        lines += ["## Gain against training length", "", "At each length the normalizer and softmax each take their best learning rate for "
+                  "that many epochs (on validation); mean paired test gain over softmax with its 95% CI; dotted: the paper's length.", "",
+                  f"![{name}: gain over softmax against epochs]({name}.png)", ""]
     dc = density_and_cost(outputs, main).pipe(lambda t: t[t.normalizer == name])
     if len(dc): lines += ["## Density (paper recipe)", "", dc[["dataset", "density"]].round(3).to_markdown(index=False), ""]
     threads = torch.get_num_threads(); torch.set_num_threads(1)        # one thread, as a grid job per core (and `bench normalizers`)

@@ -4,7 +4,8 @@
 
 # %% auto 0
 __all__ = ['LEADERBOARD_COLS', 'STEP_COSTS', 'same_recipe', 'leaderboard_rows', 'density_and_cost', 'keep_step_costs',
-           'step_costs', 'leaderboard_table', 'write_leaderboard', 'normalizer_card']
+           'step_costs', 'leaderboard_table', 'write_leaderboard', 'gain_curves', 'gain_curve_figure',
+           'normalizer_card']
 
 # %% ../nbs/05d_leaderboard.ipynb
 import os
@@ -170,6 +171,39 @@ def write_leaderboard(outputs, main="paper") -> dict:
     return dict(csv=outputs / "leaderboard.csv", md=outputs / "leaderboard.md", png=outputs / "leaderboard.png", rows=len(rows), normalizers=len(table))
 
 # %% ../nbs/05d_leaderboard.ipynb
+def gain_curves(outputs, name, main="paper") -> pd.DataFrame:
+    "Per dataset and epoch: `name`'s test gain over softmax, each at its best rate for that length on validation (empty if unsearched)."
+    from sparse_attention_repro.tuning import tuned_runs, tuned_curves, recipe_budget
+    outputs = Path(outputs)
+    folders = [outputs / main] + sorted({f.parent.parent.parent for f in outputs.glob("**/tuned/*/runs.csv")} - {outputs / main})
+    runs = [r[r.method == name] for r in map(tuned_runs, folders) if len(r) and (r.method == name).any()]
+    base = tuned_runs(outputs / main)
+    if not runs or not len(base): return pd.DataFrame(columns=["dataset", "epoch", "method", "lr", "baseline_lr", "n", "gain", "ci_low", "ci_high"])
+    mine = tuned_curves(pd.concat(runs[:1], ignore_index=True))                        # the main results' own, where it is a paper method
+    curves = pd.concat([mine, tuned_curves(base[base.method == BASELINE])], ignore_index=True)
+    return recipe_budget(curves[curves.dataset.isin(set(mine.dataset))]).query("method == @name").reset_index(drop=True)
+
+def gain_curve_figure(curves, path) -> Path:
+    "One panel per dataset: the gain against epochs with its CI band; the paper's length dotted."
+    import matplotlib; matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from sparse_attention_repro.data import PAPER_SIZES
+    from sparse_attention_repro.files import atomic_write
+    dsets = [d for d in DATASETS if d in set(curves.dataset)]
+    fig, axes = plt.subplots(1, len(dsets), figsize=(4.2 * len(dsets), 3.4), squeeze=False)
+    for ax, ds in zip(axes[0], dsets):
+        g = curves[curves.dataset == ds].sort_values("epoch")
+        ax.plot(g.epoch, 100 * g.gain, marker="o", ms=3, color="C3"); ax.fill_between(g.epoch, 100 * g.ci_low, 100 * g.ci_high, color="C3", alpha=0.15)
+        ax.axhline(0, color="k", lw=0.8); ax.axvline(PAPER_SIZES[ds][0], color="0.5", ls=":", lw=1)
+        lo, hi = int(g.n.min()), int(g.n.max())
+        ax.set_title(f"{ds} ({lo}{'' if lo == hi else f'–{hi}'} seeds)", fontsize=9)
+        ax.set_xlabel("training epochs (dotted: the paper's)"); ax.set_ylabel("test gain over softmax (pt)")
+    fig.tight_layout()
+    atomic_write(Path(path), lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    plt.close(fig)
+    return Path(path)
+
+# %% ../nbs/05d_leaderboard.ipynb
 def normalizer_card(outputs, name, main="paper", cost_repeats=10) -> Path:
     "Write `<outputs>/cards/<name>.md`: the normalizer's gains, recipes, density and cost measured here; returns its path."
     from sparse_attention_repro.bench import bench_normalizers
@@ -192,6 +226,11 @@ def normalizer_card(outputs, name, main="paper", cost_repeats=10) -> Path:
                                                                 *sorted(outputs.glob("**/fair_recipes.csv"))] if f.exists()]
     recipes = pd.concat(recipes, ignore_index=True) if recipes else pd.DataFrame()
     lines += ["## Chosen recipes (on validation)", "", recipes.to_markdown(index=False) if len(recipes) else "Not searched yet.", ""]
+    if len(gc := gain_curves(outputs, name, main)):
+        gain_curve_figure(gc, outputs / "cards" / f"{name}.png")
+        lines += ["## Gain against training length", "", "At each length the normalizer and softmax each take their best learning rate for "
+                  "that many epochs (on validation); mean paired test gain over softmax with its 95% CI; dotted: the paper's length.", "",
+                  f"![{name}: gain over softmax against epochs]({name}.png)", ""]
     dc = density_and_cost(outputs, main).pipe(lambda t: t[t.normalizer == name])
     if len(dc): lines += ["## Density (paper recipe)", "", dc[["dataset", "density"]].round(3).to_markdown(index=False), ""]
     threads = torch.get_num_threads(); torch.set_num_threads(1)        # one thread, as a grid job per core (and `bench normalizers`)
