@@ -51,10 +51,13 @@ def _seeds(values):
 # count). Cores already busy with other work count as taken too: the free cores are the usable ones less the
 # one-minute load average when the grid starts. Measured here, with four other single-thread trainings on the two
 # cores, one model's training step took 60 ms at one thread and 452 ms at two (softmax, CIFAR-10's shapes; 65 and
-# 556 ms for Scalable-Softmax): threads that outnumber the free cores wait on each other. The thread count stays the
-# usable cores shared out — it is part of what makes a run bit-identical, and a kept state is continued only at the
-# count it was made with — but a grid that would run more threads than there are free cores says so in one line and
-# how to avoid it (`taskset -c`, or more jobs).
+# 556 ms for Scalable-Softmax): threads that outnumber the free cores wait on each other. So a grid into a new folder
+# takes the usable cores shared out, cut down to the free ones, and says so in one line when it cuts. The count is
+# then the folder's: it is recorded in its `manifest.json`, and a resumed grid, or a longer one that continues the
+# folder's kept states (`--continue-from`), takes it again whatever the load — a run is bit-identical only at one
+# thread count, and a kept state continues only at the count it was made with (a search whose continuation silently
+# restarted from scratch after a thread change is what taught us this). Where the recorded count outnumbers the free
+# cores, the grid keeps it and warns in one line, with the fix (`taskset -c`, or wait).
 
 # %%
 #| export
@@ -77,26 +80,61 @@ def threads_per_job(jobs: int) -> int:
     "torch threads for each of `jobs` notebooks run at once: the usable cores shared out, at least one."
     return max(1, usable_cores() // max(1, jobs))
 
-def busy_warning(jobs: int, load=None) -> str | None:
-    "A one-line warning when `jobs` notebooks' threads would outnumber the free cores (and more than one thread each), else None."
+def recorded_threads(folder, study) -> int | None:
+    "The torch threads per notebook recorded in `folder`'s manifest for `study`, or None."
+    import json
+    f = Path(folder) / "manifest.json" if folder else None
+    return json.loads(f.read_text()).get("threads", {}).get(study) if f is not None and f.is_file() else None
+
+def record_threads(folder, study, threads: int):
+    "Record `study`'s threads per notebook in `folder`'s manifest (beside the run options)."
+    import json
+    from sparse_attention_repro.files import atomic_write
+    f = Path(folder) / "manifest.json"
+    manifest = json.loads(f.read_text()) if f.is_file() else {}
+    manifest["threads"] = {**manifest.get("threads", {}), study: int(threads)}
+    atomic_write(f, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1, sort_keys=True)))
+
+def grid_threads(out, study, jobs: int, continue_from=None, load=None) -> tuple:
+    """(threads per notebook, a one-line note or None) for a grid of `jobs` notebooks into `out`: the count recorded for
+    `out` (or for the folder it continues), else the usable cores shared out, cut down to the free cores."""
     load = load_average() if load is None else load
-    threads, free = threads_per_job(jobs), free_cores(load)
-    if threads == 1 or threads * jobs <= free: return None
-    return (f"warning: {threads} threads per job but only {free} of {usable_cores()} cores are free (one-minute load average "
-            f"{load:.1f}): threads that wait on each other can train several times slower; pin the grid to {free} core(s) "
-            f"with `taskset -c` or run more jobs")
+    free, usable = free_cores(load), usable_cores()
+    for folder in (out, continue_from):
+        if (n := recorded_threads(folder, study)) is not None:
+            if n > 1 and n * jobs > free:
+                return n, (f"warning: {folder} was made with {n} threads per job, but only {free} of {usable} cores are free (one-minute "
+                           f"load average {load:.1f}); it keeps {n} (runs are bit-identical only at one count), which can train several "
+                           f"times slower: pin the grid to {n * jobs} core(s) with `taskset -c` or wait")
+            return n, None
+    n = threads_per_job(jobs)
+    if n > 1 and n * jobs > free:
+        cut = max(1, free // max(1, jobs))
+        return cut, (f"note: {cut} thread(s) per job, not {n}: only {free} of {usable} cores are free (one-minute load average {load:.1f}); "
+                     f"{out} keeps {cut} when resumed or continued")
+    return n, None
 
 # %%
 test_eq(threads_per_job(10_000), 1)
+import json
+_tdir = Path(tempfile.mkdtemp())
 old_set = os.sched_getaffinity(0)
 try:                                                            # pinned to one core: one thread, whatever the machine has
     os.sched_setaffinity(0, {min(old_set)}); test_eq((usable_cores(), threads_per_job(1)), (1, 1))
-    test_eq(busy_warning(1, load=5.0), None)                    # one thread: nothing to wait on
+    test_eq(grid_threads(_tdir / "a", "study_a", 1, load=5.0), (1, None))       # one thread: nothing to wait on
     if len(old_set) >= 2:                                       # two cores: two threads for one job, one each for two
         os.sched_setaffinity(0, set(sorted(old_set)[:2])); test_eq((usable_cores(), threads_per_job(1), threads_per_job(2)), (2, 2, 1))
         test_eq([free_cores(l) for l in (0.0, 0.4, 0.6, 1.0, 7.0)], [2, 2, 1, 1, 1])              # busy cores are taken
-        test_eq(busy_warning(1, load=0.2), None); test_eq(busy_warning(2, load=3.0), None)
-        assert "taskset" in busy_warning(1, load=1.0)
+        test_eq(grid_threads(_tdir / "a", "study_a", 1, load=0.2), (2, None)); test_eq(grid_threads(_tdir / "a", "study_a", 2, load=3.0), (1, None))
+        n, note = grid_threads(_tdir / "a", "study_a", 1, load=1.0)                 # a new folder on a busy machine: cut to the free core
+        test_eq(n, 1); assert note.startswith("note: 1 thread(s) per job, not 2") and "keeps 1" in note
+        record_threads(_tdir / "a", "study_a", 2)                                    # a folder made at two threads ...
+        n, warn = grid_threads(_tdir / "a", "study_a", 1, load=1.0)                  # ... keeps them, and says what it costs
+        test_eq(n, 2); assert warn.startswith("warning:") and "taskset" in warn
+        test_eq(grid_threads(_tdir / "b", "study_a", 1, continue_from=_tdir / "a", load=0.0), (2, None))   # a continuation: its source's
+        test_eq(grid_threads(_tdir / "a", "crisp", 1, load=1.0)[0], 1)               # recorded per study
+        record_threads(_tdir / "a", "crisp", 1)
+        test_eq(json.loads((_tdir / "a" / "manifest.json").read_text())["threads"], {"study_a": 2, "crisp": 1})
 finally: os.sched_setaffinity(0, old_set)
 
 # %%
@@ -385,7 +423,7 @@ def _check_shorter_run(folder, options):
 
 # %%
 #| export
-def _fast_calibration(args, specs, datasets, stacked, run) -> dict:
+def _fast_calibration(args, specs, datasets, stacked, run, threads) -> dict:
     """--fast's levers: the results folder's own calibration when it has one (every run of a folder takes one path),
     else the baseline's (a comparison pairs runs of one path), else `bench.calibrate_fast` on this machine (cached)."""
     import json
@@ -397,7 +435,7 @@ def _fast_calibration(args, specs, datasets, stacked, run) -> dict:
         if made.is_file() and (cal := json.loads(made.read_text()).get(STUDY_A.name, {}).get("fast_calibration")): return cal
     device = resolve_device(args.device)
     print(f"--fast: timing its levers on this machine ({', '.join(datasets)}; once per CPU, build and grid) …", flush=True)
-    cal = calibrate_fast(datasets, [s.name for s in specs], args.profile, run, threads_per_job(args.jobs), device,
+    cal = calibrate_fast(datasets, [s.name for s in specs], args.profile, run, threads, device,
                          bf16=has_bf16_units(device), fused=not fused_refusal(specs, device, stacked))
     print(f"--fast: {cal['label']} (ms per step: " + "; ".join(f"{d}: " + ", ".join(f"{k} {v:.1f}" for k, v in t.items())
                                                            for d, t in cal["ms_per_step"].items()) + ")", flush=True)
@@ -411,6 +449,8 @@ class ExecutionPlan:
     stack_seeds: int            # seeds per stacked model (1 unless stacked)
     run: dict                   # TrainConfig's options, checked: the attention path, dropout generator and precision among them
     calibration: dict | None    # what --fast measured, when it chose the levers in `run`
+    threads: int = 1            # torch threads per notebook (`grid_threads`: the folder's, else the free cores shared out)
+    threads_note: str | None = None   # one line on how they were chosen, when they are not the usable cores shared out
 
 def execution_plan(args, specs, datasets) -> ExecutionPlan:
     "The grid's `ExecutionPlan`: every path option checked (and --fast resolved into measured levers) before anything runs."
@@ -429,13 +469,15 @@ def execution_plan(args, specs, datasets) -> ExecutionPlan:
     fast = getattr(args, "fast", False)
     if fast and (run["dropout_rng"], run["precision"], run["attention"]) != ("torch", "fp32", "torch"):
         raise UsageError("--fast sets --dropout-rng, --precision and --attention itself; drop them")
+    threads, note = grid_threads(args.out, STUDY_A.name, args.jobs, getattr(args, "continue_from", None))
     calibration = None
     if fast:                                                            # resolved here into the levers measured to pay here
-        calibration = _fast_calibration(args, specs, datasets, stacked, run)
+        calibration = _fast_calibration(args, specs, datasets, stacked, run, threads)
         run.update(calibration["levers"])
     elif run["attention"] in FUSED_PATHS and (why := fused_refusal(specs, device, stacked)):
         raise UsageError(f"--attention {run['attention']}: {why}; use --attention torch")
-    return ExecutionPlan(args.device, "stacked" if stacked else "plain" if args.plain else "lockstep", args.stack_seeds, run, calibration)
+    return ExecutionPlan(args.device, "stacked" if stacked else "plain" if args.plain else "lockstep", args.stack_seeds, run, calibration,
+                         threads, note)
 
 def grid_tasks(args):
     "Validate the grid arguments and return (tasks, options)."
@@ -467,8 +509,8 @@ def grid_tasks(args):
     if base is not None: _check_baseline(args.baseline, base, options, datasets, seeds)
     if getattr(args, "continue_from", None): _check_shorter_run(args.continue_from, options)
     out, nb = Path(args.out).resolve(), experiments_dir() / STUDY_A.notebook
-    threads = threads_per_job(args.jobs)
-    if (busy := busy_warning(args.jobs)): print(busy, file=sys.stderr)
+    threads = plan.threads
+    if plan.threads_note: print(plan.threads_note, file=sys.stderr)
     tasks = []
     for d in datasets:
         rows_dir = (STUDY_A.rows_dir(out) / d).resolve()
@@ -579,6 +621,7 @@ test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_ou
 def study_group(study, out, tasks, options, name="") -> TaskGroup:
     "`out`'s manifest checked against `options` (over `study`'s own defaults), and `tasks` as one group of `study`'s rows in `out`."
     check_manifest(out, study.name, options, defaults=option_defaults(study.config_class()))
+    if tasks: record_threads(out, study.name, tasks[0].parameters["threads"])   # the folder's count from now on
     return TaskGroup(list(tasks), study.results_path(out), study.keys, study.rows_dir(out), Path(out), name=name)
 
 def run_study(study, args, tasks, options, then=None) -> dict:
@@ -629,8 +672,8 @@ def crisp_tasks(args):
         try: sst2_path(split, download=args.download)
         except DataUnavailableError as e: raise UsageError(str(e)) from None
     out, nb = Path(args.out).resolve(), experiments_dir() / CRISP.notebook
-    threads = threads_per_job(args.jobs)
-    if (busy := busy_warning(args.jobs)): print(busy, file=sys.stderr)
+    threads, note = grid_threads(args.out, CRISP.name, args.jobs)
+    if note: print(note, file=sys.stderr)
     rows = lambda c, s: (CRISP.rows_dir(out) / c / f"seed{s}.csv").resolve()
     tasks = [NotebookTask(f"{c}/seed{s}", nb, out / "notebooks" / "crisp" / c / f"seed{s}.ipynb", [rows(c, s)],
                           dict(config=c, seed=s, profile=args.profile, model=args.model or "", threads=threads, rows_path=str(rows(c, s)),
