@@ -158,15 +158,21 @@ CATALOGUE = {e.name: e for e in [
                "masked_padding", Design(datasets=("twenty_news",), methods=("scalable_softmax", "learned_temperature_softmax",
                                                                             "sigmoid_attention", "softpick"), options=dict(mask_padding=True)),
                Analysis("versus_baseline", family="each new method's own"), root="literature"),
-    Experiment("fair_scalable_softmax", "At its own learning rate and length, chosen on validation (the tuned-recipe protocol, with "
-               "halving), does Scalable-Softmax beat softmax and the other paper methods at theirs?", "fair/scalable_softmax",
-               Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "kmnist"), methods=("scalable_softmax",)),
-               Analysis("fair_verdict", family="each new method's own", margin=0.01), runner="tuned", root="literature"),
+    *[Experiment(f"fair_{name}", f"At its own learning rate and length, chosen on validation (the tuned-recipe protocol, with "
+                 f"halving), does {label} beat softmax and the other paper methods at theirs?", f"fair/{name}",
+                 Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "kmnist"), methods=(name,)),
+                 Analysis("fair_verdict", family="each new method's own", margin=0.01), runner="tuned", root="literature")
+      for name, label in (("scalable_softmax", "Scalable-Softmax"), ("sigmoid_attention", "sigmoid attention"), ("softpick", "softpick"),
+                          ("relu_attention", "ReLU attention"), ("softmax_sink", "softmax with a sink"))],
     Experiment("fashion_mnist_fast", "Does `--fast` (Philox masks, bf16, fused attention) change any Fashion-MNIST gain over softmax, paired "
                "by seed with the default path?", "fashion_mnist_fast", Design(datasets=("fashion_mnist",), options=dict(fast=True)),
                Analysis("speed_check", margin=0.005), root="speed"),
     Experiment("twenty_news_fast", "Does `--fast` change any 20 Newsgroups gain over softmax, paired by seed with the default path?",
                "twenty_news_fast", Design(datasets=("twenty_news",), options=dict(fast=True)), Analysis("speed_check", margin=0.005), root="speed"),
+    Experiment("fashion_mnist_fused_block", "Does the fused block (C kernels for the residual LayerNorms and GELU beside fused attention) "
+               "change any Fashion-MNIST gain over softmax, paired by seed with Philox + bf16 + fused attention?", "fashion_mnist_fused_block",
+               Design(datasets=("fashion_mnist",), options=dict(attention="fused_block", dropout_rng="philox", precision="bf16")),
+               Analysis("speed_check", margin=0.005), root="speed"),
     Experiment("fashion_mnist_philox_bf16", "Philox masks with bf16 autocast alone, on Fashion-MNIST: the reference the fused path is paired with",
                "fashion_mnist_philox_bf16", Design(datasets=("fashion_mnist",), options=dict(dropout_rng="philox", precision="bf16")),
                Analysis("speed_check", margin=0.005), root="speed"),
@@ -249,7 +255,7 @@ def verdict_line(e: Experiment, root) -> str:
                            + (f" ({int((~t.complete).sum())} provisional: not every seed has run)" if (~t.complete).any() else ""))
     if k == "paired_vs_softmax" and e.name == "main" and (t := read("claims.csv")) is not None:
         t = t[t.study == "A"]
-        return f"{len(t)} claims of the paper read: {_count(t.verdict, first_word=False)}"
+        return f"{len(t)} claims of the paper read under its recipe: {_count(t.verdict, first_word=False)} (the fair reading: `paper/tuned`)"
     if k == "crisp" and e.name == "crisp" and (t := read("claims.csv")) is not None and len(t := t[t.study == "B"]):
         return f"{len(t)} claims of Crisp Attention read: {_count(t.verdict, first_word=False)}"
     if k == "crisp" and e.name == "crisp_normalizers" and (t := read("crisp_normalizer_tests.csv")) is not None:
@@ -264,7 +270,7 @@ def verdict_line(e: Experiment, root) -> str:
                 + (" (" + ", ".join(f"{r.method} on {r.dataset}" for r in won.itertuples()) + ")" if len(won) else ""))
     if k == "versus_baseline": return "runs in progress: the comparison is written when its grid finishes (rerun its command to resume)"
     if k == "fair_verdict" and (v := Path(root) / e.folder / "fair_verdict.csv").exists() and len(t := pd.read_csv(v).query("baseline == @BASELINE")):
-        return (f"{len(t)} tuned comparisons with tuned softmax ({', '.join(t.dataset)}): {_count(t.verdict)}"
+        return (f"{len(t)} tuned comparison{'s' * (len(t) != 1)} with tuned softmax ({', '.join(t.dataset)}): {_count(t.verdict)}"
                 + (f" ({int((~t.complete.astype(bool)).sum())} provisional: not every seed has run)" if (~t.complete.astype(bool)).any() else ""))
     if k == "fair_verdict": return "search in progress: the verdict is written as each dataset's grids finish (rerun its command to resume)"
     if k == "speed_check": return "paired checks in BENCHMARKS.md"
@@ -276,8 +282,8 @@ OUTPUTS_HEADER = """# Committed results
 
 Run results land here and are git-ignored, except the project's findings, which are committed: `paper/` (study A at
 the paper's size, its ablations, follow-ups and recipe grids, the Crisp runs and the report), `literature/`
-(normalizers from recent papers against the baselines of `paper/`), `speed/` (the paired checks that the opt-in fast
-paths reach the same conclusions) and `example/` (the `quick` profile). `leaderboard.md` (with its `.csv` and `.png`)
+(normalizers from recent papers against the baselines of `paper/`), `speed/` (the paired checks of the opt-in fast
+paths against the default one) and `example/` (the `quick` profile). `leaderboard.md` (with its `.csv` and `.png`)
 lists every normalizer with committed runs, per dataset, under both recipes (`sparse-repro leaderboard`), and `cards/`
 holds one page per normalizer (`sparse-repro card NAME`). The rendered notebooks are built into `site/` by
 `sparse-repro site` (not committed).
@@ -320,4 +326,4 @@ assert "runs in progress" in outputs_index(_o)              # a grid still runni
 assert "search in progress" in outputs_index(_o)
 pd.DataFrame(dict(dataset=["cifar10", "cifar10"], baseline=["softmax", "entmax15"], verdict=["gone", "undecided"], complete=[True, True])).to_csv(
     _o / "literature" / "fair" / "scalable_softmax" / "fair_verdict.csv", index=False)
-assert "| `literature/fair/scalable_softmax` | fair_scalable_softmax |" in (_ix2 := outputs_index(_o)) and "1 tuned comparisons with tuned softmax (cifar10): 1 gone" in _ix2
+assert "| `literature/fair/scalable_softmax` | fair_scalable_softmax |" in (_ix2 := outputs_index(_o)) and "1 tuned comparison with tuned softmax (cifar10): 1 gone" in _ix2

@@ -65,9 +65,10 @@
 # [`nbs/protocol.ipynb`](protocol.ipynb); the tuned-recipe protocol behind "tuned" is declared in
 # [`nbs/05b_tuning.ipynb`](05b_tuning.ipynb), before its runs. Three normalizers from recent papers (sigmoid
 # attention, Scalable-Softmax, softpick) were run against the committed baselines under the paper's recipe
-# (`outputs/literature/`); their fair reading is still to come. Five more in the example package (softmax with a sink,
-# stick-breaking, ReLU attention, normmax, and a learned-temperature softmax as Scalable-Softmax's control) are tested
-# against their papers' formulas and have not been run in a grid yet.
+# (`outputs/literature/`), with a learned-temperature softmax as Scalable-Softmax's control and a run with padding
+# masked; their fair searches (`outputs/literature/fair/`) are under way, and the leaderboard shows which have a tuned
+# verdict yet. Four more in the example package (softmax with a sink, stick-breaking, ReLU attention, normmax) are
+# tested against their papers' formulas and have not been run in a grid yet.
 #
 # **The leaderboard** of every normalizer with committed runs — per dataset its gain over softmax under the paper's
 # recipe and at a tuned recipe, and in the pretrained encoder, with CIs and Holm verdicts, its density and cost — is
@@ -189,7 +190,7 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # | `… grid --attention fused` | opt-in: each head's scores, normalizer and weighted values in one C kernel, forward and backward (`nbs/00_kernels.ipynb`, the model's fused path in `nbs/02_model.ipynb`); CPU only, one model at a time, every paper method; refused in one line when a method has no such kernel, so the arms of a grid never run on different paths; float32 rounding differs from the default path |
 # | `… grid --attention fused_block` | opt-in: the fused attention, and each block's residual sum, dropout and LayerNorm and its GELU with the dropout after it as C kernels, forward and backward (`block.c`); the matrix products stay torch's; same limits as `--attention fused`; a candidate of `--fast`'s calibration (`sparse-repro bench steps` times it against the other attention paths step by step) |
 # | `sparse-repro crisp --configs entmax15 …` | any registered normalizer in place of softmax in every layer of the pretrained encoder (study A's normalizers in Crisp's regime); paired with dense in their own Holm family |
-# | `… grid --dropout-rng philox` / `… grid --precision bf16` | opt-in: dropout masks from a counter-based generator instead of torch's (the same masks on every device; its elements split over threads, but on one thread it is now slower than the default draw, 3.5 against 1.35 ns per element), bf16 autocast (faster, for CPUs with bf16 units and GPUs); both change results run by run, not the conclusions (see Performance) |
+# | `… grid --dropout-rng philox` / `… grid --precision bf16` | opt-in: dropout masks from a counter-based generator instead of torch's (the same masks on every device; its elements split over threads, but on one thread it is now slower than the default draw, 3.5 against 1.35 ns per element), bf16 autocast (faster, for CPUs with bf16 units and GPUs); both change results run by run: no gain moved significantly in the paired 10-seed checks, but four Fashion-MNIST Holm verdicts that sit near the threshold flip (see Performance) |
 # | `… grid --methods mine --baseline outputs/paper` | a new normalizer against the committed runs: trains only `mine` on their seeds, subsets and options (refused in one line if the options differ), re-runs softmax on each dataset's first seed as a pairing check, and writes `versus_baseline.md` / `.csv`: each dataset, `mine` against each of the seven, CI, Holm within `mine`'s own family, density, time ratio |
 # | `… --methods package.module:name` | a normalizer registered outside the library (`register_normalizer`), imported by its module; an installed package can instead register it under the entry-point group `sparse_attention_repro.normalizers` and it is found by name |
 # | `sparse-repro bench normalizers` / `sparse-repro bench grid [--datasets …] [--epochs N]` | speed: ratio tables measured side by side in one process (`grid` includes our re-implementation of the original study's training path; for speed against the original itself, see Performance) |
@@ -285,7 +286,7 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # per-model reductions too (fewer launches, last-bit differences). On an NVIDIA H200 the whole paper profile — 5 datasets
 # × 7 methods × 10 seeds, data loading and evaluation included — took 3.3 minutes this way, against 27.8 minutes
 # projected for the lock-step path on the same GPU, and its gains over softmax were within −1.1 to +0.5 pt of the
-# committed CPU runs, none significantly different (`sparse-repro bench profile --device cuda --stack-seeds 10`;
+# committed CPU runs, none significantly different — a difference test, not an equivalence test (`sparse-repro bench profile --device cuda --stack-seeds 10`;
 # `outputs/speed/gpu_stacked_paper/`, BENCHMARKS.md).
 
 # %% [markdown]
@@ -313,7 +314,7 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # path draws torch's own dropout masks in C (bit for bit; 4–8× faster per element in our measurements), and a grid pinned to one core now
 # runs one thread (it used to take the machine's core count, so earlier side-by-side runs gave ours two threads on one
 # core). The machine ran slower on the day of these pairs than the day before (the original's Fashion-MNIST run took
-# 157–161 s against 123–127 s), so compare the two programs within a row, not seconds across days; the Fashion-MNIST
+# 141–161 s in these pairs against 123–127 s), so compare the two programs within a row, not seconds across days; the Fashion-MNIST
 # softmax margin is of the size of that swing. Our re-implementation of the original's path (`bench grid`) makes the gap
 # look larger; quote the side-by-side figures. A Fashion-MNIST seed took 3.0× and a 20 Newsgroups seed 3.3× the fp32
 # floor (measured before these changes); `--fast` trains a Fashion-MNIST seed in 1.9× and a 20 Newsgroups seed in 1.3×
@@ -326,8 +327,8 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # machine): at T = 97 top-k costs 2.02–2.05× softmax (3.2–3.4× before its threshold search took ~5 counting passes
 # instead of 14–17, and its split points moved into simd loops), sparsemax 1.76×, entmax-1.5 2.01×, the learned-α entmax
 # 7.55×; at T = 17, 1.57–2.09× for all but the learned-α entmax (5.65×). Each kernel change is bit-identical to what it
-# replaced. The dated measurements, and the per-normalizer cost of every carded normalizer, are in `BENCHMARKS.md` and
-# `outputs/leaderboard.md`.
+# replaced. The dated measurements are in `BENCHMARKS.md`. The leaderboard's step-cost column is another measurement:
+# each card times its normalizer when the card is written, at that moment's load, so its ratios differ from these.
 #
 # `--fast` takes the opt-in speed levers that pay on the machine it runs on. A lever that pays on one CPU can cost on
 # another: on the Intel Xeon (AVX-512) host of a GPU machine, bf16 autocast alone made a Fashion-MNIST training step of
