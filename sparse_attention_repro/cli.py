@@ -103,7 +103,7 @@ def _executor_args(sp):
 FAST_HELP = ("the opt-in speed levers that pay on this machine: Philox dropout masks, bf16 autocast (where the CPU or GPU has "
              "bf16 units) and fused attention (one C kernel per head, where every method has it), each combination timed "
              "here on a few steps at first use (cached) and the fastest kept, the default path included; the choice and "
-             "its timings go in the manifest, the levers in each row; results change run by run, not the conclusions")
+             "its timings go in the manifest, the levers in each row; results change run by run (see BENCHMARKS.md for what that did to the verdicts)")
 
 def _grid_args(sub):
     "`grid`: the study A grid and its variants."
