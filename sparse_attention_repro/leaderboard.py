@@ -215,7 +215,7 @@ def normalizer_card(outputs, name, main="paper", cost_repeats=10) -> Path:
     from sparse_attention_repro.files import atomic_write
     from sparse_attention_repro.normalizers import resolve_normalizer
     from sparse_attention_repro.study import PAPER_METHODS
-    outputs = Path(outputs); spec = resolve_normalizer(name)
+    outputs = Path(outputs); spec = resolve_normalizer(name); name = spec.name      # `module:name` reads as its registered name
     rows = leaderboard_rows(outputs, main).pipe(lambda t: t[t.normalizer == name])
     vs_ent = leaderboard_rows(outputs, main, baseline="entmax15").pipe(lambda t: t[t.normalizer == name])
     fmt = lambda t: pd.DataFrame({"dataset": t.dataset, "reading": t.reading, "gain (pt)": (100 * t.gain).map("{:+.2f}".format),
