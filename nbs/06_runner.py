@@ -53,13 +53,15 @@ test_eq(sorted(p.name for p in (d / "sub").iterdir()), ["r.csv"])  # written thr
 # An executed notebook is a record meant to be kept and shared, so it should not name the machine it ran on. Papermill
 # stores absolute paths (its input and output paths, and our task parameters such as the rows folder), and stderr
 # carries progress bars and library warnings that name installation paths; `scrub_record` rewrites every path under
-# the results folder relative to it, keeps only the file name of papermill's paths and drops stderr streams (an error
-# stays: it is an output of its own kind).
+# the results folder relative to it, and a path elsewhere under the folder the command ran in (a shorter run that a
+# grid continues, in a sibling folder) relative to that; it keeps only the file name of papermill's paths and drops
+# stderr streams (an error stays: it is an output of its own kind).
 
 # %%
 #| export
-def scrub_record(nb_path, root):
-    "Rewrite the executed notebook `nb_path` so that paths under `root` are relative to it and papermill's paths are bare names."
+def scrub_record(nb_path, root, base=None):
+    """Rewrite the executed notebook `nb_path` so that paths under `root` are relative to it, other paths under `base` (the
+    working directory by default) relative to that, and papermill's paths are bare names."""
     import nbformat                                   # here, not at import: the command line's errors stay quick
     nb = nbformat.read(nb_path, as_version=4)
     meta = nb.metadata.get("papermill", {})
@@ -69,6 +71,8 @@ def scrub_record(nb_path, root):
         if c.get("outputs"): c.outputs = [o for o in c.outputs if not (o.output_type == "stream" and o.name == "stderr")]
     root = str(Path(root).resolve())
     text = nbformat.writes(nb).replace(root + os.sep, "").replace(root, ".")
+    base = Path(base if base is not None else Path.cwd()).resolve()
+    if base.parent != base: text = text.replace(str(base) + os.sep, "")        # never the file system's root
     atomic_write(nb_path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
@@ -85,6 +89,10 @@ test_eq(back.cells[0].source, 'rows_dir = "rows/a/seed0"\nout = "."')
 test_eq([o.name for o in back.cells[0].outputs], ["stdout"])                 # stderr noise gone, results kept
 test_eq(back.metadata.papermill, {"input_path": "a.ipynb", "output_path": "a.ipynb"})
 assert str(d) not in (d / "rec.ipynb").read_text()
+nb.cells = [nbformat.v4.new_code_cell(f'continue_from = "{d}/shorter/rows/a"\nrows_dir = "{d}/longer/rows/a"')]
+nbformat.write(nb, d / "longer" / "rec.ipynb") if (d / "longer").mkdir() is None else None
+scrub_record(d / "longer" / "rec.ipynb", d / "longer", base=d)                  # a sibling folder: relative to where it ran
+test_eq(nbformat.read(d / "longer" / "rec.ipynb", as_version=4).cells[0].source, 'continue_from = "shorter/rows/a"\nrows_dir = "rows/a"')
 
 
 # %% [markdown]

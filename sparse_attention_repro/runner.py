@@ -22,8 +22,9 @@ def save_rows(rows, path):
     atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
 
 # %% ../nbs/06_runner.ipynb
-def scrub_record(nb_path, root):
-    "Rewrite the executed notebook `nb_path` so that paths under `root` are relative to it and papermill's paths are bare names."
+def scrub_record(nb_path, root, base=None):
+    """Rewrite the executed notebook `nb_path` so that paths under `root` are relative to it, other paths under `base` (the
+    working directory by default) relative to that, and papermill's paths are bare names."""
     import nbformat                                   # here, not at import: the command line's errors stay quick
     nb = nbformat.read(nb_path, as_version=4)
     meta = nb.metadata.get("papermill", {})
@@ -33,6 +34,8 @@ def scrub_record(nb_path, root):
         if c.get("outputs"): c.outputs = [o for o in c.outputs if not (o.output_type == "stream" and o.name == "stderr")]
     root = str(Path(root).resolve())
     text = nbformat.writes(nb).replace(root + os.sep, "").replace(root, ".")
+    base = Path(base if base is not None else Path.cwd()).resolve()
+    if base.parent != base: text = text.replace(str(base) + os.sep, "")        # never the file system's root
     atomic_write(nb_path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 # %% ../nbs/06_runner.ipynb
