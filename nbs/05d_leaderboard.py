@@ -364,7 +364,7 @@ def normalizer_card(outputs, name, main="paper", cost_repeats=10) -> Path:
                                                                 *sorted(outputs.glob("**/fair_recipes.csv"))] if f.exists()]
     recipes = pd.concat(recipes, ignore_index=True) if recipes else pd.DataFrame()
     lines += ["## Chosen recipes (on validation)", "", recipes.to_markdown(index=False) if len(recipes) else "Not searched yet.", ""]
-    if len(gc := gain_curves(outputs, name, main)):
+    if len(recipes) and len(gc := gain_curves(outputs, name, main)):    # once the search has chosen a recipe
         gain_curve_figure(gc, outputs / "cards" / f"{name}.png")
         lines += ["## Gain against training length", "", "At each length the normalizer and softmax each take their best learning rate for "
                   "that many epochs (on validation); mean paired test gain over softmax with its 95% CI; dotted: the paper's length.", "",
