@@ -90,7 +90,7 @@ test_eq([o.name for o in back.cells[0].outputs], ["stdout"])                 # s
 test_eq(back.metadata.papermill, {"input_path": "a.ipynb", "output_path": "a.ipynb"})
 assert str(d) not in (d / "rec.ipynb").read_text()
 nb.cells = [nbformat.v4.new_code_cell(f'continue_from = "{d}/shorter/rows/a"\nrows_dir = "{d}/longer/rows/a"')]
-nbformat.write(nb, d / "longer" / "rec.ipynb") if (d / "longer").mkdir() is None else None
+(d / "longer").mkdir(); nbformat.write(nb, d / "longer" / "rec.ipynb")
 scrub_record(d / "longer" / "rec.ipynb", d / "longer", base=d)                  # a sibling folder: relative to where it ran
 test_eq(nbformat.read(d / "longer" / "rec.ipynb", as_version=4).cells[0].source, 'continue_from = "shorter/rows/a"\nrows_dir = "rows/a"')
 

@@ -33,7 +33,8 @@ def _word(gain, p_holm, alpha=0.05) -> str:
 
 def _provisional(t):
     "Tuned verdicts whose seeds have not all run at the chosen recipes say so, with their seed count."
-    done = t.complete.astype(str).str.strip().str.lower().isin(["true", "1", "1.0"]) if "complete" in t else pd.Series(True, index=t.index)
+    from sparse_attention_repro.tuning import _flag                       # yes/no as read back from a CSV
+    done = _flag(t.complete) if "complete" in t else pd.Series(True, index=t.index)
     return t.assign(verdict=[v if c else f"{v}, provisional ({int(n)} seeds)" for v, c, n in zip(t.verdict, done, t.n)])
 
 def _rows(t, reading, source, method="method", gain="mean_delta", verdict=None):
@@ -179,12 +180,12 @@ def write_leaderboard(outputs, main="paper") -> dict:
 def gain_curves(outputs, name, main="paper") -> pd.DataFrame:
     "Per dataset and epoch: `name`'s test gain over softmax, each at its best rate for that length on validation (empty if unsearched)."
     from sparse_attention_repro.tuning import tuned_runs, tuned_curves, recipe_budget
-    outputs = Path(outputs)
-    folders = [outputs / main] + sorted({f.parent.parent.parent for f in outputs.glob("**/tuned/*/runs.csv")} - {outputs / main})
-    runs = [r[r.method == name] for r in map(tuned_runs, folders) if len(r) and (r.method == name).any()]
-    base = tuned_runs(outputs / main)
-    if not runs or not len(base): return pd.DataFrame(columns=["dataset", "epoch", "method", "lr", "baseline_lr", "n", "gain", "ci_low", "ci_high"])
-    mine = tuned_curves(pd.concat(runs[:1], ignore_index=True))                        # the main results' own, where it is a paper method
+    outputs = Path(outputs); base = tuned_runs(outputs / main)
+    others = sorted({f.parent.parent.parent for f in outputs.glob("**/tuned/*/runs.csv")} - {outputs / main})
+    held = (r[r.method == name] for r in (base, *map(tuned_runs, others)) if len(r) and (r.method == name).any())
+    runs = next(held, None)                          # the first folder holding it: the main results' own, where it is a paper method
+    if runs is None or not len(base): return pd.DataFrame(columns=["dataset", "epoch", "method", "lr", "baseline_lr", "n", "gain", "ci_low", "ci_high"])
+    mine = tuned_curves(runs)
     curves = pd.concat([mine, tuned_curves(base[base.method == BASELINE])], ignore_index=True)
     return recipe_budget(curves[curves.dataset.isin(set(mine.dataset))]).query("method == @name").reset_index(drop=True)
 

@@ -674,8 +674,8 @@ def write_fair_verdict(new_dir, base_dir, method, baselines=PAPER_METHODS, searc
              f"(the tuned-recipe protocol), paired by seed on test accuracy; Holm within `{method}`'s own family, TOST at "
              f"±{100 * TUNED_MARGIN:g} pt. Baselines from `{base_dir}`.", ""]
     if len(vs): lines += [f"**Against tuned softmax:** " + "; ".join(f"{r.dataset} {_pt(r.gain)} pt ({r.verdict}; {int(r.n)} seeds"
-                                                                    + ("" if _flag(pd.Series([r.complete])).item() else ", provisional") + ")"
-                                                                    for r in vs.itertuples()) + ".", ""]
+                                                                    + ("" if done else ", provisional") + ")"
+                                                                    for r, done in zip(vs.itertuples(), _flag(vs.complete))) + ".", ""]
     if missing: lines += [f"**Not judged yet** (no baseline grid there): {', '.join(missing)}.", ""]
     if len(tests): lines += [readable_tuned(tests).to_markdown(index=False, disable_numparse=True), "",
                              "*Gain, paper's recipe*: both arms read from their tuned grids at 10⁻³ and the paper's epochs, on the seeds "
