@@ -163,7 +163,9 @@ CATALOGUE = {e.name: e for e in [
                  Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "kmnist"), methods=(name,)),
                  Analysis("fair_verdict", family="each new method's own", margin=0.01), runner="tuned", root="literature")
       for name, label in (("scalable_softmax", "Scalable-Softmax"), ("sigmoid_attention", "sigmoid attention"), ("softpick", "softpick"),
-                          ("relu_attention", "ReLU attention"), ("softmax_sink", "softmax with a sink"))],
+                          ("relu_attention", "ReLU attention"), ("softmax_sink", "softmax with a sink"),
+                          ("stick_breaking", "stick-breaking attention"), ("normmax", "normmax"),
+                          ("learned_temperature_softmax", "the learned-temperature softmax (Scalable-Softmax's control)"))],
     Experiment("fashion_mnist_fast", "Does `--fast` (Philox masks, bf16, fused attention) change any Fashion-MNIST gain over softmax, paired "
                "by seed with the default path?", "fashion_mnist_fast", Design(datasets=("fashion_mnist",), options=dict(fast=True)),
                Analysis("speed_check", margin=0.005), root="speed"),
