@@ -1023,6 +1023,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                'sparse_attention_repro/train.py'),
                                               'sparse_attention_repro.train.cls_attention': ( 'train.html#cls_attention',
                                                                                               'sparse_attention_repro/train.py'),
+                                              'sparse_attention_repro.train.curve_batch': ( 'train.html#curve_batch',
+                                                                                            'sparse_attention_repro/train.py'),
                                               'sparse_attention_repro.train.data_options': ( 'train.html#data_options',
                                                                                              'sparse_attention_repro/train.py'),
                                               'sparse_attention_repro.train.dropout_generators': ( 'train.html#dropout_generators',
