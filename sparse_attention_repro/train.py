@@ -82,8 +82,10 @@ EVAL_BATCH = 500              # evaluation's sums (loss, density, padding mass) 
 CURVE_BYTES = 8 * 2 ** 20     # the learning curves' forward batch: one layer's attention weights within this many bytes
 
 def curve_batch(model) -> int:
-    "Forward batch of the learning curves' pass: the examples whose attention weights `[B, H, T, T]` fit in `CURVE_BYTES`, 32 to `EVAL_BATCH`."
-    cfg = model.cfg
+    """Forward batch of the learning curves' pass: on the CPU, the examples whose attention weights `[B, H, T, T]` fit in
+    `CURVE_BYTES`, 32 to `EVAL_BATCH`; `EVAL_BATCH` on other devices and for models without a `cfg`."""
+    cfg = getattr(model, "cfg", None)
+    if cfg is None or next(model.parameters()).device.type != "cpu": return EVAL_BATCH
     per_example = cfg.num_heads * (cfg.seq_len + 1) ** 2 * 4                 # float32 weights of one example, CLS included
     return int(min(EVAL_BATCH, max(32, CURVE_BYTES // per_example)))
 
@@ -91,7 +93,7 @@ def curve_batch(model) -> int:
 def evaluate(model, split, batch_size=EVAL_BATCH, precision="fp32", record=True):
     """Accuracy, macro-F1, loss, nonzero_ratio and seconds of one pass of `model` over `split`. Without `record` (the learning
     curves) no density or padding mass is kept (NaN, None) and the forward runs `curve_batch` examples at a time; accuracy and
-    loss are the same bits either way."""
+    loss are the same bits either way (tested on the CPU; other devices keep `batch_size`)."""
     model.eval(); model.set_recording(record)
     device = next(model.parameters()).device
     split = split.to(device)
