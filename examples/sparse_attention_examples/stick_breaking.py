@@ -14,10 +14,13 @@ Rows sum to 1 - prod_k (1 - beta_ik) < 1 (the rest of the stick is attention to 
 - the query attends to itself, first (the paper's kernel has this as an option): in a bidirectional encoder with
   key masks, its own token is one of the keys it may attend to.
 - log space, as the paper computes it: log A_ij = logsigmoid(s_ij) + sum of logsigmoid(-s_ik) over the earlier keys
-  (a cumulative sum in query i's order), then one exp; stable for any finite score.
+  (a cumulative sum in query i's order), then one exp; stable for any finite score. logsigmoid(-s) is taken as
+  logsigmoid(s) - s: one logsigmoid per score instead of two, off by at most the rounding of s in log space (a relative
+  error of the weights at float precision).
 - masked keys get exactly 0 and do not consume the stick (they are left out of the product); a row with no valid key
   gives zeros. Half-precision scores are computed in float32 (a cumulative sum of logs).
 """
+import functools
 import torch
 import torch.nn.functional as F
 from sparse_attention_repro.normalizers import register_normalizer
@@ -29,16 +32,23 @@ def key_order(tq, tk, device=None):
     return 2 * (j - i).abs() + (j > i).long()                                      # distinct within each row
 
 
+@functools.lru_cache(maxsize=None)
+def _orders(tq, tk, device):
+    "The keys of each query's stick in order, `[Tq, Tk]`, and each key's place in it (the inverse permutation): made once per shape."
+    order = key_order(tq, tk, device).argsort(-1)
+    return order, order.argsort(-1)
+
+
 @register_normalizer("stick_breaking", sums_to_one=False, stackable=True)
 def stick_breaking(scores, key_mask=None):
     "Stick-breaking weights over the keys, nearest to the query first; masked keys 0 and skipped."
     x = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
     if key_mask is not None: x = x.masked_fill(~key_mask.to(torch.bool), 0.)
-    log_rest = F.logsigmoid(-x)                                                    # log(1 - beta)
+    log_beta = F.logsigmoid(x)
+    log_rest = log_beta - x                                                        # log(1 - beta) = logsigmoid(-x)
     if key_mask is not None: log_rest = log_rest.masked_fill(~key_mask.to(torch.bool), 0.)   # masked: no break
-    order = key_order(*x.shape[-2:], device=x.device).argsort(-1).expand(x.shape)  # (..., Tq, Tk): keys, nearest first
+    order, place = (o.expand(x.shape) for o in _orders(*x.shape[-2:], x.device))   # (..., Tq, Tk)
     before = F.pad(log_rest.gather(-1, order).cumsum(-1)[..., :-1], (1, 0))         # stick used before each, in order
-    before = before.gather(-1, order.argsort(-1))                                  # back to key positions
-    p = (F.logsigmoid(x) + before).exp()
+    p = (log_beta + before.gather(-1, place)).exp()                                # back to key positions
     if key_mask is not None: p = p.masked_fill(~key_mask.to(torch.bool), 0.)
     return p.to(scores.dtype)

@@ -160,6 +160,35 @@ def test_normmax_is_the_papers_formula():
     torch.testing.assert_close(normmax(x + 1e4), normmax(x))
 
 
+def test_normmax_in_float32_on_the_kernel_path():
+    "float32 rows take the support from the lab's entmax-1.5 kernel (2z): the same weights, keys at tau get 0."
+    s = torch.randn(3, 4, 5, 6, dtype=torch.float64) * 2
+    for mask in (None, MASK):
+        torch.testing.assert_close(normmax(s.float(), mask).double(), by_element(_normmax_brute_force, s, mask), rtol=1e-5, atol=1e-6)
+    tau = (-1 - math.sqrt(7)) / 4                                                    # support {0, -0.5}: t^2 + (t + 0.5)^2 = 1
+    torch.testing.assert_close(normmax(torch.tensor([[0.0, -1.0, -0.5, -3.0]])),
+                               torch.tensor([[-tau, 0.0, -0.5 - tau, 0.0]]) / (-2 * tau - 0.5))
+    p = normmax(torch.tensor([[0.0, -1.0]]))                                          # the second key sits exactly at tau = -1
+    assert p[0, 1] == 0 and p[0, 0] == 1
+    assert (normmax(torch.randn(64, 97) * 0.3) >= 0).all()
+
+
+def test_normmax_gradient_is_autograd_through_the_closed_form():
+    from sparse_attention_examples.normmax import NormmaxFunction, _support, _threshold
+    def by_autograd(z):                                                              # the support fixed, tau differentiated
+        with torch.no_grad(): on = _support(z)
+        q = torch.where(on, z - _threshold(z, on), torch.zeros_like(z))
+        return q / q.sum(-1, keepdim=True)
+    s = torch.randn(3, 4, 5, 9, dtype=torch.float64) * 1.5
+    s[0, 0, 0, 3:] = float("-inf")                                                   # masked keys
+    z = (s - s.amax(-1, keepdim=True)).requires_grad_()
+    g = torch.randn_like(s)
+    a, = torch.autograd.grad((NormmaxFunction.apply(z) * g).sum(), z)
+    b, = torch.autograd.grad((by_autograd(z) * g).sum(), z)
+    torch.testing.assert_close(a, b)
+    torch.autograd.gradcheck(NormmaxFunction.apply, (torch.randn(2, 7, dtype=torch.float64, requires_grad=True),))
+
+
 def test_normmax_matches_the_entmax_package():
     entmax = pytest.importorskip("entmax")
     s = torch.randn(5, 3, 4, 11, dtype=torch.float64) * 3
