@@ -888,6 +888,19 @@ def tuned_rule(args, runs):
         raise UsageError(f"{Path(args.out) / 'tuned'} was searched with the full select stage; --halving starts a new search (give another --out)")
     return T.HALVING if getattr(args, "halving", False) or stored is not None else None
 
+def tuned_groups(stack, grids) -> list:
+    """One `TaskGroup` per grid of a tuned stage, each results folder held once (in `stack`, an `ExitStack`): the power
+    stage sends several grids into one folder (other methods on other seeds), whose notebooks must then be distinct."""
+    groups, held = [], {}
+    for _, g in grids:
+        tasks, options = grid_tasks(g)
+        if g.out not in held: stack.enter_context(results_lock(g.out)); held[g.out] = set()
+        if clash := held[g.out] & {str(t.output) for t in tasks}:
+            raise ValueError(f"two grids of one stage would write {sorted(clash)[0]} (a bug in the stage's plan: please report it)")
+        held[g.out] |= {str(t.output) for t in tasks}
+        groups.append(study_group(STUDY_A, g.out, tasks, options, name=Path(g.out).name))
+    return groups
+
 def cmd_tuned(args):
     "Run the requested stage of the tuned-recipe protocol until it needs nothing more (or a notebook fails); returns the failures."
     from contextlib import ExitStack
@@ -905,11 +918,7 @@ def cmd_tuned(args):
         for line in lines: print(f"tuned ({args.stage}): {line}")
         if args.dry_run: return {}
         with ExitStack() as stack:                          # every grid's folder held and checked, then one pool for all their notebooks
-            groups = []
-            for _, g in grids:
-                tasks, options = grid_tasks(g)
-                stack.enter_context(results_lock(g.out))
-                groups.append(study_group(STUDY_A, g.out, tasks, options, name=Path(g.out).name))
+            groups = tuned_groups(stack, grids)
             fails = run_task_groups(groups, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
                                     desc=f"tuned ({args.stage}) notebooks")
         if fails or args.stage != "select": break
@@ -938,6 +947,18 @@ test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", str(_
 test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--methods", "sparsemax", "--baseline", str(_out)])),
           exc=UsageError, contains="holds no tuned grids")
 test_eq(tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--stage", "power"])), [])   # nothing complete yet
+import tempfile
+from contextlib import ExitStack
+from sparse_attention_repro.runner import FolderBusyError
+with tempfile.TemporaryDirectory() as _td:                                    # the power stage: two grids into one folder
+    _pg = lambda methods, seeds: ("", build_parser().parse_args(["grid", "--profile", "smoke", "--out", f"{_td}/tuned/kmnist_lr0.001",
+                                  "--datasets", "kmnist", "--methods", *methods, "--seeds", *seeds, "--jobs", "1"]))
+    with ExitStack() as _st:
+        _gs = tuned_groups(_st, [_pg(["softmax", "sparsemax"], ["10"]), _pg(["softmax"], ["11", "12"])])
+        test_eq([len(g.tasks) for g in _gs], [1, 2])                                # one folder, held once, notebooks by seed
+        test_fail(lambda: tuned_groups(ExitStack(), [_pg(["softmax"], ["10"])]), exc=FolderBusyError, contains="in use by")
+    with ExitStack() as _st:
+        test_fail(lambda: tuned_groups(_st, [_pg(["softmax"], ["10"]), _pg(["sparsemax"], ["10"])]), exc=ValueError, contains="two grids")
 test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", "x", "--datasets", "synthetic_marker"])), exc=UsageError,
           contains="no declared recipe search")
 

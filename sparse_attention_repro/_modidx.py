@@ -211,6 +211,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                             'sparse_attention_repro/cli.py'),
                                             'sparse_attention_repro.cli.tuned_grids': ( 'cli.html#tuned_grids',
                                                                                         'sparse_attention_repro/cli.py'),
+                                            'sparse_attention_repro.cli.tuned_groups': ( 'cli.html#tuned_groups',
+                                                                                         'sparse_attention_repro/cli.py'),
                                             'sparse_attention_repro.cli.tuned_rule': ( 'cli.html#tuned_rule',
                                                                                        'sparse_attention_repro/cli.py'),
                                             'sparse_attention_repro.cli.usable_cores': ( 'cli.html#usable_cores',

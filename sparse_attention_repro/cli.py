@@ -8,7 +8,7 @@ __all__ = ['FAST_HELP', 'SUBCOMMANDS', 'STUDY_A', 'CRISP', 'BENCHES', 'TIMED_BEN
            'build_parser', 'ExecutionPlan', 'execution_plan', 'grid_tasks', 'study_group', 'run_study', 'cmd_grid',
            'crisp_tasks', 'cmd_crisp', 'cmd_report', 'cmd_index', 'cmd_leaderboard', 'cmd_card', 'cmd_readme',
            'cmd_site', 'cmd_reproduce', 'ablation_grids', 'cmd_ablations', 'cmd_follow_ups', 'tuned_grids',
-           'tuned_rule', 'cmd_tuned', 'cmd_attention_maps', 'cmd_bench', 'main']
+           'tuned_rule', 'tuned_groups', 'cmd_tuned', 'cmd_attention_maps', 'cmd_bench', 'main']
 
 # %% ../nbs/07_cli.ipynb
 import argparse, os, sys
@@ -665,6 +665,19 @@ def tuned_rule(args, runs):
         raise UsageError(f"{Path(args.out) / 'tuned'} was searched with the full select stage; --halving starts a new search (give another --out)")
     return T.HALVING if getattr(args, "halving", False) or stored is not None else None
 
+def tuned_groups(stack, grids) -> list:
+    """One `TaskGroup` per grid of a tuned stage, each results folder held once (in `stack`, an `ExitStack`): the power
+    stage sends several grids into one folder (other methods on other seeds), whose notebooks must then be distinct."""
+    groups, held = [], {}
+    for _, g in grids:
+        tasks, options = grid_tasks(g)
+        if g.out not in held: stack.enter_context(results_lock(g.out)); held[g.out] = set()
+        if clash := held[g.out] & {str(t.output) for t in tasks}:
+            raise ValueError(f"two grids of one stage would write {sorted(clash)[0]} (a bug in the stage's plan: please report it)")
+        held[g.out] |= {str(t.output) for t in tasks}
+        groups.append(study_group(STUDY_A, g.out, tasks, options, name=Path(g.out).name))
+    return groups
+
 def cmd_tuned(args):
     "Run the requested stage of the tuned-recipe protocol until it needs nothing more (or a notebook fails); returns the failures."
     from contextlib import ExitStack
@@ -682,11 +695,7 @@ def cmd_tuned(args):
         for line in lines: print(f"tuned ({args.stage}): {line}")
         if args.dry_run: return {}
         with ExitStack() as stack:                          # every grid's folder held and checked, then one pool for all their notebooks
-            groups = []
-            for _, g in grids:
-                tasks, options = grid_tasks(g)
-                stack.enter_context(results_lock(g.out))
-                groups.append(study_group(STUDY_A, g.out, tasks, options, name=Path(g.out).name))
+            groups = tuned_groups(stack, grids)
             fails = run_task_groups(groups, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
                                     desc=f"tuned ({args.stage}) notebooks")
         if fails or args.stage != "select": break
