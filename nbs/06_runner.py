@@ -351,9 +351,11 @@ class TaskGroup:
     scrub_root: Path | None = None
     name: str = ""
 
-def run_task_groups(groups, jobs=1, executor="local", scheduler=None, progress=True, desc="runs"):
-    "Run the unfinished tasks of every `TaskGroup` from one pool; keep each group's CSV up to date; return {name: error}."
+def run_task_groups(groups, jobs=1, executor="local", scheduler=None, progress=True, desc="runs", order=None):
+    """Run the unfinished tasks of every `TaskGroup` from one pool; keep each group's CSV up to date; return {name: error}.
+    Tasks start group by group, or sorted by `order(task)` (stable) where given."""
     pending = [(g, t) for g in groups for t in g.tasks if not t.done]
+    if order is not None: pending.sort(key=lambda gt: order(gt[1]))
     total = sum(len(g.tasks) for g in groups)
     if len(pending) < total and progress: print(f"{total - len(pending)} of {total} tasks already done; resuming")
     for g in groups:
@@ -414,6 +416,13 @@ _g = [TaskGroup([NotebookTask(f"x{x}", d / "square.ipynb", d / f"g{k}" / f"x{x}.
                 d / f"g{k}" / "out.csv", ["x"], d / f"g{k}" / "rows", d, name=f"g{k}") for k, xs in enumerate([(4, 5), (6, -3)])]
 test_eq(run_task_groups(_g, jobs=2, progress=False), {"g1:x-3": "ValueError: x must be >= 0"})
 test_eq([pd.read_csv(d / f"g{k}" / "out.csv").values.tolist() for k in (0, 1)], [[[4, 16], [5, 25]], [[6, 36]]])
+# `order` sets the start order across groups (one job: the finishing order too)
+_o = [TaskGroup([NotebookTask(f"x{x}", d / "square.ipynb", d / f"o{k}" / f"x{x}.ipynb", [d / f"o{k}" / "rows" / f"x{x}.csv"],
+                              dict(x=x, rows_path=str(d / f"o{k}" / "rows" / f"x{x}.csv"))) for x in xs],
+                d / f"o{k}" / "out.csv", ["x"], d / f"o{k}" / "rows", d, name=f"o{k}") for k, xs in enumerate([(7, 8), (9,)])]
+test_eq(run_task_groups(_o, jobs=1, progress=False, order=lambda t: -t.parameters["x"]), {})
+_mt = {x: (d / f"o{k}" / "rows" / f"x{x}.csv").stat().st_mtime_ns for k, xs in enumerate([(7, 8), (9,)]) for x in xs}
+assert _mt[9] < _mt[8] < _mt[7], _mt
 
 # %% [markdown]
 # For executors on other machines (dask), a task runs in a private temporary folder and sends its executed notebook and

@@ -890,7 +890,8 @@ def tuned_rule(args, runs):
 
 def tuned_groups(stack, grids) -> list:
     """One `TaskGroup` per grid of a tuned stage, each results folder held once (in `stack`, an `ExitStack`): the power
-    stage sends several grids into one folder (other methods on other seeds), whose notebooks must then be distinct."""
+    stage sends several grids into one folder (other methods on other seeds), whose notebooks must then be distinct.
+    `cmd_tuned` starts their notebooks seed by seed, so that a stopped stage leaves whole pairs (an arm and softmax)."""
     groups, held = [], {}
     for _, g in grids:
         tasks, options = grid_tasks(g)
@@ -920,7 +921,7 @@ def cmd_tuned(args):
         with ExitStack() as stack:                          # every grid's folder held and checked, then one pool for all their notebooks
             groups = tuned_groups(stack, grids)
             fails = run_task_groups(groups, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
-                                    desc=f"tuned ({args.stage}) notebooks")
+                                    desc=f"tuned ({args.stage}) notebooks", order=lambda t: min(t.parameters["seeds"]))
         if fails or args.stage != "select": break
         ran = lines
     else: print(f"tuned ({args.stage}): nothing left to run in {Path(args.out) / 'tuned'}")

@@ -189,9 +189,11 @@ class TaskGroup:
     scrub_root: Path | None = None
     name: str = ""
 
-def run_task_groups(groups, jobs=1, executor="local", scheduler=None, progress=True, desc="runs"):
-    "Run the unfinished tasks of every `TaskGroup` from one pool; keep each group's CSV up to date; return {name: error}."
+def run_task_groups(groups, jobs=1, executor="local", scheduler=None, progress=True, desc="runs", order=None):
+    """Run the unfinished tasks of every `TaskGroup` from one pool; keep each group's CSV up to date; return {name: error}.
+    Tasks start group by group, or sorted by `order(task)` (stable) where given."""
     pending = [(g, t) for g in groups for t in g.tasks if not t.done]
+    if order is not None: pending.sort(key=lambda gt: order(gt[1]))
     total = sum(len(g.tasks) for g in groups)
     if len(pending) < total and progress: print(f"{total - len(pending)} of {total} tasks already done; resuming")
     for g in groups:
