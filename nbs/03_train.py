@@ -139,16 +139,19 @@ test_eq(macro_f1(np.array([0, 0, 1]), np.array([0, 0, 2])), (1 + 0 + 0) / 3)    
 # (T = 97) it took about a third of each epoch's time, pass included. Two things make it cheaper without changing a bit of what it reports. The
 # curves keep only accuracy and loss, so they skip recording the density and the padding mass. And they run the forward
 # in batches whose attention weights (one layer's `[B, H, T, T]`) fit in a few MiB of cache (`curve_batch`): a batch of
-# 500 documents holds 75 MB of weights per layer, which streams through memory. On the CPU each example's logits are the
-# same bits at any batch (tested below, on image patches and token ids, the three attention paths and bf16), and the loss
-# is still summed over the same chunks of `EVAL_BATCH`, so accuracy and loss equal the recorded pass exactly. At T = 17
-# the rule keeps 500. A GPU keeps 500 too: its matrix products may pick other kernels at other sizes, and a cache rule
+# 500 documents holds 75 MB of weights per layer, which streams through memory. On the CPU each example's logits came
+# out the same bits at the batches used here (tested below, on image patches and token ids, the three attention paths
+# and bf16), and the loss is still summed over the same chunks of `EVAL_BATCH`, so accuracy and loss equal the recorded
+# pass exactly. A chunk of very few rows can round differently (the classifier's head is a product of as many rows as
+# examples, and a BLAS may take another path for a handful), so a tail of fewer than `CURVE_MIN` examples joins the chunk
+# before it. At T = 17 the rule keeps 500. A GPU keeps 500 too: its matrix products may pick other kernels at other sizes, and a cache rule
 # is a CPU's.
 
 # %%
 #| export
 EVAL_BATCH = 500              # evaluation's sums (loss, density, padding mass) run over chunks of this many examples
 CURVE_BYTES = 8 * 2 ** 20     # the learning curves' forward batch: one layer's attention weights within this many bytes
+CURVE_MIN = 32                # ... and no chunk of fewer examples (a matrix product of a few rows may round differently)
 
 def curve_batch(model) -> int:
     """Forward batch of the learning curves' pass: on the CPU, the examples whose attention weights `[B, H, T, T]` fit in
@@ -169,10 +172,12 @@ def evaluate(model, split, batch_size=EVAL_BATCH, precision="fp32", record=True)
     t0 = time.perf_counter()
     n = len(split.y)
     step = batch_size if record else min(batch_size, curve_batch(model))
+    starts = list(range(0, n, step))
+    if not record and len(starts) > 1 and n - starts[-1] < CURVE_MIN: starts.pop()   # a short tail joins the chunk before it
     chunks, density = [], torch.zeros((), dtype=torch.float64, device=device)
     pad_mass = None                                                         # token ids: per layer, (CLS, real queries) on padding
-    for i in range(0, n, step):
-        xb, mb = split.x[i:i + step], None if split.key_mask is None else split.key_mask[i:i + step]
+    for i, j in zip(starts, starts[1:] + [n]):
+        xb, mb = split.x[i:j], None if split.key_mask is None else split.key_mask[i:j]
         with autocast(device, precision): chunks.append(model(xb, mb).float())
         if not record: continue
         density += torch.stack(model.densities()).double().mean() * len(xb)
@@ -732,8 +737,9 @@ test_eq(evaluate(_new_model(data, "softmax", 0), data.test)["pad_attention"], No
 # %% [markdown]
 # The learning curves' pass (`record=False`) reports the recorded pass's accuracy and loss bit for bit, after a short
 # training: image patches and token ids with masked padding, the three attention paths, fp32 and bf16, and
-# forward batches that do not divide the split (20 Newsgroups' rule gives 55 documents; images keep 500, so there the
-# batch is forced down to 37 by shrinking `CURVE_BYTES`).
+# forward batches that do not divide the split, their short tails joined to the chunk before (20 Newsgroups' rule gives
+# 55 documents, so its 120 test documents run as 55 and 65; images keep 500, so there the batch is forced down to 37 by
+# shrinking `CURVE_BYTES`, and 300 images run as 37s and a last 41).
 
 # %%
 test_eq(curve_batch(mn), 55); test_eq(curve_batch(_new_model(data, "softmax", 0)), 500)

@@ -891,7 +891,8 @@ def tuned_rule(args, runs):
 def tuned_groups(stack, grids) -> list:
     """One `TaskGroup` per grid of a tuned stage, each results folder held once (in `stack`, an `ExitStack`): the power
     stage sends several grids into one folder (other methods on other seeds), whose notebooks must then be distinct.
-    `cmd_tuned` starts their notebooks seed by seed, so that a stopped stage leaves whole pairs (an arm and softmax)."""
+    `cmd_tuned` starts their notebooks seed by seed, so that a stopped stage leaves whole pairs of an arm and softmax,
+    but for the pairs in flight."""
     groups, held = [], {}
     for _, g in grids:
         tasks, options = grid_tasks(g)

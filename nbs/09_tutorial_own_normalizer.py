@@ -162,7 +162,8 @@ test_eq(hist.epoch.tolist()[0], 0)
 # ## 7. Reading a fair verdict and a card
 #
 # The committed searches show what the two files say once a search has finished. Sigmoid attention on CIFAR-10 is a
-# telling case: under the paper's recipe it trails softmax, and at its own recipe it leads. Its `fair_verdict.csv` has
+# telling case: under the paper's recipe it trails softmax, and at its own recipe its point estimate leads (still
+# undecided). Its `fair_verdict.csv` has
 # one row per comparison (its own recipe and the baseline's, the paired gain on test with its CI over the seeds, Holm p
 # within its own family, TOST p at ±1 pt, the verdict word, the seeds a ±1 pt equivalence test would need for 80 %
 # power) and, beside it, the same pair read at the paper's recipe:
@@ -186,11 +187,12 @@ assert r.gain_paper_recipe < 0 < r.gain                                         
 
 # %% [markdown]
 # How to read it. The tuned gain is the verdict; the paper-recipe gain beside it shows how much of a published
-# difference is the recipe. A sign that flips between the two columns is the signature of an early-training effect:
-# one arm learns faster at the paper's short schedule, and the difference does not survive when both train to their
-# own best length. "Undecided" means neither a significant difference after Holm nor equivalence within ±1 pt; the
-# power column says how many seeds would settle it. A recipe marked as on an edge (in `fair_recipes.csv`) is a choice
-# at the end of its search after the one extension the protocol allows: the optimum may lie beyond it.
+# difference is the recipe. A sign that flips between the two columns is consistent with an early-training effect (here
+# both tuned recipes keep 10⁻³ and only the length differs): one arm learns faster at the paper's short schedule, and
+# the difference does not survive when both train to their own best length. "Undecided" means neither a significant
+# difference after Holm nor equivalence within ±1 pt; the power column says how many seeds would settle it. In
+# `fair_recipes.csv`, `lr_bracketed` or `epoch_bracketed` False marks a choice at the end of its search after the one
+# extension the protocol allows: the optimum may lie beyond it.
 #
 # The card puts these readings on one page with the chosen recipes, the density, the cost beside softmax's, and the
 # gain-against-length curve: at each length both arms take their best rate on validation, and the paired test gain

@@ -49,6 +49,7 @@ class NormmaxFunction(torch.autograd.Function):
         return p
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, g):
         p, on, Q = ctx.saved_tensors
         s = on.to(g.dtype)

@@ -121,6 +121,18 @@ def test_stick_breaking_is_the_papers_formula():
     assert (stick_breaking(s).sum(-1) < 1).all()
 
 
+def test_stick_breaking_logsigmoids_and_inference_mode():
+    from sparse_attention_examples.stick_breaking import LogSigmoidPair
+    s = torch.tensor([0.0, 1.5, -2.0, 30.0, -30.0, 1e-4], dtype=torch.float64, requires_grad=True)
+    lb, lr = LogSigmoidPair.apply(s)
+    torch.testing.assert_close((lb, lr), (torch.nn.functional.logsigmoid(s), torch.nn.functional.logsigmoid(-s)))
+    assert torch.autograd.gradcheck(LogSigmoidPair.apply, (s,))                   # s = 0 included: sigmoid(0) = 1/2
+    x = torch.randn(2, 3, 7, 7)                                                   # a first call in inference mode, then training
+    with torch.inference_mode(): stick_breaking(x)
+    y = x.clone().requires_grad_(); stick_breaking(y).sum().backward()
+    assert torch.isfinite(y.grad).all()
+
+
 def test_relu_attention_is_the_papers_formula():
     s = torch.randn(2, 3, 4, 6, dtype=torch.float64)
     def rela(x, valid, i):
@@ -171,6 +183,37 @@ def test_normmax_in_float32_on_the_kernel_path():
     p = normmax(torch.tensor([[0.0, -1.0]]))                                          # the second key sits exactly at tau = -1
     assert p[0, 1] == 0 and p[0, 0] == 1
     assert (normmax(torch.randn(64, 97) * 0.3) >= 0).all()
+
+
+def test_normmax_keys_at_the_threshold():
+    "A key placed at tau (float32's nearest value, and one step above) is within rounding of it: never a negative weight."
+    import sparse_attention_repro.kernels as K
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(20000, 12, generator=gen, dtype=torch.float64)
+    z = z - z.amax(-1, keepdim=True)
+    x = z.float()
+    x[:, 11] = torch.tensor([_normmax_tau(row) for row in z.tolist()]).float()     # key 11 at tau ...
+    x[1::2, 11] = torch.nextafter(x[1::2, 11], torch.tensor(float("inf")))          # ... or one float32 step above it
+    assert K.usable(x), "the float32 CPU path should use the kernel"
+    p = normmax(x)
+    tau = torch.tensor([_normmax_tau(row) for row in x.double().tolist()], dtype=torch.float64)[:, None]
+    q = (x.double() - tau).clamp_min(0)
+    assert (p >= 0).all() and torch.isfinite(p).all()
+    torch.testing.assert_close(p.double(), q / q.sum(-1, keepdim=True), rtol=1e-5, atol=1e-6)
+    off = x.double()[:, 11] <= tau[:, 0]
+    assert off.any() and (p[off, 11] == 0).all()                                   # at or below the exact tau: exactly 0
+
+
+def _normmax_tau(x):
+    "The exact threshold of a row, by sorting (float64)."
+    zs = sorted(x, reverse=True)
+    for k in range(len(zs), 0, -1):
+        top = zs[:k]; S, Q = sum(top), sum(v * v for v in top)
+        disc = S * S - k * (Q - 1)
+        if disc < 0: continue
+        t = (S - math.sqrt(disc)) / k
+        if t < top[-1] and (k == len(zs) or zs[k] <= t): return t
+    raise AssertionError("no threshold")
 
 
 def test_normmax_gradient_is_autograd_through_the_closed_form():
