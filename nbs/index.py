@@ -69,8 +69,8 @@
 # attention, Scalable-Softmax, softpick) were run against the committed baselines under the paper's recipe
 # (`outputs/literature/`), with a learned-temperature softmax as Scalable-Softmax's control and a run with padding
 # masked; their fair searches (`outputs/literature/fair/`) are under way, and the leaderboard shows which have a tuned
-# verdict yet. Four more in the example package (softmax with a sink, stick-breaking, ReLU attention, normmax) are
-# tested against their papers' formulas and have not been run in a grid yet.
+# verdict yet. Four more in the example package (softmax with a sink, ReLU attention, stick-breaking, normmax) are
+# tested against their papers' formulas and judged by the same fair search, dataset by dataset.
 #
 # **The leaderboard** of every normalizer with committed runs — per dataset its gain over softmax under the paper's
 # recipe and at a tuned recipe, and in the pretrained encoder, with CIs and Holm verdicts, its density and cost — is
