@@ -155,11 +155,11 @@ CURVE_MIN = 32                # ... and no chunk of fewer examples (a matrix pro
 
 def curve_batch(model) -> int:
     """Forward batch of the learning curves' pass: on the CPU, the examples whose attention weights `[B, H, T, T]` fit in
-    `CURVE_BYTES`, 32 to `EVAL_BATCH`; `EVAL_BATCH` on other devices and for models without a `cfg`."""
+    `CURVE_BYTES`, `CURVE_MIN` to `EVAL_BATCH`; `EVAL_BATCH` on other devices and for models without a `cfg`."""
     cfg = getattr(model, "cfg", None)
     if cfg is None or next(model.parameters()).device.type != "cpu": return EVAL_BATCH
     per_example = cfg.num_heads * (cfg.seq_len + 1) ** 2 * 4                 # float32 weights of one example, CLS included
-    return int(min(EVAL_BATCH, max(32, CURVE_BYTES // per_example)))
+    return int(min(EVAL_BATCH, max(CURVE_MIN, CURVE_BYTES // per_example)))
 
 @torch.no_grad()
 def evaluate(model, split, batch_size=EVAL_BATCH, precision="fp32", record=True):
