@@ -82,7 +82,9 @@ tt, trec, tcur = fair["tests"], fair["recipes"], fair["curves"]
 paper_tests = S.paired_tests(runs) if runs is not None else None
 grid_rows = pd.concat([T.tuned_runs(RES, folder) for folder, _ in T.SOURCES.values()], ignore_index=True)
 reach = T.time_to_reach(tcur, trec, grid_rows) if len(trec) else None
-md("\n".join(f"{i}. {line}" for i, line in enumerate(T.answer_lines(tt, paper_tests, reach), 1)))
+gains = T.budget_gains(tcur, T.epoch_cost_ratios(grid_rows)) if len(trec) else None
+matched = T.compute_matched(gains, trec) if gains is not None else None
+md("\n".join(f"{i}. {line}" for i, line in enumerate(T.answer_lines(tt, paper_tests, reach, matched), 1)))
 bud = T.recipe_budget(tcur) if len(tcur) else pd.DataFrame()
 if len(bud):
     bud.to_csv(TAB / "tuned_budget.csv", index=False)
@@ -98,22 +100,26 @@ if len(bud):
         ax.set_title(ds); ax.set_xlabel("training epochs (dotted: the paper's)"); ax.set_ylabel("test gain over softmax (pt)")
         ax.set_xlim(1, g.epoch.max()); ax.legend(fontsize=8, frameon=False)      # each panel names its own methods
     save(fig, "gain_vs_epochs")
+    few = bud[bud.n < len(T.TUNED_SEEDS)]
     md("**Gain against training length.** Each point: every arm at its best learning rate for that many epochs (chosen on "
-       "validation), mean test gain over softmax with its 95% CI over seeds. The gains of the paper's 6 epochs shrink as "
-       "softmax is trained longer.")
+       "validation), mean test gain over softmax with its 95% CI over the seeds both rates ran. The gains of the paper's "
+       "6 epochs shrink as softmax is trained longer."
+       + (f" {len(few)} of the {len(bud)} points pair fewer than {len(T.TUNED_SEEDS)} seeds (as few as {int(few.n.min())}): at those "
+          "lengths an arm's best rate is one that only the selection seeds ran, so their intervals are wide." if len(few) else ""))
 if len(tt):
     tt.to_csv(TAB / "tuned_tests.csv", index=False)
     table(T.readable_tuned(tt, paper_tests))
-    md("*Verdict*: **persists** — positive after Holm in the paper's families; **gone** — equivalent to zero within ±1 pt "
-       "(TOST); **reversed** — negative after Holm; **undecided** — neither. *Reading*: `tuned` = the protocol's grid, "
-       "`first round` = the earlier three-method grid read with the same rule, for a dataset the protocol has not reached; "
-       "`provisional` = not every candidate or seed has run; `on an edge` = a chosen rate or epoch sits on the edge of the search.")
+    md(T.VERDICT_LEGEND + " " + T.PAPER_FAMILIES + " *Reading*: `tuned` = the protocol's grid, `first round` = the earlier "
+       "three-method grid read with the same rule, for a dataset the protocol has not reached.")
 
 # %% [markdown]
 # **Contents.** [Deviations from the papers](#deviations-from-the-papers) · [Claims](#claims) ·
 # [Accuracy per dataset](#study-a-accuracy-per-dataset-and-method-every-seed-shown) ·
 # [The fair recipe in detail](#the-fair-recipe-in-detail) · [Choosing the top-k ratio](#choosing-the-top-k-ratio-without-looking-at-test) ·
-# [Ablations](#ablations-the-confounds-the-paper-names) · the follow-ups, Crisp and the single-seed critique below them.
+# [Ablations](#ablations-the-confounds-the-paper-names) · [Where the CLS token looks](#where-the-cls-token-looks) ·
+# [Attention on padding](#attention-on-padding-20-newsgroups) · [Density against accuracy](#attention-density-against-accuracy) ·
+# [Learned α per head](#learned-α-per-head-over-training-hae) · [Compute](#compute-training-cost-per-method) ·
+# [Study B: Crisp Attention](#study-b-crisp-attention-on-sst-2) · [The single-seed critique](#the-single-seed-critique)
 
 # %% [markdown]
 # ## Deviations from the papers
@@ -309,13 +315,19 @@ if len(trec):
     trec.to_csv(TAB / "tuned_recipes.csv", index=False); fair["candidates"].to_csv(TAB / "tuned_candidates.csv", index=False)
     yes = {True: "yes", False: "no"}
     table(pd.DataFrame({"dataset": trec.dataset, "method": trec.method, "reading": trec.source, "learning rate": trec.lr.map("{:g}".format),
-                        "epoch": trec.epoch, "validation accuracy (%)": (100 * trec.val_accuracy).map("{:.1f}".format),
+                        "epoch": trec.epoch, "of a run of": trec.run_epochs, "validation accuracy (%)": (100 * trec.val_accuracy).map("{:.1f}".format),
                         "seeds": trec.seeds, "rate bracketed": trec.lr_bracketed.map(yes), "epoch bracketed": trec.epoch_bracketed.map(yes),
                         "candidates run / diverged / missing": [f"{a} / {b} / {c}" for a, b, c in zip(trec.candidates, trec.diverged, trec.missing)]}))
     edge = trec[~(trec.lr_bracketed & trec.epoch_bracketed)]
+    def where(r):
+        declared = T.SOURCES[r.source][1][r.dataset].epochs
+        ep = (f"epoch {r.epoch} of {r.run_epochs}, " + ("after its extension" if r.run_epochs > declared else
+                                                         "not extended: the selection seeds' best epoch was earlier")) if not r.epoch_bracketed else ""
+        return ", ".join(x for x in ("rate" if not r.lr_bracketed else "", ep) if x)
     md(f"{len(edge)} of {len(trec)} recipes sit on an edge of their search" + (": " + "; ".join(
-        f"{r.dataset} {r.method} ({'rate' if not r.lr_bracketed else ''}{' and ' if not r.lr_bracketed and not r.epoch_bracketed else ''}"
-        f"{'epoch ' + str(r.epoch) + ' of the run' if not r.epoch_bracketed else ''})" for r in edge.itertuples()) + "." if len(edge) else "."))
+        f"{r.dataset} {r.method} ({where(r)})" for r in edge.itertuples()) + "." if len(edge) else ".")
+       + " The protocol extends each axis once, on the three selection seeds' mean curve; the epoch is then chosen on all "
+         "seeds, whose mean can peak later than the selection seeds' did.")
     same = T.identical_to_main(tcur, runs)
     if len(same):
         md(("**The committed runs reproduce.**" if (same.identical == same.compared).all() else "**Against the committed runs.**")
@@ -348,8 +360,25 @@ if len(trec):
                         "softmax's best validation (%)": (100 * reach.target).map("{:.1f}".format),
                         "its best (%)": (100 * reach.best_val).map("{:.1f}".format),
                         "epochs to reach it": reach.epochs_to_reach.map(lambda v: "–" if not np.isfinite(v) else f"{int(v)}"),
+                        "cost per epoch vs softmax": reach.cost_ratio.map("{:.2f}×".format),
                         "seconds per epoch": reach.seconds_per_epoch.map("{:.2f}".format),
                         "seconds to reach it": reach.seconds_to_reach.map(lambda v: "–" if not np.isfinite(v) else f"{v:.0f}")}))
+    gains.to_csv(TAB / "budget_gains.csv", index=False); matched.to_csv(TAB / "compute_matched.csv", index=False)
+    pt = lambda v: "–" if not np.isfinite(v) else f"{100 * v:+.1f}"
+    ci = lambda a, b: "–" if not np.isfinite(a) else f"{pt(a)} to {pt(b)}"
+    md("**The compute-matched reading.** Each arm at its best recipe *within* a budget (the protocol's rule, stopping early "
+       "inside it), at equal epochs and at equal training seconds (a method whose epoch costs r× softmax's gets the budget / r; "
+       "r measured side by side in one lock-step process). Test gain over softmax (pt), 95 % CI; budgets in softmax's epochs "
+       "(`tables/budget_gains.csv` has every budget):")
+    table(pd.DataFrame({"dataset": matched.dataset, "method": matched.method, "cost vs softmax": matched.cost_ratio.map("{:.2f}×".format),
+                        "paper's budget: equal epochs": matched.gain_paper_equal_epochs.map(pt),
+                        "paper's budget: equal seconds": matched.gain_paper_equal_time.map(pt),
+                        "its CI": [ci(a, b) for a, b in zip(matched.ci_low_paper_equal_time, matched.ci_high_paper_equal_time)],
+                        "budgets where it leads (equal seconds)": matched.lead_budgets.fillna("").replace("", "–"),
+                        "softmax's budget (epochs)": matched.softmax_budget,
+                        "softmax's budget: equal seconds": matched.gain_softmax_budget_equal_time.map(pt),
+                        "its CI ": [ci(a, b) for a, b in zip(matched.ci_low_softmax_budget, matched.ci_high_softmax_budget)]}))
+    md(next(l for l in T.answer_lines(tt, paper_tests, reach, matched) if l.startswith("**What the early lead buys")))
 else: md("_No fair-recipe grids in this folder (`sparse-repro tuned --out <results>`)._")
 
 # %% [markdown]
