@@ -850,7 +850,11 @@ test_close(_b.loc[(10, "topk_softmax_025"), "gain"], (_a - _s)[[0, 1, 2]].mean()
 # The curve above reads every method at exactly e epochs. A practitioner with a fixed budget stops early instead: the
 # best recipe *within* the budget. `budget_choice` is the protocol's own selection rule restricted to a budget B — the
 # rate with the best validation accuracy at any epoch ≤ B on the selection seeds, then the epoch ≤ B with the best
-# mean over every seed at that rate — so at the full budget it is the tuned recipe.
+# mean over seeds 0–9 at that rate — so at the full budget it is the tuned recipe. Test accuracy is then paired over
+# every seed both arms ran at their choices; where an arm's best rate within B is one only the selection seeds ran,
+# that is 3 seeds, and the tables give each reading's n. A budget past the end of an arm's runs is marked `short`
+# when the arm's best epoch lies in the last sixth of the run it has (`LENGTH_EDGE`): it might have gone on improving,
+# so that reading is not counted.
 #
 # **Equal epochs** gives both arms the same B. **Equal training seconds** gives a method whose epoch costs r times
 # softmax's the budget B / r where softmax has B. The cost ratio r comes from `epoch_cost_ratios`: the methods of one
@@ -861,10 +865,18 @@ test_close(_b.loc[(10, "topk_softmax_025"), "gain"], (_a - _s)[[0, 1, 2]].mean()
 
 # %%
 #| export
+def _flag(col) -> pd.Series:
+    "A yes/no column as booleans, whether it holds bools, 0/1 or the words True/False (as read back from a CSV)."
+    return col.astype(str).str.strip().str.lower().isin(["true", "1", "1.0"])
+
 def epoch_cost_ratios(runs, baseline=BASELINE) -> pd.Series:
-    "Per (dataset, method): the median of its training seconds over softmax's in the same lock-step notebook (dataset, rate, length, seed)."
+    """Per (dataset, method): the median of its training seconds over softmax's in the same lock-step notebook (dataset,
+    rate, length, seed; only notebooks whose rows are all there, as `lockstep_size` records)."""
     key = ["dataset", "lr", "epochs", "seed"]
-    ok = runs[runs.status.eq("ok")] if "status" in runs else runs
+    ok = runs[runs.status.fillna("ok").eq("ok")] if "status" in runs else runs
+    if "lockstep_size" in ok:
+        whole = ok.groupby(key).method.transform("size") == ok.lockstep_size.fillna(ok.groupby(key).method.transform("size"))
+        ok = ok[whole]
     base = ok[ok.method == baseline].set_index(key).train_seconds.rename("base")
     j = ok.join(base, on=key, how="inner")
     return (j.train_seconds / j.base).groupby([j.dataset, j.method]).median().rename("cost_ratio")
@@ -878,16 +890,17 @@ def _at(curve, x):
 def _best_within(curve, budget):
     "The epoch ≤ `budget` (an integer, or `budget` itself where fractional) with the best value of an epoch-indexed mean curve, and that value."
     have = set(curve.index)
-    xs = [e for e in have if e <= budget + 1e-9] + ([budget] if budget % 1 > 1e-9 and {math.floor(budget), math.ceil(budget)} <= have else [])
+    xs = sorted([e for e in have if e <= budget + 1e-9] + ([budget] if budget % 1 > 1e-9 and {math.floor(budget), math.ceil(budget)} <= have else []))
     if not xs: return None, -np.inf
-    vals = [float(_at(curve, x)) for x in sorted(xs)]
+    vals = [float(_at(curve, x)) for x in xs]
     i = int(np.argmax(vals))
-    return sorted(xs)[i], vals[i]
+    return xs[i], vals[i]
 
 def budget_choice(arm, budget, sel=SELECTION_SEEDS, seeds=TUNED_SEEDS):
     """One (dataset, method)'s recipe within `budget` epochs (fractional for a budget in seconds): the rate whose
     selection-seed mean validation is best at any epoch ≤ budget, then the epoch ≤ budget with the best mean over `seeds`
-    at that rate (as `choose_recipes`). (learning rate, epoch, test accuracy per seed), or None when nothing fits the budget."""
+    at that rate (as `choose_recipes`). (learning rate, epoch, test accuracy per seed, short), or None when nothing fits
+    the budget; `short` when the budget runs past the arm's run and its best epoch is in that run's last sixth."""
     best = (None, -np.inf)
     for lr, g in arm.groupby("lr"):
         curve, n = _mean_curve(g, sel)
@@ -896,22 +909,25 @@ def budget_choice(arm, budget, sel=SELECTION_SEEDS, seeds=TUNED_SEEDS):
         if x is not None and v > best[1]: best = (lr, v)
     if best[0] is None: return None
     g = arm[np.isclose(arm.lr, best[0])]
-    x, _ = _best_within(_mean_curve(g, seeds)[0], budget)
+    curve = _mean_curve(g, seeds)[0]
+    x, _ = _best_within(curve, budget)
     if x is None: return None
+    end = int(curve.index.max())
     test = g.pivot_table(index="seed", columns="epoch", values="test_accuracy")
-    return best[0], x, _at(test, x).dropna()
+    return best[0], x, _at(test, x).dropna(), bool(budget > end + 1e-9 and x > LENGTH_EDGE * end)
 
 BUDGET_COLS = ["dataset", "budget", "method", "cost_ratio", "lr", "epoch", "baseline_lr", "baseline_epoch", "n", "gain", "ci_low",
-               "ci_high", "lr_equal_time", "epoch_equal_time", "n_equal_time", "gain_equal_time", "ci_low_equal_time", "ci_high_equal_time"]
+               "ci_high", "short", "lr_equal_time", "epoch_equal_time", "n_equal_time", "gain_equal_time", "ci_low_equal_time",
+               "ci_high_equal_time", "short_equal_time"]
 
 def budget_gains(curves, ratios, baseline=BASELINE) -> pd.DataFrame:
     """Per dataset, budget B (softmax's epochs) and method: the test gain over softmax, each at its best recipe within the
     budget (`budget_choice`), at equal epochs (B each) and at equal training seconds (B / cost ratio for the method)."""
     rows = []
-    def paired(a, b):
-        j = pd.concat(dict(a=a, b=b), axis=1).dropna()
+    def reading(a, b):
+        j = pd.concat(dict(a=a[2], b=b), axis=1).dropna()
         st = paired_stats(j.a, j.b)
-        return st["n"], st["mean_delta"], st["ci_low"], st["ci_high"]
+        return a[0], a[1], st["n"], st["mean_delta"], st["ci_low"], st["ci_high"], a[3]
     for ds, gd in curves.groupby("dataset", sort=False):
         arms = {m: g for m, g in gd.groupby("method")}
         if baseline not in arms: continue
@@ -922,34 +938,54 @@ def budget_gains(curves, ratios, baseline=BASELINE) -> pd.DataFrame:
                 r = float(ratios.get((ds, m), np.nan))
                 row = dict(dataset=ds, budget=budget, method=m, cost_ratio=r, baseline_lr=sb[0], baseline_epoch=sb[1])
                 if (a := budget_choice(arms[m], budget)) is not None:
-                    row.update(zip(["lr", "epoch", "n", "gain", "ci_low", "ci_high"], (a[0], a[1], *paired(a[2], sb[2]))))
+                    row.update(zip(["lr", "epoch", "n", "gain", "ci_low", "ci_high", "short"], reading(a, sb[2])))
                 if np.isfinite(r) and (a := budget_choice(arms[m], budget / r)) is not None:
-                    row.update(zip(BUDGET_COLS[12:], (a[0], a[1], *paired(a[2], sb[2]))))
+                    row.update(zip(BUDGET_COLS[13:], reading(a, sb[2])))
                 rows.append(row)
     return pd.DataFrame(rows, columns=BUDGET_COLS)
 
 # %% [markdown]
 # On hand-made rows: two lock-step notebooks (rates) of two seeds, top-k at 1.5× and 2.5× softmax's seconds (median
-# 2.0×); a top-k row with no softmax beside it in its notebook does not count. Within a budget of 10 epochs top-k (best
-# at epoch 10, 3·10⁻³) takes epoch 10; at equal seconds it has 5 epochs and takes epoch 5, and its gain is read against
-# softmax's own best within 10 epochs (3·10⁻³ at epoch 10: 0.78 beats 1e-3's 0.76). A budget of 10.5 epochs for softmax
-# gives a 1.5× method 7 epochs; at 1.4× it gets 7.5, read halfway between epochs 7 and 8.
+# 2.0×); a top-k row with no softmax beside it in its notebook does not count. Within a budget of 10 epochs softmax takes
+# 3·10⁻³ at epoch 10 (0.776 on validation against 0.76 at 10⁻³) and top-k 3·10⁻³ at epoch 10 (its peak); at equal
+# seconds top-k has 5 epochs and takes epoch 5, read against softmax's 10. A budget of 7.5 epochs is read halfway
+# between epochs 7 and 8.
 
 # %%
-_rr = pd.DataFrame([dict(dataset="cifar10", method=m, lr=lr, epochs=36, seed=sd, status="ok", train_seconds=t)
+_rr = pd.DataFrame([dict(dataset="cifar10", method=m, lr=lr, epochs=36, seed=sd, status="ok", train_seconds=t, lockstep_size=2)
                     for lr, k in ((1e-3, 1.5), (3e-3, 2.5)) for sd in (0, 1) for m, t in (("softmax", 10.0), ("topk_softmax_025", 10.0 * k))]
-                   + [dict(dataset="cifar10", method="topk_softmax_025", lr=1e-2, epochs=36, seed=0, status="ok", train_seconds=99.0)])
+                   + [dict(dataset="cifar10", method="topk_softmax_025", lr=1e-2, epochs=36, seed=0, status="ok", train_seconds=99.0, lockstep_size=2)])
 _ratio = epoch_cost_ratios(_rr)
 test_eq(_ratio.to_dict(), {("cifar10", "softmax"): 1.0, ("cifar10", "topk_softmax_025"): 2.0})
+_lone = pd.concat([_rr, _rr.iloc[[1]].assign(lr=1e-2, seed=5, train_seconds=1000.0, lockstep_size=3),
+                   _rr.iloc[[0]].assign(lr=1e-2, seed=5, lockstep_size=3)])
+test_eq(epoch_cost_ratios(_lone).to_dict(), _ratio.to_dict())     # a notebook missing a row (2 of its 3 here) does not count
 _c3 = _cur[_cur.seed < 3]
-_arm = lambda m: _c3[_c3.method == m]
+_arm = lambda m, c=_c3: c[c.method == m]
 test_eq(budget_choice(_arm("softmax"), 10)[:2], (3e-3, 10))
 test_eq(budget_choice(_arm("softmax"), 36)[:2], (1e-3, 30))                 # the full budget: the tuned recipe
 test_eq(budget_choice(_arm("topk_softmax_025"), 5)[:2], (3e-3, 5))
-_lr75, _x75, _t75 = budget_choice(_arm("topk_softmax_025"), 7.5)
+_lr75, _x75, _t75, _ = budget_choice(_arm("topk_softmax_025"), 7.5)
 test_close(_t75, 0.5 * (_test_at(_c3, "cifar10", "topk_softmax_025", 3e-3, 7) + _test_at(_c3, "cifar10", "topk_softmax_025", 3e-3, 8)), eps=1e-12)
 test_eq(_x75, 7.5)
 assert budget_choice(_arm("topk_softmax_025"), 0.5) is None
+
+# %% [markdown]
+# With seeds 3–4 run only at each arm's chosen rate, and preferring one epoch later than the selection seeds: at the full
+# budget `budget_choice` gives `choose_recipes`' rate and epoch for every arm, and its test readings cover all five
+# seeds. A softmax run cut at 20 epochs (it peaks at 30) is `short` for a budget of 25, not for 20.
+
+# %%
+_rc5i = _rc5.set_index("method")
+for _m in ("softmax", "entmax15", "topk_softmax_025"):
+    _ch = budget_choice(_arm(_m, _full5), 36, seeds=(0, 1, 2, 3, 4))
+    test_eq((_ch[0], _ch[1]), (_rc5i.loc[_m, "lr"], _rc5i.loc[_m, "epoch"]))
+    test_eq(sorted(_ch[2].index), [0, 1, 2, 3, 4])
+_cut = _c3[(_c3.method == "softmax") & (_c3.epoch <= 20)]
+test_eq([budget_choice(_cut, b)[3] for b in (20, 25)], [False, True])
+assert not budget_choice(_arm("topk_softmax_025"), 40)[3]                    # past its run, but its best (epoch 10) is early
+
+# %%
 _bg = budget_gains(_c3, _ratio).set_index(["budget", "method"])
 _s10 = _test_at(_c3, "cifar10", "softmax", 3e-3, 10)
 test_close(_bg.loc[(10, "topk_softmax_025"), "gain"], (_test_at(_c3, "cifar10", "topk_softmax_025", 3e-3, 10) - _s10).mean(), eps=1e-12)
@@ -958,15 +994,16 @@ test_close(_bg.loc[(10, "topk_softmax_025"), "gain_equal_time"], (_test_at(_c3, 
 
 # %% [markdown]
 # **What the early lead buys, per comparison** (`compute_matched`): at equal epochs and at equal seconds, the gain within
-# the paper's budget; the budgets (in softmax's epochs) at which the method leads at equal seconds with its
-# CI above zero (and where the first run of them ends); and the gain at equal seconds within the budget softmax's own
-# tuned recipe uses (its chosen epoch).
+# the paper's budget; the budgets (in softmax's epochs) at which the method leads at equal seconds with its 95 % CI above
+# zero — one CI per budget, not corrected for the many budgets read; and the gain at equal seconds within the budget
+# softmax's own tuned recipe uses (its chosen epoch), with its n and whether that reading is `short`.
 
 # %%
 #| export
-MATCHED_COLS = ["dataset", "method", "cost_ratio", "paper_budget", "gain_paper_equal_epochs", "gain_paper_equal_time",
-                "ci_low_paper_equal_time", "ci_high_paper_equal_time", "lead_budgets", "lead_until_budget", "softmax_budget",
-                "gain_softmax_budget_equal_time", "ci_low_softmax_budget", "ci_high_softmax_budget"]
+MATCHED_COLS = ["dataset", "method", "cost_ratio", "paper_budget", "gain_paper_equal_epochs", "n_paper_equal_epochs",
+                "gain_paper_equal_time", "ci_low_paper_equal_time", "ci_high_paper_equal_time", "n_paper_equal_time", "lead_budgets",
+                "softmax_budget", "gain_softmax_budget_equal_time", "ci_low_softmax_budget", "ci_high_softmax_budget",
+                "n_softmax_budget", "short_softmax_budget"]
 
 def _ranges(xs) -> str:
     "Sorted integers as runs: [1, 2, 3, 7] -> '1–3, 7'; none -> ''."
@@ -977,33 +1014,38 @@ def _ranges(xs) -> str:
     return ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in runs)
 
 def compute_matched(gains, recipes, baseline=BASELINE) -> pd.DataFrame:
-    """Per (dataset, method): `budget_gains` read at the paper's budget and at softmax's chosen epoch, the budgets at which
-    the method leads at equal seconds with its CI above zero, and where the first run of them ends."""
+    """Per (dataset, method): `budget_gains` read at the paper's budget and at softmax's chosen epoch, and the budgets at
+    which the method leads at equal seconds with its CI above zero (`short` readings excluded)."""
     rec, rows = recipes.set_index(["dataset", "method"]), []
     for (ds, m), g in gains.groupby(["dataset", "method"], sort=False):
         g = g.set_index("budget")
         pe = PAPER_SIZES[ds][0]
         se = int(rec.loc[(ds, baseline), "epoch"]) if (ds, baseline) in rec.index else -1
-        lead = g.index[g.ci_low_equal_time > 0]
-        first = next((lead[i] for i in range(len(lead)) if i + 1 == len(lead) or lead[i + 1] > lead[i] + 1), np.nan)
-        at = lambda e, c: float(g.at[e, c]) if e in g.index else np.nan
+        at = lambda e, c: g.at[e, c] if e in g.index else np.nan
         rows.append(dict(dataset=ds, method=m, cost_ratio=float(g.cost_ratio.iloc[0]), paper_budget=pe,
-                         gain_paper_equal_epochs=at(pe, "gain"), gain_paper_equal_time=at(pe, "gain_equal_time"),
-                         ci_low_paper_equal_time=at(pe, "ci_low_equal_time"), ci_high_paper_equal_time=at(pe, "ci_high_equal_time"),
-                         lead_budgets=_ranges(lead), lead_until_budget=first, softmax_budget=se,
+                         gain_paper_equal_epochs=at(pe, "gain"), n_paper_equal_epochs=at(pe, "n"),
+                         gain_paper_equal_time=at(pe, "gain_equal_time"), ci_low_paper_equal_time=at(pe, "ci_low_equal_time"),
+                         ci_high_paper_equal_time=at(pe, "ci_high_equal_time"), n_paper_equal_time=at(pe, "n_equal_time"),
+                         lead_budgets=_ranges(g.index[(g.ci_low_equal_time > 0) & ~_flag(g.short_equal_time)]), softmax_budget=se,
                          gain_softmax_budget_equal_time=at(se, "gain_equal_time"), ci_low_softmax_budget=at(se, "ci_low_equal_time"),
-                         ci_high_softmax_budget=at(se, "ci_high_equal_time")))
+                         ci_high_softmax_budget=at(se, "ci_high_equal_time"), n_softmax_budget=at(se, "n_equal_time"),
+                         short_softmax_budget=bool(_flag(pd.Series([at(se, "short_equal_time")])).iloc[0])))
     return pd.DataFrame(rows, columns=MATCHED_COLS)
 
+# %% [markdown]
+# On a hand-made table of readings: top-k leads at budgets 1–3 and 6 (CI above zero), and at 7 only in a `short`
+# reading, which does not count; softmax's recipe uses 8 epochs.
+
 # %%
-_rc_toy = choose_recipes(_c3, _fail, _search, seeds=(0, 1, 2))
-_cm = compute_matched(_bg.reset_index(), _rc_toy).set_index("method")
-_g = _bg.xs("topk_softmax_025", level="method")
-test_eq(_cm.loc["topk_softmax_025", ["paper_budget", "softmax_budget"]].tolist(), [PAPER_SIZES["cifar10"][0], 30])
-_lead = _g.index[_g.ci_low_equal_time > 0]
-test_eq(_cm.loc["topk_softmax_025", "lead_budgets"], _ranges(_lead))
-test_eq(_ranges([1, 2, 3, 7, 9, 10]), "1–3, 7, 9–10"); test_eq(_ranges([]), "")
-test_close(_cm.loc["topk_softmax_025", "gain_softmax_budget_equal_time"], _g.at[30, "gain_equal_time"], eps=1e-12)
+_hg = pd.DataFrame([dict(dataset="cifar10", budget=b, method="topk_softmax_025", cost_ratio=1.1, gain=0.01 * b, n=10,
+                         gain_equal_time=0.02 - 0.01 * b, ci_low_equal_time=ci, ci_high_equal_time=ci + 0.02, n_equal_time=10 - (b == 8),
+                         short_equal_time=b == 7)
+                    for b, ci in zip(range(1, 9), (0.01, 0.01, 0.001, -0.01, -0.02, 0.003, 0.01, -0.05))])
+_hm = compute_matched(_hg, pd.DataFrame([dict(dataset="cifar10", method="softmax", epoch=8)])).iloc[0]
+test_eq(_hm[["lead_budgets", "paper_budget", "softmax_budget", "n_softmax_budget", "short_softmax_budget"]].tolist(), ["1–3, 6", 6, 8, 9, False])
+test_close(_hm[["gain_paper_equal_epochs", "gain_paper_equal_time", "ci_low_paper_equal_time", "gain_softmax_budget_equal_time",
+                "ci_low_softmax_budget", "ci_high_softmax_budget"]].astype(float).to_numpy(), [0.06, -0.04, 0.003, -0.06, -0.05, -0.03], eps=1e-12)
+test_eq(PAPER_SIZES["cifar10"][0], 6)
 
 # %% [markdown]
 # ## The first round, read with the same rule
@@ -1140,9 +1182,10 @@ assert f"cifar10 {_ag.spearman_rho:.2f} / {_ag.gain_rho:.2f}, {100 * _ag.val_min
 #
 # Sparse normalizers learn faster in the first epochs. `time_to_reach` asks what that is worth: for each method at its
 # chosen learning rate, the first epoch at which its mean validation accuracy (over the seeds its recipe was chosen on)
-# reaches softmax's best (at softmax's recipe, the same seeds), and the training seconds that takes. The seconds are
-# softmax's median seconds per epoch at its chosen rate times the method's `epoch_cost_ratios` (measured side by side in
-# one lock-step process), so no two notebooks' clocks are compared.
+# reaches softmax's best (at softmax's recipe, the same seeds), and the training seconds that takes: softmax's median
+# seconds per epoch at its chosen rate (over notebooks of different sizes and days, so the absolute seconds are
+# indicative) times the method's `epoch_cost_ratios` (measured side by side in one lock-step process). Comparisons
+# between methods therefore rest on the side-by-side ratios alone.
 
 # %%
 #| export
@@ -1205,10 +1248,6 @@ PAPER_FAMILIES = ("Holm families are the paper's: the 24 tests of CIFAR-10, Fash
                   "marker task's six read under the paper's recipe), KMNIST's 6, and each adaptive-vs-fixed entmax test alone "
                   "(equivalence at ±0.5 pt).")
 
-def _flag(col) -> pd.Series:
-    "A yes/no column as booleans, whether it holds bools, 0/1 or the words True/False (as read back from a CSV)."
-    return col.astype(str).str.strip().str.lower().isin(["true", "1", "1.0"])
-
 def _paper_gain(tests, paper_tests) -> pd.Series:
     """Each comparison's gain under the paper's recipe: from the committed paper-size runs (`paper_tests`, every seed)
     where given, else the tuned grids' own reading at the paper's rate and length (only the seeds that ran there)."""
@@ -1256,12 +1295,14 @@ def answer_lines(tests, paper_tests=None, reach=None, matched=None) -> list:
     buys = []
     if matched is not None and len(matched):
         mt = matched[np.array([(d, m) in pairs for d, m in zip(matched.dataset, matched.method)], dtype=bool)]
-        led = mt[mt.lead_budgets.fillna("").astype(str).str.len() > 0]
-        ahead, behind = int((mt.ci_low_softmax_budget > 0).sum()), int((mt.ci_high_softmax_budget < 0).sum())
-        buys.append(f"at equal training seconds (each arm stopping at its best epoch within the budget), {len(led)} of {len(mt)} "
-                    f"sparse arms lead softmax significantly at some budget"
-                    + (f" (each first stretch of lead over by a budget of {int(led.lead_until_budget.max())} epochs)" if len(led) else "")
-                    + f"; within the budget softmax's own tuned recipe uses, {ahead} lead and {behind} trail (95 % CI)")
+        early = int((mt.ci_low_paper_equal_time > 0).sum())
+        led = int((mt.lead_budgets.fillna("").astype(str).str.len() > 0).sum())
+        read = mt[~_flag(mt.short_softmax_budget)]
+        ahead, behind, short = int((read.ci_low_softmax_budget > 0).sum()), int((read.ci_high_softmax_budget < 0).sum()), len(mt) - len(read)
+        buys.append(f"at equal training seconds (each arm stopping at its best epoch within the budget), {early} of {len(mt)} sparse "
+                    f"arms lead softmax within the paper's budget and {led} within at least one budget (95 % CIs, not corrected "
+                    f"across budgets); within the budget softmax's own tuned recipe uses, {ahead} lead and {behind} trail"
+                    + (f" ({short} not read: their runs end before that budget with their best epoch near the end)" if short else ""))
     if reach is not None and len(reach):
         r = reach[reach.method != BASELINE].merge(reach[reach.method == BASELINE][["dataset", "seconds_to_reach"]], on="dataset",
                                                   suffixes=("", "_softmax"))
@@ -1294,11 +1335,11 @@ _lift = 100 * (_tt.baseline_accuracy.iloc[0] - _tt.baseline_accuracy_paper_recip
 assert f"{_lift:+.1f} to {_lift:+.1f} pt" in _l2[2] and _l2[1] == _lines[0]
 _l3 = answer_lines(_tt.reset_index().assign(source="tuned"), _pt_tab, _tr.reset_index())
 assert "1 of 2 reach softmax's best" in _l3[3] and "1 never reach it" in _l3[3] and len(_l3) <= 5
-_l4 = answer_lines(_tt.reset_index().assign(source="tuned"), _pt_tab, _tr.reset_index(), _cm.reset_index())
-_led = _cm[_cm.lead_budgets.str.len() > 0]
-assert f"{len(_led)} of {len(_cm)} sparse arms lead softmax significantly at some budget" in _l4[3] and "1 of 2 reach" in _l4[3]
-assert (f"{int((_cm.ci_low_softmax_budget > 0).sum())} lead and {int((_cm.ci_high_softmax_budget < 0).sum())} trail" in _l4[3]
-        and len(_l4) <= 5 and _l4[:3] == _l3[:3])
+_hm2 = pd.concat([_hm.to_frame().T, _hm.to_frame().T.assign(method="entmax15", lead_budgets="", ci_low_paper_equal_time=-0.01,
+                                                              ci_high_softmax_budget=0.01, short_softmax_budget=True)])
+_l4 = answer_lines(_tt.reset_index().assign(source="tuned"), _pt_tab, _tr.reset_index(), _hm2)
+assert "1 of 2 sparse arms lead softmax within the paper's budget and 1 within at least one budget" in _l4[3], _l4[3]
+assert "0 lead and 1 trail (1 not read" in _l4[3] and "1 of 2 reach" in _l4[3] and len(_l4) <= 5 and _l4[:3] == _l3[:3]
 _saved = 1 - _tr.loc["topk_softmax_025", "seconds_to_reach"] / _tr.loc["softmax", "seconds_to_reach"]
 assert f"({100 * _saved:.0f}–{100 * _saved:.0f} % fewer)" in _l3[3]
 test_eq(readable_tuned(_tt.reset_index()).columns[-1], "reading")

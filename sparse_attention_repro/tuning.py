@@ -472,10 +472,18 @@ def recipe_budget(curves, baseline=BASELINE):
     return pd.DataFrame(rows, columns=["dataset", "epoch", "method", "lr", "baseline_lr", "n", "gain", "ci_low", "ci_high"])
 
 # %% ../nbs/05b_tuning.ipynb
+def _flag(col) -> pd.Series:
+    "A yes/no column as booleans, whether it holds bools, 0/1 or the words True/False (as read back from a CSV)."
+    return col.astype(str).str.strip().str.lower().isin(["true", "1", "1.0"])
+
 def epoch_cost_ratios(runs, baseline=BASELINE) -> pd.Series:
-    "Per (dataset, method): the median of its training seconds over softmax's in the same lock-step notebook (dataset, rate, length, seed)."
+    """Per (dataset, method): the median of its training seconds over softmax's in the same lock-step notebook (dataset,
+    rate, length, seed; only notebooks whose rows are all there, as `lockstep_size` records)."""
     key = ["dataset", "lr", "epochs", "seed"]
-    ok = runs[runs.status.eq("ok")] if "status" in runs else runs
+    ok = runs[runs.status.fillna("ok").eq("ok")] if "status" in runs else runs
+    if "lockstep_size" in ok:
+        whole = ok.groupby(key).method.transform("size") == ok.lockstep_size.fillna(ok.groupby(key).method.transform("size"))
+        ok = ok[whole]
     base = ok[ok.method == baseline].set_index(key).train_seconds.rename("base")
     j = ok.join(base, on=key, how="inner")
     return (j.train_seconds / j.base).groupby([j.dataset, j.method]).median().rename("cost_ratio")
@@ -489,16 +497,17 @@ def _at(curve, x):
 def _best_within(curve, budget):
     "The epoch ≤ `budget` (an integer, or `budget` itself where fractional) with the best value of an epoch-indexed mean curve, and that value."
     have = set(curve.index)
-    xs = [e for e in have if e <= budget + 1e-9] + ([budget] if budget % 1 > 1e-9 and {math.floor(budget), math.ceil(budget)} <= have else [])
+    xs = sorted([e for e in have if e <= budget + 1e-9] + ([budget] if budget % 1 > 1e-9 and {math.floor(budget), math.ceil(budget)} <= have else []))
     if not xs: return None, -np.inf
-    vals = [float(_at(curve, x)) for x in sorted(xs)]
+    vals = [float(_at(curve, x)) for x in xs]
     i = int(np.argmax(vals))
-    return sorted(xs)[i], vals[i]
+    return xs[i], vals[i]
 
 def budget_choice(arm, budget, sel=SELECTION_SEEDS, seeds=TUNED_SEEDS):
     """One (dataset, method)'s recipe within `budget` epochs (fractional for a budget in seconds): the rate whose
     selection-seed mean validation is best at any epoch ≤ budget, then the epoch ≤ budget with the best mean over `seeds`
-    at that rate (as `choose_recipes`). (learning rate, epoch, test accuracy per seed), or None when nothing fits the budget."""
+    at that rate (as `choose_recipes`). (learning rate, epoch, test accuracy per seed, short), or None when nothing fits
+    the budget; `short` when the budget runs past the arm's run and its best epoch is in that run's last sixth."""
     best = (None, -np.inf)
     for lr, g in arm.groupby("lr"):
         curve, n = _mean_curve(g, sel)
@@ -507,22 +516,25 @@ def budget_choice(arm, budget, sel=SELECTION_SEEDS, seeds=TUNED_SEEDS):
         if x is not None and v > best[1]: best = (lr, v)
     if best[0] is None: return None
     g = arm[np.isclose(arm.lr, best[0])]
-    x, _ = _best_within(_mean_curve(g, seeds)[0], budget)
+    curve = _mean_curve(g, seeds)[0]
+    x, _ = _best_within(curve, budget)
     if x is None: return None
+    end = int(curve.index.max())
     test = g.pivot_table(index="seed", columns="epoch", values="test_accuracy")
-    return best[0], x, _at(test, x).dropna()
+    return best[0], x, _at(test, x).dropna(), bool(budget > end + 1e-9 and x > LENGTH_EDGE * end)
 
 BUDGET_COLS = ["dataset", "budget", "method", "cost_ratio", "lr", "epoch", "baseline_lr", "baseline_epoch", "n", "gain", "ci_low",
-               "ci_high", "lr_equal_time", "epoch_equal_time", "n_equal_time", "gain_equal_time", "ci_low_equal_time", "ci_high_equal_time"]
+               "ci_high", "short", "lr_equal_time", "epoch_equal_time", "n_equal_time", "gain_equal_time", "ci_low_equal_time",
+               "ci_high_equal_time", "short_equal_time"]
 
 def budget_gains(curves, ratios, baseline=BASELINE) -> pd.DataFrame:
     """Per dataset, budget B (softmax's epochs) and method: the test gain over softmax, each at its best recipe within the
     budget (`budget_choice`), at equal epochs (B each) and at equal training seconds (B / cost ratio for the method)."""
     rows = []
-    def paired(a, b):
-        j = pd.concat(dict(a=a, b=b), axis=1).dropna()
+    def reading(a, b):
+        j = pd.concat(dict(a=a[2], b=b), axis=1).dropna()
         st = paired_stats(j.a, j.b)
-        return st["n"], st["mean_delta"], st["ci_low"], st["ci_high"]
+        return a[0], a[1], st["n"], st["mean_delta"], st["ci_low"], st["ci_high"], a[3]
     for ds, gd in curves.groupby("dataset", sort=False):
         arms = {m: g for m, g in gd.groupby("method")}
         if baseline not in arms: continue
@@ -533,16 +545,17 @@ def budget_gains(curves, ratios, baseline=BASELINE) -> pd.DataFrame:
                 r = float(ratios.get((ds, m), np.nan))
                 row = dict(dataset=ds, budget=budget, method=m, cost_ratio=r, baseline_lr=sb[0], baseline_epoch=sb[1])
                 if (a := budget_choice(arms[m], budget)) is not None:
-                    row.update(zip(["lr", "epoch", "n", "gain", "ci_low", "ci_high"], (a[0], a[1], *paired(a[2], sb[2]))))
+                    row.update(zip(["lr", "epoch", "n", "gain", "ci_low", "ci_high", "short"], reading(a, sb[2])))
                 if np.isfinite(r) and (a := budget_choice(arms[m], budget / r)) is not None:
-                    row.update(zip(BUDGET_COLS[12:], (a[0], a[1], *paired(a[2], sb[2]))))
+                    row.update(zip(BUDGET_COLS[13:], reading(a, sb[2])))
                 rows.append(row)
     return pd.DataFrame(rows, columns=BUDGET_COLS)
 
 # %% ../nbs/05b_tuning.ipynb
-MATCHED_COLS = ["dataset", "method", "cost_ratio", "paper_budget", "gain_paper_equal_epochs", "gain_paper_equal_time",
-                "ci_low_paper_equal_time", "ci_high_paper_equal_time", "lead_budgets", "lead_until_budget", "softmax_budget",
-                "gain_softmax_budget_equal_time", "ci_low_softmax_budget", "ci_high_softmax_budget"]
+MATCHED_COLS = ["dataset", "method", "cost_ratio", "paper_budget", "gain_paper_equal_epochs", "n_paper_equal_epochs",
+                "gain_paper_equal_time", "ci_low_paper_equal_time", "ci_high_paper_equal_time", "n_paper_equal_time", "lead_budgets",
+                "softmax_budget", "gain_softmax_budget_equal_time", "ci_low_softmax_budget", "ci_high_softmax_budget",
+                "n_softmax_budget", "short_softmax_budget"]
 
 def _ranges(xs) -> str:
     "Sorted integers as runs: [1, 2, 3, 7] -> '1–3, 7'; none -> ''."
@@ -553,22 +566,22 @@ def _ranges(xs) -> str:
     return ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in runs)
 
 def compute_matched(gains, recipes, baseline=BASELINE) -> pd.DataFrame:
-    """Per (dataset, method): `budget_gains` read at the paper's budget and at softmax's chosen epoch, the budgets at which
-    the method leads at equal seconds with its CI above zero, and where the first run of them ends."""
+    """Per (dataset, method): `budget_gains` read at the paper's budget and at softmax's chosen epoch, and the budgets at
+    which the method leads at equal seconds with its CI above zero (`short` readings excluded)."""
     rec, rows = recipes.set_index(["dataset", "method"]), []
     for (ds, m), g in gains.groupby(["dataset", "method"], sort=False):
         g = g.set_index("budget")
         pe = PAPER_SIZES[ds][0]
         se = int(rec.loc[(ds, baseline), "epoch"]) if (ds, baseline) in rec.index else -1
-        lead = g.index[g.ci_low_equal_time > 0]
-        first = next((lead[i] for i in range(len(lead)) if i + 1 == len(lead) or lead[i + 1] > lead[i] + 1), np.nan)
-        at = lambda e, c: float(g.at[e, c]) if e in g.index else np.nan
+        at = lambda e, c: g.at[e, c] if e in g.index else np.nan
         rows.append(dict(dataset=ds, method=m, cost_ratio=float(g.cost_ratio.iloc[0]), paper_budget=pe,
-                         gain_paper_equal_epochs=at(pe, "gain"), gain_paper_equal_time=at(pe, "gain_equal_time"),
-                         ci_low_paper_equal_time=at(pe, "ci_low_equal_time"), ci_high_paper_equal_time=at(pe, "ci_high_equal_time"),
-                         lead_budgets=_ranges(lead), lead_until_budget=first, softmax_budget=se,
+                         gain_paper_equal_epochs=at(pe, "gain"), n_paper_equal_epochs=at(pe, "n"),
+                         gain_paper_equal_time=at(pe, "gain_equal_time"), ci_low_paper_equal_time=at(pe, "ci_low_equal_time"),
+                         ci_high_paper_equal_time=at(pe, "ci_high_equal_time"), n_paper_equal_time=at(pe, "n_equal_time"),
+                         lead_budgets=_ranges(g.index[(g.ci_low_equal_time > 0) & ~_flag(g.short_equal_time)]), softmax_budget=se,
                          gain_softmax_budget_equal_time=at(se, "gain_equal_time"), ci_low_softmax_budget=at(se, "ci_low_equal_time"),
-                         ci_high_softmax_budget=at(se, "ci_high_equal_time")))
+                         ci_high_softmax_budget=at(se, "ci_high_equal_time"), n_softmax_budget=at(se, "n_equal_time"),
+                         short_softmax_budget=bool(_flag(pd.Series([at(se, "short_equal_time")])).iloc[0])))
     return pd.DataFrame(rows, columns=MATCHED_COLS)
 
 # %% ../nbs/05b_tuning.ipynb
@@ -685,10 +698,6 @@ PAPER_FAMILIES = ("Holm families are the paper's: the 24 tests of CIFAR-10, Fash
                   "marker task's six read under the paper's recipe), KMNIST's 6, and each adaptive-vs-fixed entmax test alone "
                   "(equivalence at ±0.5 pt).")
 
-def _flag(col) -> pd.Series:
-    "A yes/no column as booleans, whether it holds bools, 0/1 or the words True/False (as read back from a CSV)."
-    return col.astype(str).str.strip().str.lower().isin(["true", "1", "1.0"])
-
 def _paper_gain(tests, paper_tests) -> pd.Series:
     """Each comparison's gain under the paper's recipe: from the committed paper-size runs (`paper_tests`, every seed)
     where given, else the tuned grids' own reading at the paper's rate and length (only the seeds that ran there)."""
@@ -736,12 +745,14 @@ def answer_lines(tests, paper_tests=None, reach=None, matched=None) -> list:
     buys = []
     if matched is not None and len(matched):
         mt = matched[np.array([(d, m) in pairs for d, m in zip(matched.dataset, matched.method)], dtype=bool)]
-        led = mt[mt.lead_budgets.fillna("").astype(str).str.len() > 0]
-        ahead, behind = int((mt.ci_low_softmax_budget > 0).sum()), int((mt.ci_high_softmax_budget < 0).sum())
-        buys.append(f"at equal training seconds (each arm stopping at its best epoch within the budget), {len(led)} of {len(mt)} "
-                    f"sparse arms lead softmax significantly at some budget"
-                    + (f" (each first stretch of lead over by a budget of {int(led.lead_until_budget.max())} epochs)" if len(led) else "")
-                    + f"; within the budget softmax's own tuned recipe uses, {ahead} lead and {behind} trail (95 % CI)")
+        early = int((mt.ci_low_paper_equal_time > 0).sum())
+        led = int((mt.lead_budgets.fillna("").astype(str).str.len() > 0).sum())
+        read = mt[~_flag(mt.short_softmax_budget)]
+        ahead, behind, short = int((read.ci_low_softmax_budget > 0).sum()), int((read.ci_high_softmax_budget < 0).sum()), len(mt) - len(read)
+        buys.append(f"at equal training seconds (each arm stopping at its best epoch within the budget), {early} of {len(mt)} sparse "
+                    f"arms lead softmax within the paper's budget and {led} within at least one budget (95 % CIs, not corrected "
+                    f"across budgets); within the budget softmax's own tuned recipe uses, {ahead} lead and {behind} trail"
+                    + (f" ({short} not read: their runs end before that budget with their best epoch near the end)" if short else ""))
     if reach is not None and len(reach):
         r = reach[reach.method != BASELINE].merge(reach[reach.method == BASELINE][["dataset", "seconds_to_reach"]], on="dataset",
                                                   suffixes=("", "_softmax"))

@@ -368,17 +368,20 @@ if len(trec):
     ci = lambda a, b: "–" if not np.isfinite(a) else f"{pt(a)} to {pt(b)}"
     md("**The compute-matched reading.** Each arm at its best recipe *within* a budget (the protocol's rule, stopping early "
        "inside it), at equal epochs and at equal training seconds (a method whose epoch costs r× softmax's gets the budget / r; "
-       "r measured side by side in one lock-step process). Test gain over softmax (pt), 95 % CI; budgets in softmax's epochs "
-       "(`tables/budget_gains.csv` has every budget):")
+       "r measured side by side in one lock-step process). Test gain over softmax (pt) with the seeds paired (n) and its 95 % CI; "
+       "budgets in softmax's epochs; *short*: the arm's run ends before the budget with its best epoch near the end, so "
+       "the reading is not counted (`tables/budget_gains.csv` has every budget):")
+    n = lambda v: "–" if not np.isfinite(v) else f"{int(v)}"
     table(pd.DataFrame({"dataset": matched.dataset, "method": matched.method, "cost vs softmax": matched.cost_ratio.map("{:.2f}×".format),
-                        "paper's budget: equal epochs": matched.gain_paper_equal_epochs.map(pt),
-                        "paper's budget: equal seconds": matched.gain_paper_equal_time.map(pt),
+                        "paper's budget: equal epochs (n)": [f"{pt(a)} ({n(b)})" for a, b in zip(matched.gain_paper_equal_epochs, matched.n_paper_equal_epochs)],
+                        "equal seconds (n)": [f"{pt(a)} ({n(b)})" for a, b in zip(matched.gain_paper_equal_time, matched.n_paper_equal_time)],
                         "its CI": [ci(a, b) for a, b in zip(matched.ci_low_paper_equal_time, matched.ci_high_paper_equal_time)],
                         "budgets where it leads (equal seconds)": matched.lead_budgets.fillna("").replace("", "–"),
                         "softmax's budget (epochs)": matched.softmax_budget,
-                        "softmax's budget: equal seconds": matched.gain_softmax_budget_equal_time.map(pt),
+                        "softmax's budget: equal seconds (n)": [f"{pt(a)} ({n(b)})" + (", short" if T._flag(pd.Series([s])).iloc[0] else "")
+                                                                for a, b, s in zip(matched.gain_softmax_budget_equal_time, matched.n_softmax_budget, matched.short_softmax_budget)],
                         "its CI ": [ci(a, b) for a, b in zip(matched.ci_low_softmax_budget, matched.ci_high_softmax_budget)]}))
-    md(next(l for l in T.answer_lines(tt, paper_tests, reach, matched) if l.startswith("**What the early lead buys")))
+    md(next((l for l in T.answer_lines(tt, paper_tests, reach, matched) if l.startswith("**What the early lead buys")), ""))
 else: md("_No fair-recipe grids in this folder (`sparse-repro tuned --out <results>`)._")
 
 # %% [markdown]
