@@ -84,7 +84,8 @@ grid_rows = pd.concat([T.tuned_runs(RES, folder) for folder, _ in T.SOURCES.valu
 reach = T.time_to_reach(tcur, trec, grid_rows) if len(trec) else None
 gains = T.budget_gains(tcur, T.epoch_cost_ratios(grid_rows)) if len(trec) else None
 matched = T.compute_matched(gains, trec) if gains is not None else None
-md("\n".join(f"{i}. {line}" for i, line in enumerate(T.answer_lines(tt, paper_tests, reach, matched), 1)))
+answer = T.answer_lines(tt, paper_tests, reach, matched)
+md("\n".join(f"{i}. {line}" for i, line in enumerate(answer, 1)))
 bud = T.recipe_budget(tcur) if len(tcur) else pd.DataFrame()
 if len(bud):
     bud.to_csv(TAB / "tuned_budget.csv", index=False)
@@ -378,10 +379,10 @@ if len(trec):
                         "its CI": [ci(a, b) for a, b in zip(matched.ci_low_paper_equal_time, matched.ci_high_paper_equal_time)],
                         "budgets where it leads (equal seconds)": matched.lead_budgets.fillna("").replace("", "–"),
                         "softmax's budget (epochs)": matched.softmax_budget,
-                        "softmax's budget: equal seconds (n)": [f"{pt(a)} ({n(b)})" + (", short" if T._flag(pd.Series([s])).iloc[0] else "")
+                        "softmax's budget: equal seconds (n)": [f"{pt(a)} ({n(b)})" + (", short" if s is True or s == 1 else "")
                                                                 for a, b, s in zip(matched.gain_softmax_budget_equal_time, matched.n_softmax_budget, matched.short_softmax_budget)],
                         "its CI ": [ci(a, b) for a, b in zip(matched.ci_low_softmax_budget, matched.ci_high_softmax_budget)]}))
-    md(next((l for l in T.answer_lines(tt, paper_tests, reach, matched) if l.startswith("**What the early lead buys")), ""))
+    md(next((l for l in answer if l.startswith("**What the early lead buys")), ""))
 else: md("_No fair-recipe grids in this folder (`sparse-repro tuned --out <results>`)._")
 
 # %% [markdown]
