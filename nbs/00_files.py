@@ -116,3 +116,52 @@ test_eq((k / "r.csv").read_text(), "old rows")
 _fd = _unnamed_file(k)                                              # the nameless route is used here (Linux, O_TMPFILE) ...
 if _fd is not None:
     os.close(_fd); test_eq(sorted(p.name for p in k.iterdir()), ["r.csv"])   # ... so nothing but the old file is left
+
+# %% [markdown]
+# ## A generated block inside a hand-written page
+#
+# The README's answer and its leaderboard summary are generated from the committed tables, but they sit inside a page
+# people write. Two marker comments fence each block; `sync_block` rewrites only what lies between them, in a markdown file
+# or in the markdown cell of a notebook that holds them (the README's source, `nbs/index.ipynb`), atomically, and says
+# whether anything changed. A page without the markers is refused in one line that names them.
+
+# %%
+#| export
+def replace_block(text, block, markers, where, name="generated") -> str:
+    "`text` with what lies between the two `markers` replaced by `block`; a `ValueError` naming the markers when one is missing."
+    a, b = markers
+    if a not in text or b not in text: raise ValueError(f"{where} has no {name} block; add the lines {a} and {b} where it belongs")
+    return text[:text.index(a) + len(a)] + "\n" + block + "\n" + text[text.index(b):]
+
+def sync_block(path, block, markers, name="generated") -> bool:
+    "Put `block` between `markers` in `path` (a markdown file, or the notebook cell holding them); True when the file changed."
+    path = Path(path)
+    if path.suffix == ".ipynb":
+        import nbformat
+        nb = nbformat.read(path, as_version=4)
+        cells = [c for c in nb.cells if c.cell_type == "markdown" and markers[0] in c.source]
+        if not cells: raise ValueError(f"{path} has no {name} block; add the lines {' and '.join(markers)} to a markdown cell")
+        new = replace_block(cells[0].source, block, markers, path, name)
+        if new == cells[0].source: return False
+        cells[0].source = new
+        atomic_write(path, lambda tmp: nbformat.write(nb, tmp))
+        return True
+    text = path.read_text(encoding="utf-8")
+    new = replace_block(text, block, markers, path, name)
+    if new == text: return False
+    atomic_write(path, lambda tmp: Path(tmp).write_text(new, encoding="utf-8"))
+    return True
+
+# %%
+from fastcore.test import test_fail
+import nbformat
+_m = ("<!-- x:start -->", "<!-- x:end -->"); b = Path(tempfile.mkdtemp())
+(b / "page.md").write_text(f"# Page\n\n{_m[0]}\nold\n{_m[1]}\n\n## After\n")
+assert sync_block(b / "page.md", "new 1\nnew 2", _m) and not sync_block(b / "page.md", "new 1\nnew 2", _m)   # a second run changes nothing
+test_eq((b / "page.md").read_text(), f"# Page\n\n{_m[0]}\nnew 1\nnew 2\n{_m[1]}\n\n## After\n")
+(b / "bare.md").write_text("# no block\n")
+test_fail(lambda: sync_block(b / "bare.md", "new", _m, name="x"), contains="has no x block; add the lines <!-- x:start --> and <!-- x:end -->")
+nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Home"), nbformat.v4.new_markdown_cell(f"## Part\n\n{_m[0]}\nold\n{_m[1]}")]),
+               b / "home.ipynb")
+assert sync_block(b / "home.ipynb", "new", _m)
+test_eq(nbformat.read(b / "home.ipynb", as_version=4).cells[1].source, f"## Part\n\n{_m[0]}\nnew\n{_m[1]}")

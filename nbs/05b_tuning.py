@@ -1480,26 +1480,11 @@ def answer_markdown(results_dir, figure="figures/gain_vs_epochs.png", relative_t
         parts.append(" ".join(x for x in (VERDICT_LEGEND, PAPER_FAMILIES, agreement_note(ag)) if x))
     return "\n\n".join(parts)
 
-def _with_answer(text, answer, where):
-    a, b = README_MARKERS
-    if a not in text or b not in text: raise ValueError(f"{where} has no answer block; add the lines {a} and {b} where it belongs")
-    return text[:text.index(a) + len(a)] + "\n" + answer + "\n" + text[text.index(b):]
-
 def sync_readme(readme, results_dir) -> bool:
     """Replace the block between `README_MARKERS` in `readme` (a markdown file, or a notebook's markdown cell) by
     `answer_markdown(results_dir)`; True when the file changed."""
-    import nbformat
-    from sparse_attention_repro.files import atomic_write
-    readme = Path(readme); answer = answer_markdown(results_dir, relative_to=readme.parent)
-    if readme.suffix == ".ipynb":
-        nb = nbformat.read(readme, as_version=4)
-        cells = [c for c in nb.cells if c.cell_type == "markdown" and README_MARKERS[0] in c.source]
-        if not cells: raise ValueError(f"{readme} has no answer block; add the lines {' and '.join(README_MARKERS)} to a markdown cell")
-        new = _with_answer(cells[0].source, answer, readme)
-        if new == cells[0].source: return False
-        cells[0].source = new
-        atomic_write(readme, lambda tmp: nbformat.write(nb, tmp))
-        return True
+    from sparse_attention_repro.files import sync_block
+    return sync_block(readme, answer_markdown(results_dir, relative_to=Path(readme).parent), README_MARKERS, name="answer")
     text = readme.read_text(encoding="utf-8")
     new = _with_answer(text, answer, readme)
     if new == text: return False

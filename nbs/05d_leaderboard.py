@@ -215,18 +215,138 @@ test_eq(_tab2.loc["sparsemax", "step cost vs softmax (T=17 / 97)"], "1.50× / 1.
 test_eq((_tab2.loc["newcomer", "cifar10: paper"], _tab2.loc["newcomer", "step cost vs softmax (T=17 / 97)"]), ("", "2.00× / 3.00×"))  # measured, not run: a row
 
 # %% [markdown]
+# ## What the leaderboard says
+#
+# Three readings a user asks for first, each computed from the rows above (no statistic of its own):
+#
+# - **Beats the tuned baseline after Holm**, per dataset: a tuned gain above zero with Holm p < 0.05 in the normalizer's
+#   family — against tuned softmax, and against tuned entmax-1.5 where a family holds that comparison;
+# - **Not judged yet**: the normalizers with a row in the table but no complete tuned verdict on a dataset (a provisional
+#   verdict, one whose seeds have not all run at the chosen recipes, is listed here and not counted as a win), and those
+#   without a pretrained-encoder verdict;
+# - **Where the reading changes** from the paper's recipe to the tuned one. The words pair as *better* ↔ *persists*,
+#   *worse* ↔ *reversed*, *n.s.* ↔ *gone* or *undecided*; any other pair is a change. An *n.s.* that becomes *gone* is not
+#   a change — the tuned test adds an equivalence reading the paper-recipe column does not make.
+
+# %%
+#| export
+SAME_READING = {"better": {"persists"}, "worse": {"reversed"}, "n.s.": {"gone", "undecided"}}
+
+def _word_of(verdict) -> str:
+    "The verdict word without its notes (`undecided, provisional (4 seeds)` → `undecided`)."
+    return str(verdict).split(",")[0].strip()
+
+def verdict_changes(rows) -> pd.DataFrame:
+    "Per (normalizer, dataset) read against softmax under both recipes: both gains and words, and whether the reading changed."
+    key = ["normalizer", "dataset"]; cols = key + ["gain", "verdict"]
+    p = rows[rows.reading == "paper recipe"].drop_duplicates(key)[cols]
+    t = rows[(rows.reading == "tuned") & ~rows.verdict.str.contains("provisional")].drop_duplicates(key)[cols]
+    both = p.merge(t, on=key, suffixes=("_paper", "_tuned"))
+    both["changed"] = [_word_of(w) not in SAME_READING[pw] for pw, w in zip(both.verdict_paper, both.verdict_tuned)]
+    order = {n: i for i, n in enumerate(method_order(both.normalizer))}
+    return both.sort_values(key, key=lambda c: c.map(order) if c.name == "normalizer" else c.map(DATASETS.index)).reset_index(drop=True)
+
+def beats_after_holm(rows, alpha=0.05) -> dict:
+    "Per dataset: the normalizers whose complete tuned verdict is a gain with Holm p < `alpha`, as (name, gain, Holm p)."
+    t = rows[(rows.reading == "tuned") & ~rows.verdict.str.contains("provisional")]
+    win = t[(t.gain > 0) & (t.p_holm < alpha)]
+    return {ds: [(r.normalizer, r.gain, r.p_holm) for r in win[win.dataset == ds].itertuples()] for ds in [d for d in DATASETS if d in set(t.dataset)]}
+
+def _wins(found, judged) -> str:
+    return "; ".join(f"{ds} — " + (", ".join(f"`{n}` ({100 * g:+.1f} pt, Holm p {p:.2g})" for n, g, p in found[ds]) or "none")
+                     + f" of {judged[ds]} judged" for ds in found)
+
+def leaderboard_findings(rows, vs_entmax=None, names=None) -> list:
+    """Markdown lines: who beats tuned softmax (and tuned entmax-1.5) after Holm per dataset, who of `names` (default: the
+    normalizers in `rows`) is not judged yet, and the changes."""
+    tuned = rows[(rows.reading == "tuned") & ~rows.verdict.str.contains("provisional")]
+    judged = tuned.groupby("dataset").normalizer.nunique().to_dict()
+    lines = [f"- **Beats tuned softmax after Holm:** {_wins(beats_after_holm(rows), judged) or 'no tuned verdict yet'}."]
+    if vs_entmax is not None and len(vs_entmax):
+        te = vs_entmax[(vs_entmax.reading == "tuned") & ~vs_entmax.verdict.str.contains("provisional")]
+        lines.append(f"- **Beats tuned entmax-1.5 after Holm** (where a family holds that comparison): "
+                     f"{_wins(beats_after_holm(vs_entmax), te.groupby('dataset').normalizer.nunique().to_dict()) or 'no tuned verdict yet'}.")
+    names = [n for n in method_order(rows.normalizer if names is None else names) if n != BASELINE]
+    learnable = [d for d in DATASETS if d in set(rows[rows.reading == "tuned"].dataset)]
+    todo = {n: [d for d in learnable if not ((tuned.normalizer == n) & (tuned.dataset == d)).any()] for n in names}
+    todo = {n: d for n, d in todo.items() if d}
+    lines.append("- **Not judged at a tuned recipe yet:** " + ("; ".join(f"`{n}` on {', '.join(d)}" for n, d in todo.items()) + "."
+                                                              if todo else f"none: every normalizer has a tuned verdict on {', '.join(learnable)}."))
+    enc = set(rows[rows.reading == "pretrained encoder"].normalizer)
+    if enc and (no_enc := [n for n in names if n not in enc]):
+        lines.append(f"- **No pretrained-encoder verdict yet:** {', '.join(f'`{n}`' for n in no_enc)}.")
+    ch = verdict_changes(rows); moved = ch[ch.changed]
+    lines.append(f"- **The reading changes from the paper's recipe to the tuned one** for {len(moved)} of the {len(ch)} (normalizer, "
+                 "dataset) pairs read both ways" + (": " + "; ".join(f"`{r.normalizer}` on {r.dataset} ({r.verdict_paper} {100 * r.gain_paper:+.1f} pt "
+                 f"→ {_word_of(r.verdict_tuned)} {100 * r.gain_tuned:+.1f} pt)" for r in moved.itertuples()) if len(moved) else "") + ".")
+    return lines
+
+# %% [markdown]
+# On the made-up tables: `sparsemax` was *better* under the paper's recipe and is *gone* tuned (a change); `mine` was *worse*
+# and is *gone* (a change); `entmax15` has only a first-round tuned reading, *undecided*, against an *n.s.* (no change).
+# Nothing beats tuned softmax; a made-up `winner` that does, and a provisional one that does not count yet, show the wording.
+
+# %%
+_ch = verdict_changes(_lb)
+test_eq(list(zip(_ch.normalizer, _ch.changed)), [("sparsemax", True), ("entmax15", False), ("mine", True)])
+_win = pd.concat([_lb, pd.DataFrame([dict(normalizer="winner", dataset="cifar10", reading="tuned", gain=0.02, ci_low=0.01, ci_high=0.03,
+                                          p_holm=0.01, verdict="persists", n=10, source="x"),
+                                     dict(normalizer="early", dataset="cifar10", reading="tuned", gain=0.05, ci_low=0.01, ci_high=0.09,
+                                          p_holm=0.01, verdict="persists, provisional (3 seeds)", n=3, source="x")])], ignore_index=True)
+test_eq(beats_after_holm(_lb), {"cifar10": []}); test_eq(beats_after_holm(_win), {"cifar10": [("winner", 0.02, 0.01)]})
+_fl = leaderboard_findings(_win)
+test_eq(_fl[0], "- **Beats tuned softmax after Holm:** cifar10 — `winner` (+2.0 pt, Holm p 0.01) of 4 judged.")
+test_eq(_fl[1], "- **Not judged at a tuned recipe yet:** `early` on cifar10.")
+test_eq(leaderboard_findings(_win, names=[*_win.normalizer, "measured_only"])[1],
+        "- **Not judged at a tuned recipe yet:** `early` on cifar10; `measured_only` on cifar10.")   # a row with no runs yet
+_enc = pd.concat([_win, _lb[_lb.normalizer == "sparsemax"].head(1).assign(reading="pretrained encoder", dataset="sst2_encoder")])
+test_eq(leaderboard_findings(_enc)[2], "- **No pretrained-encoder verdict yet:** `entmax15`, `early`, `mine`, `winner`.")
+assert _fl[2].startswith("- **The reading changes from the paper's recipe to the tuned one** for 2 of the 3") and "`mine` on cifar10 (worse -3.0 pt → gone +0.2 pt)" in _fl[2]
+
+# %% [markdown]
+# The README carries the short form between two marker comments (`sparse-repro leaderboard --readme README.md` rewrites
+# it): who beats the tuned baselines after Holm, and how much of the board is filled, with a link to the whole.
+
+# %%
+#| export
+LEADERBOARD_MARKERS = ("<!-- leaderboard:start (generated by `sparse-repro leaderboard --readme`; do not edit) -->", "<!-- leaderboard:end -->")
+
+def leaderboard_short(rows, vs_entmax=None, names=None, link="outputs/leaderboard.md") -> str:
+    "The README's few lines: the 'beats after Holm' findings and how many normalizers have each verdict, linking the whole board."
+    names = [n for n in method_order(rows.normalizer if names is None else names) if n != BASELINE]
+    beats = [l for l in leaderboard_findings(rows, vs_entmax, names) if l.startswith("- **Beats")]
+    tuned = rows[(rows.reading == "tuned") & ~rows.verdict.str.contains("provisional")]
+    learnable = [d for d in DATASETS if d in set(rows[rows.reading == "tuned"].dataset)]
+    full = [n for n in names if all(((tuned.normalizer == n) & (tuned.dataset == d)).any() for d in learnable)]
+    enc = set(rows[rows.reading == "pretrained encoder"].normalizer)
+    return "\n".join(beats + [f"- **On the board:** {len(names)} normalizers besides softmax; {len(full)} with a complete tuned verdict "
+                               f"on all {len(learnable)} datasets searched, {sum(n in enc for n in names)} with a pretrained-encoder "
+                               f"verdict. The whole table, the paper-recipe column, what changes between the two recipes and what is "
+                               f"not judged yet: [{Path(link).name}]({link})."])
+
+# %%
+test_eq(leaderboard_short(_win, link="outputs/leaderboard.md").splitlines(),
+        ["- **Beats tuned softmax after Holm:** cifar10 — `winner` (+2.0 pt, Holm p 0.01) of 4 judged.",
+         "- **On the board:** 5 normalizers besides softmax; 4 with a complete tuned verdict on all 1 datasets searched, 0 with a "
+         "pretrained-encoder verdict. The whole table, the paper-recipe column, what changes between the two recipes and what is "
+         "not judged yet: [leaderboard.md](outputs/leaderboard.md)."])
+
+# %% [markdown]
 # On the committed results: every row's gain is the committed table's, and every normalizer of the committed runs is
 # there.
 
 # %%
 #| export
-def write_leaderboard(outputs, main="paper") -> dict:
-    "Write `<outputs>/leaderboard.csv` (long), `leaderboard.md` and `leaderboard.png` (gains with CIs, a panel per dataset)."
+def write_leaderboard(outputs, main="paper", readme=None) -> dict:
+    """Write `<outputs>/leaderboard.csv` (long), `leaderboard.md` and `leaderboard.png` (gains with CIs, a panel per dataset);
+    with `readme` (a README, or its source notebook), also its block between `LEADERBOARD_MARKERS`."""
     import matplotlib; matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from sparse_attention_repro.files import atomic_write
     outputs = Path(outputs); rows = leaderboard_rows(outputs, main); extra = density_and_cost(outputs, main)
     table = leaderboard_table(rows, extra, step_costs(outputs))
+    vs_entmax = leaderboard_rows(outputs, main, baseline="entmax15")
+    findings = leaderboard_findings(rows, vs_entmax, names=table.normalizer)
     atomic_write(outputs / "leaderboard.csv", lambda tmp: rows.to_csv(tmp, index=False))
     md = ["# Leaderboard", "", "Gain in accuracy over softmax (points; 95% CI over seeds; verdict after Holm in the normalizer's family), "
           "per dataset under the paper's recipe (AdamW 10⁻³, 6–8 epochs) and at a tuned recipe (each arm at its own learning rate and "
@@ -236,7 +356,7 @@ def write_leaderboard(outputs, main="paper") -> dict:
           "Training time: `train_seconds` over softmax's in the same lock-step notebook (the seven only). Step cost: the "
           "normalizer's forward + backward over softmax's, measured side by side in one process on one thread by `sparse-repro "
           "card` (`cards/step_costs.csv`), at CIFAR-10's and the text datasets' sequence lengths.", "",
-          table.to_markdown(index=False, disable_numparse=True), ""]
+          "## What it says", "", *findings, "", "## The table", "", table.to_markdown(index=False, disable_numparse=True), ""]
     atomic_write(outputs / "leaderboard.md", lambda tmp: Path(tmp).write_text("\n".join(md), encoding="utf-8"))
     dsets = [d for d in DATASETS if d in set(rows.dataset)] + (["sst2_encoder"] if (rows.dataset == "sst2_encoder").any() else [])
     fig, axes = plt.subplots(1, len(dsets), figsize=(3.3 * len(dsets), 0.32 * len(table) + 1.6), sharey=True, squeeze=False)
@@ -258,6 +378,10 @@ def write_leaderboard(outputs, main="paper") -> dict:
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     atomic_write(outputs / "leaderboard.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
+    if readme is not None:
+        from sparse_attention_repro.files import sync_block
+        link = Path(os.path.relpath(outputs / "leaderboard.md", Path(readme).parent)).as_posix()
+        sync_block(readme, leaderboard_short(rows, vs_entmax, table.normalizer, link), LEADERBOARD_MARKERS, name="leaderboard")
     return dict(csv=outputs / "leaderboard.csv", md=outputs / "leaderboard.md", png=outputs / "leaderboard.png", rows=len(rows), normalizers=len(table))
 
 # %%
@@ -266,6 +390,14 @@ test_eq((out["rows"], out["normalizers"]), (6, 3)); assert out["png"].stat().st_
 test_eq(pd.read_csv(out["csv"]).gain.round(4).tolist(), _lb.gain.round(4).tolist())
 import re
 assert re.search(r"\| sparsemax +\| \+2\.0 \(\+1\.0, \+3\.0\) better", out["md"].read_text())
+assert "## What it says\n\n- **Beats tuned softmax after Holm:** cifar10 — none of 3 judged." in out["md"].read_text()
+(_o / "README.md").write_text(f"# Lab\n\n{LEADERBOARD_MARKERS[0]}\nold\n{LEADERBOARD_MARKERS[1]}\n")
+write_leaderboard(_o, readme=_o / "README.md")
+_block = (_o / "README.md").read_text().splitlines()[3:6]
+test_eq(_block[:2], ["- **Beats tuned softmax after Holm:** cifar10 — none of 3 judged.",
+                     "- **Beats tuned entmax-1.5 after Holm** (where a family holds that comparison): no tuned verdict yet."])
+assert _block[2].startswith("- **On the board:** 3 normalizers besides softmax; 3 with a complete tuned verdict")
+assert "[leaderboard.md](leaderboard.md)" in (_o / "README.md").read_text() and "\nold\n" not in (_o / "README.md").read_text()
 
 # %% [markdown]
 # ## A normalizer's gain against training length

@@ -221,6 +221,8 @@ def _leaderboard_args(sub):
     b = sub.add_parser("leaderboard", help="write <outputs>/leaderboard.csv/.md/.png: every normalizer's gains over softmax, from the committed tables")
     b.add_argument("--outputs", default="outputs", help="the folder of results roots (paper/, literature/, …)")
     b.add_argument("--main", default="paper", help="the results root holding the baselines and the report's tables")
+    b.add_argument("--readme", default=None, help="also rewrite the leaderboard block of this README (in its source notebook "
+                   "nbs/index.ipynb, when the README has one, and the README from it)")
     return b
 
 def _card_args(sub):
@@ -741,11 +743,21 @@ def cmd_index(args):
 
 def cmd_leaderboard(args):
     "Write the leaderboard files from the committed tables."
-    from sparse_attention_repro.leaderboard import write_leaderboard
+    from sparse_attention_repro.leaderboard import write_leaderboard, LEADERBOARD_MARKERS
     if not (Path(args.outputs) / args.main / "tables").is_dir():
         raise UsageError(f"{Path(args.outputs) / args.main / 'tables'} does not exist; run `sparse-repro report --results {Path(args.outputs) / args.main}` first")
-    out = write_leaderboard(args.outputs, args.main)
+    readme = args.readme
+    if readme and not Path(readme).is_file(): raise UsageError(f"--readme {readme} is not a file; give the README to update")
+    source = Path(readme).parent / "nbs" / "index.ipynb" if readme else None      # the README's source, where it has one
+    target = source if source is not None and source.is_file() else readme
+    if target and not all(m in Path(target).read_text(encoding="utf-8") for m in LEADERBOARD_MARKERS):   # before anything is written
+        raise UsageError(f"{target} has no leaderboard block; add the lines {' and '.join(LEADERBOARD_MARKERS)} where it belongs")
+    out = write_leaderboard(args.outputs, args.main, readme=target)
     print(f"leaderboard: {out['normalizers']} normalizers, {out['rows']} rows -> {out['md']}, {out['csv']}, {out['png']}")
+    if target is not None and target != readme:
+        from sparse_attention_repro.report import write_readme
+        write_readme(source, readme)
+    if readme: print(f"readme: {target}" + (f" and {readme}" if target != readme else "") + " leaderboard block written")
     return {}
 
 def cmd_card(args):

@@ -120,6 +120,26 @@ def test_leaderboard_is_the_committed_tables(tmp_path):
     res = cli("leaderboard", "--outputs", tmp_path)
     assert res.returncode == 2 and "does not exist" in res.stderr, res.stderr
 
+def test_readme_leaderboard_block(tmp_path):
+    """The README's leaderboard block is the short form of the committed leaderboard; a README without the block is refused
+    in one line before any leaderboard file is written."""
+    import shutil
+    from conftest import ROOT, cli
+    from sparse_attention_repro.leaderboard import (leaderboard_rows, leaderboard_short, leaderboard_table, density_and_cost, step_costs,
+                                                    LEADERBOARD_MARKERS)
+    out = ROOT / "outputs"; rows = leaderboard_rows(out)
+    names = leaderboard_table(rows, density_and_cost(out), step_costs(out)).normalizer
+    text = (ROOT / "README.md").read_text(encoding="utf-8"); a, b = LEADERBOARD_MARKERS
+    block = text[text.index(a) + len(a):text.index(b)].strip()
+    assert block == leaderboard_short(rows, leaderboard_rows(out, baseline="entmax15"), names, "outputs/leaderboard.md"), \
+        "the README's leaderboard block is stale: run `sparse-repro leaderboard --readme README.md`"
+    assert block.startswith("- **Beats tuned softmax after Holm:**")
+    shutil.copytree(out / "paper" / "tables", tmp_path / "paper" / "tables")
+    (tmp_path / "README.md").write_text("# A README without the block\n")
+    res = cli("leaderboard", "--outputs", tmp_path, "--readme", tmp_path / "README.md")
+    assert res.returncode == 2 and "has no leaderboard block" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not (tmp_path / "leaderboard.md").exists()
+
 def test_card_command(tmp_path):
     "`sparse-repro card`: a page per normalizer from the committed tables, with its cost measured here; a bad name is one line."
     import shutil

@@ -120,6 +120,7 @@ if len(tt):
 # [Ablations](#ablations-the-confounds-the-paper-names) · [Where the CLS token looks](#where-the-cls-token-looks) ·
 # [Attention on padding](#attention-on-padding-20-newsgroups) · [Density against accuracy](#attention-density-against-accuracy) ·
 # [Learned α per head](#learned-α-per-head-over-training-hae) · [Compute](#compute-training-cost-per-method) ·
+# [The leaderboard](#every-normalizer-at-a-fair-recipe-the-leaderboard) ·
 # [Study B: Crisp Attention](#study-b-crisp-attention-on-sst-2) · [The single-seed critique](#the-single-seed-critique)
 
 # %% [markdown]
@@ -602,6 +603,28 @@ if runs is not None:
     md("Median training-time ratio to softmax: " + ", ".join(
         f"{m} {r:.2f}×" for m, r in tr.groupby("method").ratio.median().items() if m != "softmax") + ". Devices: "
        + (", ".join(sorted(set(runs.device.dropna().astype(str)))) if "device" in runs else "not recorded") + ".")
+
+# %% [markdown]
+# ## Every normalizer at a fair recipe: the leaderboard
+#
+# The seven paper methods and every normalizer judged beside them (the controls, the ones from recent papers), each
+# against tuned softmax at its own recipe, with the paper-recipe and pretrained-encoder readings beside it. Computed here
+# from the same committed tables as `sparse-repro leaderboard` (which writes `leaderboard.md/.csv/.png` beside this
+# results folder); shown when this folder sits in a folder of results roots that has a leaderboard.
+
+# %%
+from sparse_attention_repro import leaderboard as L
+LAB = RES.resolve().parent
+if (LAB / "leaderboard.csv").exists():
+    lb_rows = L.leaderboard_rows(LAB, RES.resolve().name)
+    lb_table = L.leaderboard_table(lb_rows, L.density_and_cost(LAB, RES.resolve().name), L.step_costs(LAB))
+    md("\n".join(L.leaderboard_findings(lb_rows, L.leaderboard_rows(LAB, RES.resolve().name, baseline="entmax15"), names=lb_table.normalizer)))
+    table(lb_table)
+    md("Cells: gain over softmax in points (95% CI) and the verdict in the normalizer's own Holm family; *tuned* cells use the "
+       "protocol's words, *paper* cells *better* / *worse* / *n.s.*; an empty cell has not been run. Density: mean share of "
+       "non-zero weights at the paper's recipe; step cost: forward + backward over softmax's, side by side in one process.")
+else:
+    md("_No leaderboard beside this results folder: `sparse-repro leaderboard --outputs <folder of results roots>` writes one._")
 
 # %% [markdown]
 # ## Study B: Crisp Attention on SST-2
