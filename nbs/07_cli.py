@@ -521,8 +521,9 @@ def grid_tasks(args):
             name = f"seed{group[0]}" if len(group) == 1 else f"seeds{group[0]}-{group[-1]}"
             todo = [m for m in methods if any(not (rows_dir / f"seed{s}" / f"{m}.csv").exists() for s in group)] or methods
             record = out / "notebooks" / d / f"{name}.ipynb"
+            others = any(f.stem not in todo for s in group if (rows_dir / f"seed{s}").is_dir() for f in (rows_dir / f"seed{s}").glob("*.csv"))
             n = 1
-            while todo != methods and record.exists():         # a resumed notebook keeps the earlier record beside it
+            while others and record.exists():    # rows this run will not write exist: the notebook that wrote them is kept beside it
                 record = out / "notebooks" / d / f"{name}_resume{n}.ipynb"; n += 1
             check = base is not None and i == 0 and BASELINE not in methods   # the pairing check: the baseline's first seed again
             if check and not (rows_dir / f"seed{group[0]}" / f"{BASELINE}.csv").exists():
@@ -552,6 +553,14 @@ test_eq({k: tasks[0].parameters[k] for k in ("dataset", "seeds", "methods", "pro
         dict(dataset="synthetic_marker", seeds=[3], methods=["softmax", "entmax15"], profile="smoke", device="auto", stack=False))
 test_eq([Path(p).name for p in tasks[0].produces], ["softmax.csv", "entmax15.csv"])
 test_eq(opts["profile"], "smoke"); assert not _out.exists()                    # validated, nothing written
+# a later grid into a seed another grid already ran (other methods, e.g. the power stage's second arm) keeps the earlier record;
+# a plain re-run whose rows are gone writes over its own
+(_out / "notebooks" / "synthetic_marker").mkdir(parents=True); (_out / "notebooks" / "synthetic_marker" / "seed3.ipynb").write_text("{}")
+_rec = lambda *m: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--methods", *m]))[0][0].output.name
+test_eq(_rec("softmax"), "seed3.ipynb")
+(_rd := _out / "rows" / "study_a" / "synthetic_marker" / "seed3").mkdir(parents=True); (_rd / "softmax.csv").write_text("x")
+test_eq((_rec("softmax"), _rec("entmax15"), _rec("softmax,entmax15")), ("seed3.ipynb", "seed3_resume1.ipynb", "seed3_resume1.ipynb"))
+import shutil; shutil.rmtree(_out)
 _ph = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--dropout-rng", "philox"]))
 test_eq((_ph[1]["dropout_rng"], _ph[0][0].parameters["options"]["dropout_rng"], opts["dropout_rng"]), ("philox", "philox", "torch"))
 test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--dropout-rng", "mt"])), exc=UsageError, contains="unknown --dropout-rng")

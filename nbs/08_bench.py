@@ -689,6 +689,8 @@ test_eq(ft.tflop_per_seed, 2 * 6 * 8000 * 3 * forward_flops(17, 49) / 1e12)
 # recorded count their whole wall time as one core's (`core_share` NaN), an upper bound. Summed over a dataset's select
 # stage, its extensions and its complete stage, that is the core time one arm of the fair protocol took on the machines
 # that ran it (each row records its `cpu_capability`). A dataset whose complete stage has not run yet is marked so.
+# A seed can have several notebooks (a resumed run, or a later grid of other methods into the same seed, each kept as
+# `seed<k>_resume<n>.ipynb`): each is charged to the methods its recorded parameters name.
 
 # %%
 #| export
@@ -698,18 +700,20 @@ def fair_cost_runs(results_dir, folder="tuned") -> pd.DataFrame:
     for grid in sorted(Path(results_dir, folder).glob("*/runs.csv")):
         runs = pd.read_csv(grid)
         runs = runs[runs.status.fillna("ok") == "ok"]
-        for (ds, seed), g in runs.groupby(["dataset", "seed"]):
-            nb = grid.parent / "notebooks" / ds / f"seed{seed}.ipynb"
-            if not nb.exists(): continue
-            text = nb.read_text()
-            wall = json.loads(text).get("metadata", {}).get("papermill", {}).get("duration")
-            if not wall: continue
-            share = g.train_seconds / g.train_seconds.sum()
-            cores = float(g.core_share.median()) if "core_share" in g and g.core_share.notna().any() else np.nan
-            continued = "continuing the shorter run's final state" in text          # its wall time covers only the extra epochs
-            rows += [dict(dataset=ds, method=m, seed=int(seed), lr=float(lr), epochs=int(e), grid=grid.parent.name,
-                          core_seconds=float(wall) * s * (1.0 if np.isnan(cores) else cores), core_share=cores,
-                          continued=continued) for m, lr, e, s in zip(g.method, g.lr, g.epochs, share)]
+        for (ds, seed), seed_runs in runs.groupby(["dataset", "seed"]):
+            folder = grid.parent / "notebooks" / ds
+            for nb in [folder / f"seed{seed}.ipynb", *sorted(folder.glob(f"seed{seed}_resume*.ipynb"))]:   # each notebook that ran this seed
+                if not nb.exists(): continue
+                text = nb.read_text(); meta = json.loads(text).get("metadata", {}).get("papermill", {})
+                wall, ran = meta.get("duration"), meta.get("parameters", {}).get("methods")
+                g = seed_runs if ran is None else seed_runs[seed_runs.method.isin({str(m).rpartition(":")[2] for m in ran})]
+                if not wall or not len(g): continue
+                share = g.train_seconds / g.train_seconds.sum()
+                cores = float(g.core_share.median()) if "core_share" in g and g.core_share.notna().any() else np.nan
+                continued = "continuing the shorter run's final state" in text          # its wall time covers only the extra epochs
+                rows += [dict(dataset=ds, method=m, seed=int(seed), lr=float(lr), epochs=int(e), grid=grid.parent.name,
+                              core_seconds=float(wall) * s * (1.0 if np.isnan(cores) else cores), core_share=cores,
+                              continued=continued) for m, lr, e, s in zip(g.method, g.lr, g.epochs, share)]
     return pd.DataFrame(rows, columns=["dataset", "method", "seed", "lr", "epochs", "grid", "core_seconds", "core_share", "continued"])
 
 def fair_cost(results_dir, folder="tuned", runs=None) -> pd.DataFrame:
@@ -733,3 +737,7 @@ with _tf.TemporaryDirectory() as _d:
     test_eq(fair_cost_runs(_d)[["lr", "epochs", "grid", "continued"]].values.tolist(), [[1e-3, 36, "kmnist_lr0.001", False]] * 2)
     pd.read_csv(_g / "runs.csv").assign(core_share=0.5).to_csv(_g / "runs.csv", index=False)   # it had half a core
     test_close(fair_cost(_d).set_index("method").core_hours.to_numpy() * 3600, [37.5, 12.5])
+    # a second grid into the same seed (the power stage's other arm) keeps its own notebook: each is charged to the methods it ran
+    (_g / "notebooks" / "kmnist" / "seed0.ipynb").write_text(json.dumps({"metadata": {"papermill": {"duration": 100.0, "parameters": {"methods": ["softmax"]}}}}))
+    (_g / "notebooks" / "kmnist" / "seed0_resume1.ipynb").write_text(json.dumps({"metadata": {"papermill": {"duration": 40.0, "parameters": {"methods": ["examples.mine:sparsemax"]}}}}))
+    test_close(fair_cost(_d).set_index("method").core_hours.to_numpy() * 3600, [50.0, 20.0])

@@ -416,18 +416,20 @@ def fair_cost_runs(results_dir, folder="tuned") -> pd.DataFrame:
     for grid in sorted(Path(results_dir, folder).glob("*/runs.csv")):
         runs = pd.read_csv(grid)
         runs = runs[runs.status.fillna("ok") == "ok"]
-        for (ds, seed), g in runs.groupby(["dataset", "seed"]):
-            nb = grid.parent / "notebooks" / ds / f"seed{seed}.ipynb"
-            if not nb.exists(): continue
-            text = nb.read_text()
-            wall = json.loads(text).get("metadata", {}).get("papermill", {}).get("duration")
-            if not wall: continue
-            share = g.train_seconds / g.train_seconds.sum()
-            cores = float(g.core_share.median()) if "core_share" in g and g.core_share.notna().any() else np.nan
-            continued = "continuing the shorter run's final state" in text          # its wall time covers only the extra epochs
-            rows += [dict(dataset=ds, method=m, seed=int(seed), lr=float(lr), epochs=int(e), grid=grid.parent.name,
-                          core_seconds=float(wall) * s * (1.0 if np.isnan(cores) else cores), core_share=cores,
-                          continued=continued) for m, lr, e, s in zip(g.method, g.lr, g.epochs, share)]
+        for (ds, seed), seed_runs in runs.groupby(["dataset", "seed"]):
+            folder = grid.parent / "notebooks" / ds
+            for nb in [folder / f"seed{seed}.ipynb", *sorted(folder.glob(f"seed{seed}_resume*.ipynb"))]:   # each notebook that ran this seed
+                if not nb.exists(): continue
+                text = nb.read_text(); meta = json.loads(text).get("metadata", {}).get("papermill", {})
+                wall, ran = meta.get("duration"), meta.get("parameters", {}).get("methods")
+                g = seed_runs if ran is None else seed_runs[seed_runs.method.isin({str(m).rpartition(":")[2] for m in ran})]
+                if not wall or not len(g): continue
+                share = g.train_seconds / g.train_seconds.sum()
+                cores = float(g.core_share.median()) if "core_share" in g and g.core_share.notna().any() else np.nan
+                continued = "continuing the shorter run's final state" in text          # its wall time covers only the extra epochs
+                rows += [dict(dataset=ds, method=m, seed=int(seed), lr=float(lr), epochs=int(e), grid=grid.parent.name,
+                              core_seconds=float(wall) * s * (1.0 if np.isnan(cores) else cores), core_share=cores,
+                              continued=continued) for m, lr, e, s in zip(g.method, g.lr, g.epochs, share)]
     return pd.DataFrame(rows, columns=["dataset", "method", "seed", "lr", "epochs", "grid", "core_seconds", "core_share", "continued"])
 
 def fair_cost(results_dir, folder="tuned", runs=None) -> pd.DataFrame:

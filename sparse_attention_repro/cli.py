@@ -425,8 +425,9 @@ def grid_tasks(args):
             name = f"seed{group[0]}" if len(group) == 1 else f"seeds{group[0]}-{group[-1]}"
             todo = [m for m in methods if any(not (rows_dir / f"seed{s}" / f"{m}.csv").exists() for s in group)] or methods
             record = out / "notebooks" / d / f"{name}.ipynb"
+            others = any(f.stem not in todo for s in group if (rows_dir / f"seed{s}").is_dir() for f in (rows_dir / f"seed{s}").glob("*.csv"))
             n = 1
-            while todo != methods and record.exists():         # a resumed notebook keeps the earlier record beside it
+            while others and record.exists():    # rows this run will not write exist: the notebook that wrote them is kept beside it
                 record = out / "notebooks" / d / f"{name}_resume{n}.ipynb"; n += 1
             check = base is not None and i == 0 and BASELINE not in methods   # the pairing check: the baseline's first seed again
             if check and not (rows_dir / f"seed{group[0]}" / f"{BASELINE}.csv").exists():
