@@ -68,7 +68,8 @@ def leaderboard_rows(outputs, main="paper", baseline=BASELINE) -> pd.DataFrame:
         if len(t): parts.append(_rows(t, "tuned", f.relative_to(outputs).as_posix(), gain="gain", verdict="verdict"))
     if baseline == BASELINE and (f := tab / "crisp_normalizer_tests.csv").exists():
         t = pd.read_csv(f); t = t[t.family.str.endswith("_test")].assign(dataset="sst2_encoder")
-        parts.append(_rows(t, "pretrained encoder", f"{main}/tables/crisp_normalizer_tests.csv"))
+        r = _rows(t, "pretrained encoder", f"{main}/tables/crisp_normalizer_tests.csv")   # fewer seeds than the column's most: provisional
+        parts.append(r.assign(verdict=[v if n >= r.n.max() else f"{v}, provisional ({int(n)} seeds)" for v, n in zip(r.verdict, r.n)]))
     parts = [p for p in parts if len(p)]
     return pd.concat(parts, ignore_index=True)[LEADERBOARD_COLS] if parts else pd.DataFrame(columns=LEADERBOARD_COLS)
 
@@ -179,7 +180,7 @@ def leaderboard_findings(rows, vs_entmax=None, names=None) -> list:
     todo = {n: d for n, d in todo.items() if d}
     lines.append("- **Not judged at a tuned recipe yet:** " + ("; ".join(f"`{n}` on {', '.join(d)}" for n, d in todo.items()) + "."
                                                               if todo else f"none: every normalizer has a tuned verdict on {', '.join(learnable)}."))
-    enc = set(rows[rows.reading == "pretrained encoder"].normalizer)
+    enc = set(rows[(rows.reading == "pretrained encoder") & ~rows.verdict.str.contains("provisional")].normalizer)
     if enc and (no_enc := [n for n in names if n not in enc]):
         lines.append(f"- **No pretrained-encoder verdict yet:** {', '.join(f'`{n}`' for n in no_enc)}.")
     ch = verdict_changes(rows); moved = ch[ch.changed]
@@ -198,7 +199,7 @@ def leaderboard_short(rows, vs_entmax=None, names=None, link="outputs/leaderboar
     tuned = rows[(rows.reading == "tuned") & ~rows.verdict.str.contains("provisional")]
     learnable = [d for d in DATASETS if d in set(rows[rows.reading == "tuned"].dataset)]
     full = [n for n in names if all(((tuned.normalizer == n) & (tuned.dataset == d)).any() for d in learnable)]
-    enc = set(rows[rows.reading == "pretrained encoder"].normalizer)
+    enc = set(rows[(rows.reading == "pretrained encoder") & ~rows.verdict.str.contains("provisional")].normalizer)
     return "\n".join(beats + [f"- **On the board:** {len(names)} normalizers besides softmax; {len(full)} with a complete tuned verdict "
                                f"on all {len(learnable)} datasets searched, {sum(n in enc for n in names)} with a pretrained-encoder "
                                f"verdict. The whole table, the paper-recipe column, what changes between the two recipes and what is "
