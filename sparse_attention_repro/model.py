@@ -67,7 +67,9 @@ class SelfAttention(nn.Module):
         self.num_heads, self.head_dim = cfg.num_heads, cfg.embed_dim // cfg.num_heads
         self.qkv = nn.Linear(cfg.embed_dim, 3 * cfg.embed_dim)
         self.out = nn.Linear(cfg.embed_dim, cfg.embed_dim)
-        self.normalizer = resolve_normalizer(cfg.normalizer).build(num_heads=cfg.num_heads)
+        spec = resolve_normalizer(cfg.normalizer)
+        keys = {"n_keys": cfg.seq_len + 1} if "n_keys" in spec.options else {}   # one that starts from the key count gets this model's
+        self.normalizer = spec.build(num_heads=cfg.num_heads, **keys)
         self.record, self.last_density, self.scale_queries = False, None, True
         if cfg.attention not in ATTENTION_PATHS: raise ValueError(f"unknown attention path {cfg.attention!r}; choose one of {', '.join(ATTENTION_PATHS)}")
         self.fused = cfg.attention in FUSED_PATHS

@@ -260,6 +260,17 @@ def test_learned_temperature_softmax_is_the_formula_and_starts_at_ssmax():
             torch.testing.assert_close(norm(z, m)[:, h], by_element(tempered, z[:, h], m))
 
 
+def test_the_model_starts_learned_temperature_where_ssmax_starts():
+    "In the lab's classifier the control starts at SSMax's s·log n for the model's own key count: 17 on images, 97 on text."
+    from sparse_attention_repro.model import CompactClassifier, ClassifierConfig
+    for seq_len, cfg in ((16, dict(input_dim=49)), (96, dict(vocab_size=50))):
+        model = CompactClassifier(ClassifierConfig(4, seq_len, normalizer="learned_temperature_softmax", **cfg))
+        ssmax = CompactClassifier(ClassifierConfig(4, seq_len, normalizer="scalable_softmax", **cfg))
+        t = model.blocks[0].attn.normalizer.t.detach()
+        torch.testing.assert_close(t, ssmax.blocks[0].attn.normalizer.s.detach() * math.log(seq_len + 1))
+        assert abs(float(t[0]) - S_START * math.log(seq_len + 1)) < 1e-6
+
+
 def test_learned_temperature_gets_a_gradient_and_stacks():
     norm = LearnedTemperatureSoftmax(num_heads=3).double()
     z = torch.randn(2, 3, 4, 6, dtype=torch.float64)
