@@ -225,7 +225,9 @@ test_eq((_tab2.loc["newcomer", "cifar10: paper"], _tab2.loc["newcomer", "step co
 # Three readings a user asks for first, each computed from the rows above (no statistic of its own):
 #
 # - **Beats the tuned baseline after Holm**, per dataset: a tuned gain above zero with Holm p < 0.05 in the normalizer's
-#   family — against tuned softmax, and against tuned entmax-1.5 where a family holds that comparison;
+#   family — against tuned softmax, and against tuned entmax-1.5 where a family holds that comparison — with how many
+#   were judged there and how their verdicts fall (better / worse after Holm, equivalent within the margin, undecided),
+#   so that "none" is read against its denominator; Holm is per normalizer, not across the board, and the list says so;
 # - **Not judged yet**: the normalizers with a row in the table but no complete tuned verdict on a dataset (a provisional
 #   verdict, one whose seeds have not all run at the chosen recipes, is listed here and not counted as a win), and those
 #   without a pretrained-encoder verdict;
@@ -257,20 +259,34 @@ def beats_after_holm(rows, alpha=0.05) -> dict:
     win = t[(t.gain > 0) & (t.p_holm < alpha)]
     return {ds: [(r.normalizer, r.gain, r.p_holm) for r in win[win.dataset == ds].itertuples()] for ds in [d for d in DATASETS if d in set(t.dataset)]}
 
-def _wins(found, judged) -> str:
+def _tally(t, alpha=0.05) -> str:
+    "One dataset's complete tuned verdicts counted: better / worse after Holm, equivalent within the margin, undecided."
+    better, worse = (t.gain > 0) & (t.p_holm < alpha), (t.gain < 0) & (t.p_holm < alpha)
+    w = t.verdict.map(_word_of)
+    equiv = ~better & ~worse & ((w == "gone") | w.str.startswith("equivalent"))
+    counts = [(int(better.sum()), "better"), (int(worse.sum()), "worse"), (int(equiv.sum()), "equivalent"),
+              (int((~better & ~worse & ~equiv).sum()), "undecided")]
+    return ", ".join(f"{n} {k}" for n, k in counts if n)
+
+def _wins(rows) -> str:
+    "Per dataset: who beats the baseline after Holm, of how many judged, with the tally of all their verdicts."
+    t = rows[(rows.reading == "tuned") & ~rows.verdict.str.contains("provisional")]
+    found = beats_after_holm(rows)
     return "; ".join(f"{ds} — " + (", ".join(f"`{n}` ({100 * g:+.1f} pt, Holm p {p:.2g})" for n, g, p in found[ds]) or "none")
-                     + f" of {judged[ds]} judged" for ds in found)
+                     + f" of {(t.dataset == ds).sum()} judged ({_tally(t[t.dataset == ds])})" for ds in found)
+
+HOLM_NOTE = ("- *Holm* runs within each normalizer's own family — the paper's 24 tests for the seven, a new normalizer's comparisons "
+             "with the seven on the datasets searched so far — not across the normalizers on the board: among many normalizers, "
+             "one win is a lead to confirm with more seeds.")
 
 def leaderboard_findings(rows, vs_entmax=None, names=None) -> list:
     """Markdown lines: who beats tuned softmax (and tuned entmax-1.5) after Holm per dataset, who of `names` (default: the
     normalizers in `rows`) is not judged yet, and the changes."""
     tuned = rows[(rows.reading == "tuned") & ~rows.verdict.str.contains("provisional")]
-    judged = tuned.groupby("dataset").normalizer.nunique().to_dict()
-    lines = [f"- **Beats tuned softmax after Holm:** {_wins(beats_after_holm(rows), judged) or 'no tuned verdict yet'}."]
+    lines = [f"- **Beats tuned softmax after Holm:** {_wins(rows) or 'no tuned verdict yet'}."]
     if vs_entmax is not None and len(vs_entmax):
-        te = vs_entmax[(vs_entmax.reading == "tuned") & ~vs_entmax.verdict.str.contains("provisional")]
-        lines.append(f"- **Beats tuned entmax-1.5 after Holm** (where a family holds that comparison): "
-                     f"{_wins(beats_after_holm(vs_entmax), te.groupby('dataset').normalizer.nunique().to_dict()) or 'no tuned verdict yet'}.")
+        lines.append(f"- **Beats tuned entmax-1.5 after Holm** (where a family holds that comparison): {_wins(vs_entmax) or 'no tuned verdict yet'}.")
+    lines.append(HOLM_NOTE)
     names = [n for n in method_order(rows.normalizer if names is None else names) if n != BASELINE]
     learnable = [d for d in DATASETS if d in set(rows[rows.reading == "tuned"].dataset)]
     todo = {n: [d for d in learnable if not ((tuned.normalizer == n) & (tuned.dataset == d)).any()] for n in names}
@@ -300,13 +316,13 @@ _win = pd.concat([_lb, pd.DataFrame([dict(normalizer="winner", dataset="cifar10"
                                           p_holm=0.01, verdict="persists, provisional (3 seeds)", n=3, source="x")])], ignore_index=True)
 test_eq(beats_after_holm(_lb), {"cifar10": []}); test_eq(beats_after_holm(_win), {"cifar10": [("winner", 0.02, 0.01)]})
 _fl = leaderboard_findings(_win)
-test_eq(_fl[0], "- **Beats tuned softmax after Holm:** cifar10 — `winner` (+2.0 pt, Holm p 0.01) of 4 judged.")
-test_eq(_fl[1], "- **Not judged at a tuned recipe yet:** `early` on cifar10.")
-test_eq(leaderboard_findings(_win, names=[*_win.normalizer, "measured_only"])[1],
+test_eq(_fl[0], "- **Beats tuned softmax after Holm:** cifar10 — `winner` (+2.0 pt, Holm p 0.01) of 4 judged (1 better, 2 equivalent, 1 undecided).")
+test_eq(_fl[1:3], [HOLM_NOTE, "- **Not judged at a tuned recipe yet:** `early` on cifar10."])
+test_eq(leaderboard_findings(_win, names=[*_win.normalizer, "measured_only"])[2],
         "- **Not judged at a tuned recipe yet:** `early` on cifar10; `measured_only` on cifar10.")   # a row with no runs yet
 _enc = pd.concat([_win, _lb[_lb.normalizer == "sparsemax"].head(1).assign(reading="pretrained encoder", dataset="sst2_encoder")])
-test_eq(leaderboard_findings(_enc)[2], "- **No pretrained-encoder verdict yet:** `entmax15`, `early`, `mine`, `winner`.")
-assert _fl[2].startswith("- **The reading changes from the paper's recipe to the tuned one** for 2 of the 3") and "`mine` on cifar10 (worse -3.0 pt → gone +0.2 pt)" in _fl[2]
+test_eq(leaderboard_findings(_enc)[3], "- **No pretrained-encoder verdict yet:** `entmax15`, `early`, `mine`, `winner`.")
+assert _fl[3].startswith("- **The reading changes from the paper's recipe to the tuned one** for 2 of the 3") and "`mine` on cifar10 (worse -3.0 pt → gone +0.2 pt)" in _fl[3]
 
 # %% [markdown]
 # The README carries the short form between two marker comments (`sparse-repro leaderboard --readme README.md` rewrites
@@ -319,7 +335,7 @@ LEADERBOARD_MARKERS = ("<!-- leaderboard:start (generated by `sparse-repro leade
 def leaderboard_short(rows, vs_entmax=None, names=None, link="outputs/leaderboard.md") -> str:
     "The README's few lines: the 'beats after Holm' findings and how many normalizers have each verdict, linking the whole board."
     names = [n for n in method_order(rows.normalizer if names is None else names) if n != BASELINE]
-    beats = [l for l in leaderboard_findings(rows, vs_entmax, names) if l.startswith("- **Beats")]
+    beats = [l for l in leaderboard_findings(rows, vs_entmax, names) if l.startswith(("- **Beats", HOLM_NOTE))]
     tuned = rows[(rows.reading == "tuned") & ~rows.verdict.str.contains("provisional")]
     learnable = [d for d in DATASETS if d in set(rows[rows.reading == "tuned"].dataset)]
     full = [n for n in names if all(((tuned.normalizer == n) & (tuned.dataset == d)).any() for d in learnable)]
@@ -331,7 +347,7 @@ def leaderboard_short(rows, vs_entmax=None, names=None, link="outputs/leaderboar
 
 # %%
 test_eq(leaderboard_short(_win, link="outputs/leaderboard.md").splitlines(),
-        ["- **Beats tuned softmax after Holm:** cifar10 — `winner` (+2.0 pt, Holm p 0.01) of 4 judged.",
+        ["- **Beats tuned softmax after Holm:** cifar10 — `winner` (+2.0 pt, Holm p 0.01) of 4 judged (1 better, 2 equivalent, 1 undecided).", HOLM_NOTE,
          "- **On the board:** 5 normalizers besides softmax; 4 with a complete tuned verdict on all 1 datasets searched, 0 with a "
          "pretrained-encoder verdict. The whole table, the paper-recipe column, what changes between the two recipes and what is "
          "not judged yet: [leaderboard.md](outputs/leaderboard.md)."])
@@ -342,6 +358,15 @@ test_eq(leaderboard_short(_win, link="outputs/leaderboard.md").splitlines(),
 
 # %%
 #| export
+def encoder_setup(results) -> str:
+    "How the pretrained-encoder column was run, read from its runs: model, sentences, epochs, learning rate, seeds."
+    f = Path(results) / "crisp_normalizers" / "crisp_runs.csv"
+    if not f.exists(): return ""
+    r = pd.read_csv(f)
+    one = lambda c: ", ".join(str(v) for v in sorted(set(r[c].dropna()))) if c in r else "?"
+    return (f"; every layer's softmax replaced in {one('model_name')}, fine-tuned on {one('train_n')} SST-2 sentences for "
+            f"{one('epochs')} epochs at lr {one('lr')}, {r.seed.nunique()} seeds paired with dense")
+
 def write_leaderboard(outputs, main="paper", readme=None) -> dict:
     """Write `<outputs>/leaderboard.csv` (long), `leaderboard.md` and `leaderboard.png` (gains with CIs, a panel per dataset);
     with `readme` (a README, or its source notebook), also its block between `LEADERBOARD_MARKERS`."""
@@ -353,10 +378,12 @@ def write_leaderboard(outputs, main="paper", readme=None) -> dict:
     vs_entmax = leaderboard_rows(outputs, main, baseline="entmax15")
     findings = leaderboard_findings(rows, vs_entmax, names=table.normalizer)
     atomic_write(outputs / "leaderboard.csv", lambda tmp: rows.to_csv(tmp, index=False))
+    first = (" *first round*: the earlier, smaller grid (three methods, two or three rates), read where the protocol's grid has not run yet;"
+             if rows.verdict.str.contains("first round").any() else "")
     md = ["# Leaderboard", "", "Gain in accuracy over softmax (points; 95% CI over seeds; verdict after Holm in the normalizer's family), "
           "per dataset under the paper's recipe (AdamW 10⁻³, 6–8 epochs) and at a tuned recipe (each arm at its own learning rate and "
-          "length, chosen on validation; the protocol's words; *first round*: the earlier, smaller grid (three methods, two or three rates), read "
-          "where the protocol's grid has not run yet), and in the pretrained encoder (over dense, SST-2 test). Generated by "
+          f"length, chosen on validation; the protocol's words;{first} *provisional*: not every seed has run at the chosen recipes), "
+          f"and in the pretrained encoder (over dense, SST-2 test{encoder_setup(outputs / main)}). Generated by "
           "`sparse-repro leaderboard` from the committed tables (sources in `leaderboard.csv`); an empty cell has not been run. "
           "Training time: `train_seconds` over softmax's in the same lock-step notebook (the seven only). Step cost: the "
           "normalizer's forward + backward over softmax's, measured side by side in one process on one thread by `sparse-repro "
@@ -390,18 +417,26 @@ def write_leaderboard(outputs, main="paper", readme=None) -> dict:
     return dict(csv=outputs / "leaderboard.csv", md=outputs / "leaderboard.md", png=outputs / "leaderboard.png", rows=len(rows), normalizers=len(table))
 
 # %%
+_es = Path(tempfile.mkdtemp()); (_es / "crisp_normalizers").mkdir()
+pd.DataFrame([dict(config="entmax15", seed=s, model_name="all-MiniLM-L6-v2", train_n=4800, epochs=3, lr=1e-4) for s in range(5)]
+             ).to_csv(_es / "crisp_normalizers" / "crisp_runs.csv", index=False)
+test_eq(encoder_setup(_es), "; every layer's softmax replaced in all-MiniLM-L6-v2, fine-tuned on 4800 SST-2 sentences for 3 epochs at "
+        "lr 0.0001, 5 seeds paired with dense")
+test_eq(encoder_setup(_o / "paper"), "")
+
+# %%
 out = write_leaderboard(_o)
 test_eq((out["rows"], out["normalizers"]), (6, 3)); assert out["png"].stat().st_size > 5000
 test_eq(pd.read_csv(out["csv"]).gain.round(4).tolist(), _lb.gain.round(4).tolist())
 import re
 assert re.search(r"\| sparsemax +\| \+2\.0 \(\+1\.0, \+3\.0\) better", out["md"].read_text())
-assert "## What it says\n\n- **Beats tuned softmax after Holm:** cifar10 — none of 3 judged." in out["md"].read_text()
+assert "## What it says\n\n- **Beats tuned softmax after Holm:** cifar10 — none of 3 judged (2 equivalent, 1 undecided)." in out["md"].read_text()
 (_o / "README.md").write_text(f"# Lab\n\n{LEADERBOARD_MARKERS[0]}\nold\n{LEADERBOARD_MARKERS[1]}\n")
 write_leaderboard(_o, readme=_o / "README.md")
-_block = (_o / "README.md").read_text().splitlines()[3:6]
-test_eq(_block[:2], ["- **Beats tuned softmax after Holm:** cifar10 — none of 3 judged.",
+_block = (_o / "README.md").read_text().splitlines()[3:7]
+test_eq(_block[:2], ["- **Beats tuned softmax after Holm:** cifar10 — none of 3 judged (2 equivalent, 1 undecided).",
                      "- **Beats tuned entmax-1.5 after Holm** (where a family holds that comparison): no tuned verdict yet."])
-assert _block[2].startswith("- **On the board:** 3 normalizers besides softmax; 3 with a complete tuned verdict")
+test_eq(_block[2], HOLM_NOTE); assert _block[3].startswith("- **On the board:** 3 normalizers besides softmax; 3 with a complete tuned verdict")
 assert "[leaderboard.md](leaderboard.md)" in (_o / "README.md").read_text() and "\nold\n" not in (_o / "README.md").read_text()
 
 # %% [markdown]
@@ -500,7 +535,8 @@ def normalizer_card(outputs, name, main="paper", cost_repeats=10) -> Path:
         lines += ["## Against entmax-1.5", "", md(fmt(vs_ent)) if len(vs_ent) else "No committed comparison yet.", ""]
     recipes = [pd.read_csv(f).pipe(lambda t: t[t.method == name]) for f in [outputs / main / "tables" / "tuned_recipes.csv",
                                                                 *sorted(outputs.glob("**/fair_recipes.csv"))] if f.exists()]
-    recipes = pd.concat(recipes, ignore_index=True) if recipes else pd.DataFrame()
+    recipes = (pd.concat(recipes, ignore_index=True).drop_duplicates(["dataset", "method"])   # each fair search repeats the seven's
+               .dropna(axis=1, how="all") if recipes else pd.DataFrame())
     lines += ["## Chosen recipes (on validation)", "", recipes.to_markdown(index=False) if len(recipes) else "Not searched yet.", ""]
     if len(recipes) and len(gc := gain_curves(outputs, name, main)):    # once the search has chosen a recipe
         gain_curve_figure(gc, outputs / "cards" / f"{name}.png")
@@ -527,6 +563,12 @@ def normalizer_card(outputs, name, main="paper", cost_repeats=10) -> Path:
 _card = normalizer_card(_o, "sparsemax", cost_repeats=2).read_text()
 assert "## Against softmax" in _card and "+2.00" in _card and "better" in _card and "ratio_to_softmax" in _card
 assert "96x4x97x97" in _card and "Not searched yet." in _card
+_fr = Path(tempfile.mkdtemp()); (_fr / "paper" / "tables").mkdir(parents=True); (_fr / "a").mkdir(); (_fr / "b").mkdir()
+_rec = pd.DataFrame([dict(dataset="kmnist", method="sparsemax", lr=1e-3, epoch=30, source="tuned")])
+_rec.to_csv(_fr / "paper" / "tables" / "tuned_recipes.csv", index=False)
+for _f in ("a", "b"): _rec.drop(columns="source").to_csv(_fr / _f / "fair_recipes.csv", index=False)   # a fair search repeats the baselines'
+_rc = normalizer_card(_fr, "sparsemax", cost_repeats=1).read_text()
+test_eq(_rc.count("| kmnist    | sparsemax |"), 1)                    # each recipe once
 _sc = step_costs(_o).set_index("normalizer")
 test_eq(list(_sc.index), ["sparsemax"]); assert _sc.loc["sparsemax", "T=17"] > 0 and _sc.loc["sparsemax", "T=97"] > 0
 _kept = pd.read_csv(_o / STEP_COSTS)                                    # each measurement keeps the machine's load beside it
