@@ -527,6 +527,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                      'sparse_attention_repro/leaderboard.py'),
                                                     'sparse_attention_repro.leaderboard.beats_after_holm': ( 'leaderboard.html#beats_after_holm',
                                                                                                              'sparse_attention_repro/leaderboard.py'),
+                                                    'sparse_attention_repro.leaderboard.definition': ( 'leaderboard.html#definition',
+                                                                                                       'sparse_attention_repro/leaderboard.py'),
                                                     'sparse_attention_repro.leaderboard.density_and_cost': ( 'leaderboard.html#density_and_cost',
                                                                                                              'sparse_attention_repro/leaderboard.py'),
                                                     'sparse_attention_repro.leaderboard.encoder_setup': ( 'leaderboard.html#encoder_setup',

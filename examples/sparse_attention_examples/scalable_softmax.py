@@ -4,8 +4,15 @@ Softmax of the scores multiplied by s·log n, with n the number of keys and s a 
 
     SSMax(z)_i = n^(s z_i) / sum_j n^(s z_j) = softmax((s log n) z)_i
 
-so attention does not flatten as n grows. The paper leaves s's start open; we start every head at s = 0.43, the value
-public re-implementations use (at the lab's 17 and 97 keys, s log n is then 1.22 and 1.97). `s` is recorded per epoch.
+so attention does not flatten as n grows. The paper leaves s's start open; we start every head at s = 0.43, the default
+of the most used re-implementation (the `scalable-softmax` package; at the lab's 17 and 97 keys, s log n is then 1.22
+and 1.97). `s` is recorded per epoch.
+
+Against that re-implementation (no code from the paper's author was found): equal without a key mask, weights and
+gradient, when every head starts at its s. It has one scalar s and takes n as the row's full length, masked positions
+included; ours has one s per head (a head-wise scale, like the adaptive entmax's alpha) and, with a key mask, n = the
+row's valid keys, so padding does not sharpen a short document's row. The lab's main runs leave padding unmasked, where
+the two n agree. `test_scalable_softmax_against_the_reference_n` pins both readings.
 """
 import math
 import torch

@@ -6,6 +6,12 @@ with Rectified Softmax").
 A key whose score is below 0 gets exactly zero, and a row can give less than one in total (no forced "sink"). Computed
 stably by multiplying through by e^{-m}, m = max(0, max_j x_j), which leaves the ratio unchanged (eps becomes eps e^{-m}).
 Masked keys are left out of both sums and get zero.
+
+Against the authors' reference code: it shifts by the row max and adds eps = 1e-8 after the shift, so its denominator
+is sum_j |e^{x_j} - 1| + 1e-8 e^{max_j x_j}; ours is sum_j |e^{x_j} - 1| + EPS, the formula above with EPS = 1e-6. For
+scores of unit scale the weights agree within 2e-8, with and without masked keys; where every score of a row is tiny
+(|x| ~ 1e-3, so the sum is small) the eps terms weigh and the relative gap grows to about 1e-5.
+`test_softpick_against_the_reference_epsilon` pins both.
 """
 import torch
 from sparse_attention_repro.normalizers import register_normalizer

@@ -38,6 +38,40 @@ def test_sigmoid_attention_is_the_papers_formula():
     assert (p[..., ~mask[0, 0, 0]] == 0).all()
 
 
+def test_sigmoid_attention_against_the_reference_bias():
+    """The reference (the authors' FlashSigmoid) adds one constant bias b, from its configuration, to every row's scores.
+    Without a mask and b = -log n the two agree; with masked keys ours takes b = -log(valid keys) per row, and a weight
+    then differs from the constant-b one by at most tanh(log(n / valid) / 4)."""
+    def reference(x, b, mask=None):                                     # sigmoid(x + b), masked keys 0
+        p = torch.sigmoid(x + b)
+        return p if mask is None else torch.where(mask.expand_as(p), p, torch.zeros_like(p))
+    x = torch.randn(2, 3, 5, 97, dtype=torch.float64) * 3
+    torch.testing.assert_close(sigmoid_attention(x), reference(x, -math.log(97)))
+    mask = torch.zeros(1, 1, 1, 97, dtype=torch.bool); mask[..., :30] = True
+    ours = sigmoid_attention(x, mask)
+    torch.testing.assert_close(ours, reference(x, -math.log(30), mask))            # per row: b = -log(valid keys)
+    gap = (ours - reference(x, -math.log(97), mask)).abs().max()                   # the constant b of the full length
+    assert 0.1 < gap <= math.tanh(math.log(97 / 30) / 4) + 1e-12
+
+
+def test_scalable_softmax_against_the_reference_n():
+    """The most used re-implementation (the `scalable-softmax` package) has one scalar s and n = the row's full length,
+    masked positions included. With every head at that s and no mask the two agree, gradient included; with masked keys
+    ours takes n = the row's valid keys."""
+    def reference(x, s, mask=None):                                     # softmax(s log(n) x), n = x.size(-1)
+        x = x if mask is None else x.masked_fill(~mask, float("-inf"))
+        return torch.softmax(x * s * math.log(x.shape[-1]), -1)
+    norm = ScalableSoftmax(num_heads=3).double()
+    x = torch.randn(2, 3, 5, 97, dtype=torch.float64, requires_grad=True)
+    ours, ref = norm(x), reference(x, S_START)
+    torch.testing.assert_close(ours, ref)
+    g = torch.randn_like(ours)
+    torch.testing.assert_close(torch.autograd.grad((ours * g).sum(), x)[0], torch.autograd.grad((ref * g).sum(), x)[0])
+    mask = torch.zeros(1, 1, 1, 97, dtype=torch.bool); mask[..., :30] = True
+    torch.testing.assert_close(norm(x, mask), torch.softmax((x * S_START * math.log(30)).masked_fill(~mask, float("-inf")), -1))
+    assert (norm(x, mask) - reference(x, S_START, mask)).abs().max() > 0.01      # the full-length n differs on masked rows
+
+
 def test_scalable_softmax_is_the_papers_formula():
     norm = ScalableSoftmax(num_heads=3).double()
     with torch.no_grad(): norm.s.copy_(torch.tensor([0.2, 0.43, 1.1]))
@@ -58,6 +92,26 @@ def test_softpick_is_the_papers_formula():
     torch.testing.assert_close(softpick(big), torch.tensor([[1 / (1 + math.exp(-1)), math.exp(-1) / (1 + math.exp(-1)), 0.0]],
                                                           dtype=torch.float64))
 
+
+
+def test_softpick_against_the_reference_epsilon():
+    """The authors' code shifts by the row max and adds eps = 1e-8 after the shift (denominator sum|e^x - 1| + 1e-8 e^max);
+    ours adds EPS = 1e-6 after a shift by max(0, row max). For scores of unit scale the two agree within 2e-8, masked keys
+    included; for tiny scores (|x| ~ 1e-3, sum|e^x - 1| small) the eps terms weigh and the relative gap grows to ~1e-5."""
+    def reference(x):                                                   # masked keys as -inf, as the reference masks them
+        m = x.amax(-1, keepdim=True); e = torch.exp(x - m) - torch.exp(-m)
+        return torch.relu(e) / (torch.where(x.isfinite(), e.abs(), 0).sum(-1, keepdim=True) + 1e-8)
+    torch.manual_seed(0)
+    mask = torch.zeros(1, 1, 1, 97, dtype=torch.bool); mask[..., :30] = True
+    for scale, tol in ((1.0, 2e-8), (2.0, 2e-8)):
+        x = torch.randn(8, 4, 17, 97, dtype=torch.float64) * scale
+        assert (softpick(x) - reference(x)).abs().max() < tol
+        assert (softpick(x, mask) - reference(x.masked_fill(~mask, float("-inf")))).abs().max() < tol
+    tiny = torch.randn(8, 4, 17, 97, dtype=torch.float64) * 1e-3
+    e = torch.exp(tiny) - 1
+    torch.testing.assert_close(softpick(tiny), torch.relu(e) / (e.abs().sum(-1, keepdim=True) + EPS))   # ours: the formula's + eps
+    rel = ((softpick(tiny) - reference(tiny)).abs() / reference(tiny))[reference(tiny) > 0].max()
+    assert 1e-7 < rel < 1e-4
 
 @pytest.mark.parametrize("name", NAMES)
 def test_registered_and_conforming(name):
