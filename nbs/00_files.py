@@ -128,29 +128,34 @@ if _fd is not None:
 # %%
 #| export
 def replace_block(text, block, markers, where, name="generated") -> str:
-    "`text` with what lies between the two `markers` replaced by `block`; a `ValueError` naming the markers when one is missing."
+    "`text` with what lies between the two `markers` replaced by `block`; a `ValueError` naming the markers when the block is missing."
     a, b = markers
-    if a not in text or b not in text: raise ValueError(f"{where} has no {name} block; add the lines {a} and {b} where it belongs")
-    return text[:text.index(a) + len(a)] + "\n" + block + "\n" + text[text.index(b):]
+    i = text.find(a); j = text.find(b, i + len(a)) if i >= 0 else -1          # the end marker after the start marker
+    if i < 0 or j < 0: raise ValueError(f"{where} has no {name} block; add the lines {a} and {b}, in this order, where it belongs")
+    return text[:i + len(a)] + "\n" + block + "\n" + text[j:]
 
-def sync_block(path, block, markers, name="generated") -> bool:
-    "Put `block` between `markers` in `path` (a markdown file, or the notebook cell holding them); True when the file changed."
+def prepare_block(path, block, markers, name="generated"):
+    """Check that `path` (a markdown file, or a notebook with the markers in one markdown cell) can take `block` between
+    `markers`, without writing: returns a function that writes it (returns True), or None when the page already holds it.
+    A writer that also writes other files calls this first, so a page without the block stops it before anything is written."""
     path = Path(path)
     if path.suffix == ".ipynb":
         import nbformat
         nb = nbformat.read(path, as_version=4)
         cells = [c for c in nb.cells if c.cell_type == "markdown" and markers[0] in c.source]
-        if not cells: raise ValueError(f"{path} has no {name} block; add the lines {' and '.join(markers)} to a markdown cell")
+        if not cells: raise ValueError(f"{path} has no {name} block; add the lines {' and '.join(markers)} to one markdown cell")
         new = replace_block(cells[0].source, block, markers, path, name)
-        if new == cells[0].source: return False
+        if new == cells[0].source: return None
         cells[0].source = new
-        atomic_write(path, lambda tmp: nbformat.write(nb, tmp))
-        return True
+        return lambda: atomic_write(path, lambda tmp: nbformat.write(nb, tmp)) or True
     text = path.read_text(encoding="utf-8")
     new = replace_block(text, block, markers, path, name)
-    if new == text: return False
-    atomic_write(path, lambda tmp: Path(tmp).write_text(new, encoding="utf-8"))
-    return True
+    return None if new == text else (lambda: atomic_write(path, lambda tmp: Path(tmp).write_text(new, encoding="utf-8")) or True)
+
+def sync_block(path, block, markers, name="generated") -> bool:
+    "Put `block` between `markers` in `path` (a markdown file, or the notebook cell holding them); True when the file changed."
+    write = prepare_block(path, block, markers, name)
+    return write() if write else False
 
 # %%
 from fastcore.test import test_fail
@@ -161,6 +166,14 @@ assert sync_block(b / "page.md", "new 1\nnew 2", _m) and not sync_block(b / "pag
 test_eq((b / "page.md").read_text(), f"# Page\n\n{_m[0]}\nnew 1\nnew 2\n{_m[1]}\n\n## After\n")
 (b / "bare.md").write_text("# no block\n")
 test_fail(lambda: sync_block(b / "bare.md", "new", _m, name="x"), contains="has no x block; add the lines <!-- x:start --> and <!-- x:end -->")
+(b / "quoted.md").write_text(f"The end marker {_m[1]} quoted first.\n{_m[0]}\nold\n{_m[1]}\n")   # an end marker before the start is not the block's
+sync_block(b / "quoted.md", "new", _m)
+test_eq((b / "quoted.md").read_text(), f"The end marker {_m[1]} quoted first.\n{_m[0]}\nnew\n{_m[1]}\n")
+(b / "reversed.md").write_text(f"{_m[1]}\n{_m[0]}\n")
+test_fail(lambda: sync_block(b / "reversed.md", "new", _m), contains="in this order")
+_before = (b / "page.md").read_text(); _w = prepare_block(b / "page.md", "later", _m)
+test_eq((b / "page.md").read_text(), _before)                                  # prepared, nothing written yet
+assert _w() and "later" in (b / "page.md").read_text()
 nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Home"), nbformat.v4.new_markdown_cell(f"## Part\n\n{_m[0]}\nold\n{_m[1]}")]),
                b / "home.ipynb")
 assert sync_block(b / "home.ipynb", "new", _m)

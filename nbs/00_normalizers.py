@@ -755,6 +755,10 @@ class NormalizerSpec:
             raise ValueError(f"{self.name} does not declare stackable=True, so it cannot train as a stack of models; drop --stack-seeds")
         return self.factory(num_heads=num_heads, **({} if num_models is None else dict(num_models=num_models)), **options)
 
+    def build_for_keys(self, num_heads: int, n_keys: int, num_models: int | None = None) -> nn.Module:
+        "The module for attention over `n_keys` keys: one that declares the option `n_keys` (its start depends on it) gets it."
+        return self.build(num_heads, num_models, **({"n_keys": n_keys} if "n_keys" in self.options else {}))
+
 class Normalizer(nn.Module):
     "A parameter-free attention normalizer `fn(scores, key_mask, **kwargs)` as a module."
     def __init__(self, name, fn, **kwargs):

@@ -1487,11 +1487,6 @@ def sync_readme(readme, results_dir) -> bool:
     `answer_markdown(results_dir)`; True when the file changed."""
     from sparse_attention_repro.files import sync_block
     return sync_block(readme, answer_markdown(results_dir, relative_to=Path(readme).parent), README_MARKERS, name="answer")
-    text = readme.read_text(encoding="utf-8")
-    new = _with_answer(text, answer, readme)
-    if new == text: return False
-    atomic_write(readme, lambda tmp: Path(tmp).write_text(new, encoding="utf-8"))
-    return True
 
 # %%
 import tempfile

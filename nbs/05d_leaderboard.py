@@ -35,7 +35,7 @@ from sparse_attention_repro.study import BASELINE, method_order
 from sparse_attention_repro.data import DATASETS
 
 # %%
-from fastcore.test import test_eq, test_close
+from fastcore.test import test_eq, test_close, test_fail
 import tempfile
 
 # %%
@@ -243,20 +243,23 @@ def _word_of(verdict) -> str:
     "The verdict word without its notes (`undecided, provisional (4 seeds)` → `undecided`)."
     return str(verdict).split(",")[0].strip()
 
+def judged(rows, reading="tuned") -> pd.DataFrame:
+    "The rows of `reading` whose verdict is complete: not provisional (a missing verdict counts as not judged)."
+    r = rows[rows.reading == reading]
+    return r[r.verdict.notna() & ~r.verdict.astype(str).str.contains("provisional")]
+
 def verdict_changes(rows) -> pd.DataFrame:
     "Per (normalizer, dataset) read against softmax under both recipes: both gains and words, and whether the reading changed."
     key = ["normalizer", "dataset"]; cols = key + ["gain", "verdict"]
     p = rows[rows.reading == "paper recipe"].drop_duplicates(key)[cols]
-    t = rows[(rows.reading == "tuned") & ~rows.verdict.str.contains("provisional")].drop_duplicates(key)[cols]
-    both = p.merge(t, on=key, suffixes=("_paper", "_tuned"))
+    both = p.merge(judged(rows).drop_duplicates(key)[cols], on=key, suffixes=("_paper", "_tuned"))
     both["changed"] = [_word_of(w) not in SAME_READING[pw] for pw, w in zip(both.verdict_paper, both.verdict_tuned)]
     order = {n: i for i, n in enumerate(method_order(both.normalizer))}
     return both.sort_values(key, key=lambda c: c.map(order) if c.name == "normalizer" else c.map(DATASETS.index)).reset_index(drop=True)
 
 def beats_after_holm(rows, alpha=0.05) -> dict:
     "Per dataset: the normalizers whose complete tuned verdict is a gain with Holm p < `alpha`, as (name, gain, Holm p)."
-    t = rows[(rows.reading == "tuned") & ~rows.verdict.str.contains("provisional")]
-    win = t[(t.gain > 0) & (t.p_holm < alpha)]
+    t = judged(rows); win = t[(t.gain > 0) & (t.p_holm < alpha)]
     return {ds: [(r.normalizer, r.gain, r.p_holm) for r in win[win.dataset == ds].itertuples()] for ds in [d for d in DATASETS if d in set(t.dataset)]}
 
 def _tally(t, alpha=0.05) -> str:
@@ -268,32 +271,36 @@ def _tally(t, alpha=0.05) -> str:
               (int((~better & ~worse & ~equiv).sum()), "undecided")]
     return ", ".join(f"{n} {k}" for n, k in counts if n)
 
-def _wins(rows) -> str:
-    "Per dataset: who beats the baseline after Holm, of how many judged, with the tally of all their verdicts."
-    t = rows[(rows.reading == "tuned") & ~rows.verdict.str.contains("provisional")]
-    found = beats_after_holm(rows)
-    return "; ".join(f"{ds} — " + (", ".join(f"`{n}` ({100 * g:+.1f} pt, Holm p {p:.2g})" for n, g, p in found[ds]) or "none")
+def _wins(rows, searched) -> str:
+    """Per dataset: who beats the baseline after Holm, of how many judged, with the tally of all their verdicts. A winner
+    whose family does not cover every dataset of `searched` yet says which it covers: its Holm p can still grow."""
+    t = judged(rows); found = beats_after_holm(rows)
+    def name(n, g, p):
+        has = [d for d in searched if ((t.normalizer == n) & (t.dataset == d)).any()]
+        return f"`{n}` ({100 * g:+.1f} pt, Holm p {p:.2g}" + (f"; its family so far covers {', '.join(has)} only" if len(has) < len(searched) else "") + ")"
+    return "; ".join(f"{ds} — " + (", ".join(name(*w) for w in found[ds]) or "none")
                      + f" of {(t.dataset == ds).sum()} judged ({_tally(t[t.dataset == ds])})" for ds in found)
 
-HOLM_NOTE = ("- *Holm* runs within each normalizer's own family — the paper's 24 tests for the seven, a new normalizer's comparisons "
-             "with the seven on the datasets searched so far — not across the normalizers on the board: among many normalizers, "
-             "one win is a lead to confirm with more seeds.")
+HOLM_NOTE = ("- *Holm* runs within each normalizer's own family — the paper's families for the seven (its 24 tests, KMNIST's 6, each "
+             "adaptive-vs-fixed entmax test alone at ±0.5 pt), a new normalizer's comparisons with the seven on the datasets searched "
+             "so far — not across the normalizers on the board: among many normalizers, one win is a lead to confirm with more seeds.")
 
 def leaderboard_findings(rows, vs_entmax=None, names=None) -> list:
     """Markdown lines: who beats tuned softmax (and tuned entmax-1.5) after Holm per dataset, who of `names` (default: the
     normalizers in `rows`) is not judged yet, and the changes."""
-    tuned = rows[(rows.reading == "tuned") & ~rows.verdict.str.contains("provisional")]
-    lines = [f"- **Beats tuned softmax after Holm:** {_wins(rows) or 'no tuned verdict yet'}."]
+    tuned = judged(rows)
+    learnable = [d for d in DATASETS if d in set(rows[rows.reading == "tuned"].dataset)]
+    lines = [f"- **Beats tuned softmax after Holm:** {_wins(rows, learnable) or 'no tuned verdict yet'}."]
     if vs_entmax is not None and len(vs_entmax):
-        lines.append(f"- **Beats tuned entmax-1.5 after Holm** (where a family holds that comparison): {_wins(vs_entmax) or 'no tuned verdict yet'}.")
+        lines.append(f"- **Beats tuned entmax-1.5 after Holm** (where a family holds that comparison): "
+                     f"{_wins(vs_entmax, learnable) or 'no tuned verdict yet'}.")
     lines.append(HOLM_NOTE)
     names = [n for n in method_order(rows.normalizer if names is None else names) if n != BASELINE]
-    learnable = [d for d in DATASETS if d in set(rows[rows.reading == "tuned"].dataset)]
     todo = {n: [d for d in learnable if not ((tuned.normalizer == n) & (tuned.dataset == d)).any()] for n in names}
     todo = {n: d for n, d in todo.items() if d}
     lines.append("- **Not judged at a tuned recipe yet:** " + ("; ".join(f"`{n}` on {', '.join(d)}" for n, d in todo.items()) + "."
-                                                              if todo else f"none: every normalizer has a tuned verdict on {', '.join(learnable)}."))
-    enc = set(rows[(rows.reading == "pretrained encoder") & ~rows.verdict.str.contains("provisional")].normalizer)
+                 if todo else f"none: every normalizer has a tuned verdict on {', '.join(learnable)}." if learnable else "no tuned search yet."))
+    enc = set(judged(rows, "pretrained encoder").normalizer)
     if enc and (no_enc := [n for n in names if n not in enc]):
         lines.append(f"- **No pretrained-encoder verdict yet:** {', '.join(f'`{n}`' for n in no_enc)}.")
     ch = verdict_changes(rows); moved = ch[ch.changed]
@@ -320,6 +327,12 @@ test_eq(_fl[0], "- **Beats tuned softmax after Holm:** cifar10 — `winner` (+2.
 test_eq(_fl[1:3], [HOLM_NOTE, "- **Not judged at a tuned recipe yet:** `early` on cifar10."])
 test_eq(leaderboard_findings(_win, names=[*_win.normalizer, "measured_only"])[2],
         "- **Not judged at a tuned recipe yet:** `early` on cifar10; `measured_only` on cifar10.")   # a row with no runs yet
+_paper_only = _lb[_lb.reading == "paper recipe"]                          # before any tuned search
+test_eq(leaderboard_findings(_paper_only)[:3], ["- **Beats tuned softmax after Holm:** no tuned verdict yet.", HOLM_NOTE,
+                                                "- **Not judged at a tuned recipe yet:** no tuned search yet."])
+test_eq(len(judged(_win.assign(verdict=np.nan))), 0)                     # a missing verdict is not judged
+_two = pd.concat([_win, _win[_win.normalizer == "sparsemax"].assign(dataset="kmnist")])   # `winner` searched on cifar10 only
+assert "`winner` (+2.0 pt, Holm p 0.01; its family so far covers cifar10 only)" in leaderboard_findings(_two)[0]
 _enc = pd.concat([_win, _lb[_lb.normalizer == "sparsemax"].head(1).assign(reading="pretrained encoder", dataset="sst2_encoder")])
 test_eq(leaderboard_findings(_enc)[3], "- **No pretrained-encoder verdict yet:** `entmax15`, `early`, `mine`, `winner`.")
 assert _fl[3].startswith("- **The reading changes from the paper's recipe to the tuned one** for 2 of the 3") and "`mine` on cifar10 (worse -3.0 pt → gone +0.2 pt)" in _fl[3]
@@ -335,17 +348,19 @@ LEADERBOARD_MARKERS = ("<!-- leaderboard:start (generated by `sparse-repro leade
 def leaderboard_short(rows, vs_entmax=None, names=None, link="outputs/leaderboard.md") -> str:
     "The README's few lines: the 'beats after Holm' findings and how many normalizers have each verdict, linking the whole board."
     names = [n for n in method_order(rows.normalizer if names is None else names) if n != BASELINE]
-    beats = [l for l in leaderboard_findings(rows, vs_entmax, names) if l.startswith(("- **Beats", HOLM_NOTE))]
-    tuned = rows[(rows.reading == "tuned") & ~rows.verdict.str.contains("provisional")]
+    found = leaderboard_findings(rows, vs_entmax, names)
+    beats = found[:found.index(HOLM_NOTE) + 1]                           # the findings open with the wins and Holm's scope
+    tuned = judged(rows)
     learnable = [d for d in DATASETS if d in set(rows[rows.reading == "tuned"].dataset)]
-    full = [n for n in names if all(((tuned.normalizer == n) & (tuned.dataset == d)).any() for d in learnable)]
-    enc = set(rows[(rows.reading == "pretrained encoder") & ~rows.verdict.str.contains("provisional")].normalizer)
+    full = [n for n in names if learnable and all(((tuned.normalizer == n) & (tuned.dataset == d)).any() for d in learnable)]
+    enc = set(judged(rows, "pretrained encoder").normalizer)
     return "\n".join(beats + [f"- **On the board:** {len(names)} normalizers besides softmax; {len(full)} with a complete tuned verdict "
                                f"on all {len(learnable)} datasets searched, {sum(n in enc for n in names)} with a pretrained-encoder "
                                f"verdict. The whole table, the paper-recipe column, what changes between the two recipes and what is "
                                f"not judged yet: [{Path(link).name}]({link})."])
 
 # %%
+assert "0 with a complete tuned verdict on all 0 datasets" in leaderboard_short(_paper_only)
 test_eq(leaderboard_short(_win, link="outputs/leaderboard.md").splitlines(),
         ["- **Beats tuned softmax after Holm:** cifar10 — `winner` (+2.0 pt, Holm p 0.01) of 4 judged (1 better, 2 equivalent, 1 undecided).", HOLM_NOTE,
          "- **On the board:** 5 normalizers besides softmax; 4 with a complete tuned verdict on all 1 datasets searched, 0 with a "
@@ -365,7 +380,7 @@ def encoder_setup(results) -> str:
     r = pd.read_csv(f)
     one = lambda c: ", ".join(str(v) for v in sorted(set(r[c].dropna()))) if c in r else "?"
     return (f"; every layer's softmax replaced in {one('model_name')}, fine-tuned on {one('train_n')} SST-2 sentences for "
-            f"{one('epochs')} epochs at lr {one('lr')}, {r.seed.nunique()} seeds paired with dense")
+            f"{one('epochs')} epochs at lr {one('lr')}, up to {r.seed.nunique()} seeds paired with dense (each cell's own count in `leaderboard.csv`)")
 
 def write_leaderboard(outputs, main="paper", readme=None) -> dict:
     """Write `<outputs>/leaderboard.csv` (long), `leaderboard.md` and `leaderboard.png` (gains with CIs, a panel per dataset);
@@ -377,6 +392,11 @@ def write_leaderboard(outputs, main="paper", readme=None) -> dict:
     table = leaderboard_table(rows, extra, step_costs(outputs))
     vs_entmax = leaderboard_rows(outputs, main, baseline="entmax15")
     findings = leaderboard_findings(rows, vs_entmax, names=table.normalizer)
+    write_readme = None
+    if readme is not None:                                   # a README without the block stops here, before any file is written
+        from sparse_attention_repro.files import prepare_block
+        link = Path(os.path.relpath(outputs / "leaderboard.md", Path(readme).parent)).as_posix()
+        write_readme = prepare_block(readme, leaderboard_short(rows, vs_entmax, table.normalizer, link), LEADERBOARD_MARKERS, name="leaderboard")
     atomic_write(outputs / "leaderboard.csv", lambda tmp: rows.to_csv(tmp, index=False))
     first = (" *first round*: the earlier, smaller grid (three methods, two or three rates), read where the protocol's grid has not run yet;"
              if rows.verdict.str.contains("first round").any() else "")
@@ -410,10 +430,7 @@ def write_leaderboard(outputs, main="paper", readme=None) -> dict:
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     atomic_write(outputs / "leaderboard.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
-    if readme is not None:
-        from sparse_attention_repro.files import sync_block
-        link = Path(os.path.relpath(outputs / "leaderboard.md", Path(readme).parent)).as_posix()
-        sync_block(readme, leaderboard_short(rows, vs_entmax, table.normalizer, link), LEADERBOARD_MARKERS, name="leaderboard")
+    if write_readme: write_readme()
     return dict(csv=outputs / "leaderboard.csv", md=outputs / "leaderboard.md", png=outputs / "leaderboard.png", rows=len(rows), normalizers=len(table))
 
 # %%
@@ -421,7 +438,7 @@ _es = Path(tempfile.mkdtemp()); (_es / "crisp_normalizers").mkdir()
 pd.DataFrame([dict(config="entmax15", seed=s, model_name="all-MiniLM-L6-v2", train_n=4800, epochs=3, lr=1e-4) for s in range(5)]
              ).to_csv(_es / "crisp_normalizers" / "crisp_runs.csv", index=False)
 test_eq(encoder_setup(_es), "; every layer's softmax replaced in all-MiniLM-L6-v2, fine-tuned on 4800 SST-2 sentences for 3 epochs at "
-        "lr 0.0001, 5 seeds paired with dense")
+        "lr 0.0001, up to 5 seeds paired with dense (each cell's own count in `leaderboard.csv`)")
 test_eq(encoder_setup(_o / "paper"), "")
 
 # %%
@@ -438,6 +455,9 @@ test_eq(_block[:2], ["- **Beats tuned softmax after Holm:** cifar10 — none of 
                      "- **Beats tuned entmax-1.5 after Holm** (where a family holds that comparison): no tuned verdict yet."])
 test_eq(_block[2], HOLM_NOTE); assert _block[3].startswith("- **On the board:** 3 normalizers besides softmax; 3 with a complete tuned verdict")
 assert "[leaderboard.md](leaderboard.md)" in (_o / "README.md").read_text() and "\nold\n" not in (_o / "README.md").read_text()
+(_o / "bare.md").write_text("# no block\n"); (_o / "leaderboard.md").unlink()
+test_fail(lambda: write_leaderboard(_o, readme=_o / "bare.md"), contains="has no leaderboard block")
+assert not (_o / "leaderboard.md").exists()                              # refused before anything was written
 
 # %% [markdown]
 # ## A normalizer's gain against training length
@@ -521,7 +541,8 @@ def definition(spec) -> str:
     """What a normalizer computes and the choices it makes, from the module that registered it (its docstring: the formula,
     the paper, how it differs from the reference code); the library's own are defined and tested in `00_normalizers`."""
     import importlib, inspect
-    if spec.source in ("", "sparse_attention_repro.normalizers") or spec.source.startswith("family"):
+    from sparse_attention_repro.normalizers import _library_tested
+    if _library_tested(spec):
         return ("One of the library's normalizers, defined in `nbs/00_normalizers.ipynb` and tested there against the `entmax` "
                 "package, brute force and finite differences.")
     try: doc = inspect.getdoc(importlib.import_module(spec.source))

@@ -752,16 +752,15 @@ def cmd_index(args):
 
 def cmd_leaderboard(args):
     "Write the leaderboard files from the committed tables."
-    from sparse_attention_repro.leaderboard import write_leaderboard, LEADERBOARD_MARKERS
+    from sparse_attention_repro.leaderboard import write_leaderboard
     if not (Path(args.outputs) / args.main / "tables").is_dir():
         raise UsageError(f"{Path(args.outputs) / args.main / 'tables'} does not exist; run `sparse-repro report --results {Path(args.outputs) / args.main}` first")
     readme = args.readme
     if readme and not Path(readme).is_file(): raise UsageError(f"--readme {readme} is not a file; give the README to update")
     source = Path(readme).parent / "nbs" / "index.ipynb" if readme else None      # the README's source, where it has one
     target = source if source is not None and source.is_file() else readme
-    if target and not all(m in Path(target).read_text(encoding="utf-8") for m in LEADERBOARD_MARKERS):   # before anything is written
-        raise UsageError(f"{target} has no leaderboard block; add the lines {' and '.join(LEADERBOARD_MARKERS)} where it belongs")
-    out = write_leaderboard(args.outputs, args.main, readme=target)
+    try: out = write_leaderboard(args.outputs, args.main, readme=target)      # checks the README's block before writing anything
+    except ValueError as e: raise UsageError(str(e)) from None
     print(f"leaderboard: {out['normalizers']} normalizers, {out['rows']} rows -> {out['md']}, {out['csv']}, {out['png']}")
     if target is not None and target != readme:
         from sparse_attention_repro.report import write_readme

@@ -690,10 +690,17 @@ test_eq(ft.tflop_per_seed, 2 * 6 * 8000 * 3 * forward_flops(17, 49) / 1e12)
 # stage, its extensions and its complete stage, that is the core time one arm of the fair protocol took on the machines
 # that ran it (each row records its `cpu_capability`). A dataset whose complete stage has not run yet is marked so.
 # A seed can have several notebooks (a resumed run, or a later grid of other methods into the same seed, each kept as
-# `seed<k>_resume<n>.ipynb`): each is charged to the methods its recorded parameters name.
+# `seed<k>_resume<n>.ipynb`): each method's row is charged to the latest notebook whose recorded parameters name it, so a
+# run that was later replaced (its rows deleted and run again) is not charged twice.
 
 # %%
 #| export
+def _registered_name(ref) -> str:
+    "The name a method ref of a notebook's parameters is registered under (`module:name` refs resolve; one that no longer loads keeps its text)."
+    from sparse_attention_repro.normalizers import resolve_normalizer
+    try: return resolve_normalizer(ref).name
+    except (ValueError, ImportError, KeyError): return str(ref)
+
 def fair_cost_runs(results_dir, folder="tuned") -> pd.DataFrame:
     "One row per run of the tuned grids under `results_dir/<folder>/`: dataset, method, seed, lr, epochs, grid and the core-seconds charged to it."
     rows = []
@@ -702,12 +709,15 @@ def fair_cost_runs(results_dir, folder="tuned") -> pd.DataFrame:
         runs = runs[runs.status.fillna("ok") == "ok"]
         for (ds, seed), seed_runs in runs.groupby(["dataset", "seed"]):
             folder = grid.parent / "notebooks" / ds
-            for nb in [folder / f"seed{seed}.ipynb", *sorted(folder.glob(f"seed{seed}_resume*.ipynb"))]:   # each notebook that ran this seed
-                if not nb.exists(): continue
+            kept = [folder / f"seed{seed}.ipynb", *sorted(folder.glob(f"seed{seed}_resume*.ipynb"), key=lambda f: int(f.stem.rpartition("resume")[2] or 0))]
+            charged = set()                                   # each method's row is charged to the latest notebook that ran it
+            for nb in reversed([f for f in kept if f.exists()]):
                 text = nb.read_text(); meta = json.loads(text).get("metadata", {}).get("papermill", {})
                 wall, ran = meta.get("duration"), meta.get("parameters", {}).get("methods")
-                g = seed_runs if ran is None else seed_runs[seed_runs.method.isin({str(m).rpartition(":")[2] for m in ran})]
+                names = set(seed_runs.method) if ran is None else {_registered_name(m) for m in ran}
+                g = seed_runs[seed_runs.method.isin(names - charged)]
                 if not wall or not len(g): continue
+                charged |= set(g.method)
                 share = g.train_seconds / g.train_seconds.sum()
                 cores = float(g.core_share.median()) if "core_share" in g and g.core_share.notna().any() else np.nan
                 continued = "continuing the shorter run's final state" in text          # its wall time covers only the extra epochs
@@ -739,5 +749,8 @@ with _tf.TemporaryDirectory() as _d:
     test_close(fair_cost(_d).set_index("method").core_hours.to_numpy() * 3600, [37.5, 12.5])
     # a second grid into the same seed (the power stage's other arm) keeps its own notebook: each is charged to the methods it ran
     (_g / "notebooks" / "kmnist" / "seed0.ipynb").write_text(json.dumps({"metadata": {"papermill": {"duration": 100.0, "parameters": {"methods": ["softmax"]}}}}))
-    (_g / "notebooks" / "kmnist" / "seed0_resume1.ipynb").write_text(json.dumps({"metadata": {"papermill": {"duration": 40.0, "parameters": {"methods": ["examples.mine:sparsemax"]}}}}))
+    (_g / "notebooks" / "kmnist" / "seed0_resume1.ipynb").write_text(json.dumps({"metadata": {"papermill": {"duration": 40.0, "parameters": {"methods": ["sparsemax"]}}}}))
     test_close(fair_cost(_d).set_index("method").core_hours.to_numpy() * 3600, [50.0, 20.0])
+    # a re-run of sparsemax (registered name, reached through a `module:attribute` ref) replaces the first: only the latest is charged
+    (_g / "notebooks" / "kmnist" / "seed0_resume2.ipynb").write_text(json.dumps({"metadata": {"papermill": {"duration": 60.0, "parameters": {"methods": ["sparse_attention_repro.normalizers:sparsemax"]}}}}))
+    test_close(fair_cost(_d).set_index("method").core_hours.to_numpy() * 3600, [50.0, 30.0])

@@ -111,9 +111,10 @@ print(sparse_repro("grid", *size, "--methods", "tempered:TemperedSoftmax", "--ba
 # ## 5. Read the answer
 #
 # `versus_baseline.md` holds the pairing check, the answer per dataset (does it beat softmax and entmax-1.5 after Holm
-# within its own family?) and every comparison with its CI and density; `versus_baseline.csv` the same numbers. It reads
-# no time ratio: the new runs and the baselines are usually made on different days, so the card (below) measures the
-# cost beside softmax's in one process instead.
+# within its own family?) and every comparison with its CI and density; `versus_baseline.csv` the same numbers. The
+# answer reads no time ratio: the new runs and the baselines are usually made on different days (the CSV's raw
+# `time_ratio` column compares such runs and is not a cost), so the card (below) measures the cost beside softmax's in
+# one process instead.
 
 # %%
 text = (out / "versus_baseline.md").read_text()

@@ -410,6 +410,12 @@ def floor_table(runs, gflops) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 # %% ../nbs/08_bench.ipynb
+def _registered_name(ref) -> str:
+    "The name a method ref of a notebook's parameters is registered under (`module:name` refs resolve; one that no longer loads keeps its text)."
+    from sparse_attention_repro.normalizers import resolve_normalizer
+    try: return resolve_normalizer(ref).name
+    except (ValueError, ImportError, KeyError): return str(ref)
+
 def fair_cost_runs(results_dir, folder="tuned") -> pd.DataFrame:
     "One row per run of the tuned grids under `results_dir/<folder>/`: dataset, method, seed, lr, epochs, grid and the core-seconds charged to it."
     rows = []
@@ -418,12 +424,15 @@ def fair_cost_runs(results_dir, folder="tuned") -> pd.DataFrame:
         runs = runs[runs.status.fillna("ok") == "ok"]
         for (ds, seed), seed_runs in runs.groupby(["dataset", "seed"]):
             folder = grid.parent / "notebooks" / ds
-            for nb in [folder / f"seed{seed}.ipynb", *sorted(folder.glob(f"seed{seed}_resume*.ipynb"))]:   # each notebook that ran this seed
-                if not nb.exists(): continue
+            kept = [folder / f"seed{seed}.ipynb", *sorted(folder.glob(f"seed{seed}_resume*.ipynb"), key=lambda f: int(f.stem.rpartition("resume")[2] or 0))]
+            charged = set()                                   # each method's row is charged to the latest notebook that ran it
+            for nb in reversed([f for f in kept if f.exists()]):
                 text = nb.read_text(); meta = json.loads(text).get("metadata", {}).get("papermill", {})
                 wall, ran = meta.get("duration"), meta.get("parameters", {}).get("methods")
-                g = seed_runs if ran is None else seed_runs[seed_runs.method.isin({str(m).rpartition(":")[2] for m in ran})]
+                names = set(seed_runs.method) if ran is None else {_registered_name(m) for m in ran}
+                g = seed_runs[seed_runs.method.isin(names - charged)]
                 if not wall or not len(g): continue
+                charged |= set(g.method)
                 share = g.train_seconds / g.train_seconds.sum()
                 cores = float(g.core_share.median()) if "core_share" in g and g.core_share.notna().any() else np.nan
                 continued = "continuing the shorter run's final state" in text          # its wall time covers only the extra epochs

@@ -67,9 +67,7 @@ class SelfAttention(nn.Module):
         self.num_heads, self.head_dim = cfg.num_heads, cfg.embed_dim // cfg.num_heads
         self.qkv = nn.Linear(cfg.embed_dim, 3 * cfg.embed_dim)
         self.out = nn.Linear(cfg.embed_dim, cfg.embed_dim)
-        spec = resolve_normalizer(cfg.normalizer)
-        keys = {"n_keys": cfg.seq_len + 1} if "n_keys" in spec.options else {}   # one that starts from the key count gets this model's
-        self.normalizer = spec.build(num_heads=cfg.num_heads, **keys)
+        self.normalizer = resolve_normalizer(cfg.normalizer).build_for_keys(cfg.num_heads, cfg.seq_len + 1)   # the sequence + CLS
         self.record, self.last_density, self.scale_queries = False, None, True
         if cfg.attention not in ATTENTION_PATHS: raise ValueError(f"unknown attention path {cfg.attention!r}; choose one of {', '.join(ATTENTION_PATHS)}")
         self.fused = cfg.attention in FUSED_PATHS
@@ -343,10 +341,10 @@ class StackedDropout(nn.Module):
 
 class StackedNormalizer(nn.Module):
     "One layer's normalizer for every model: each method's module (built for `num_seeds` models) on its seeds' slice of the scores."
-    def __init__(self, specs, num_seeds: int, num_heads: int):
+    def __init__(self, specs, num_seeds: int, num_heads: int, n_keys: int):
         super().__init__()
         self.num_seeds = num_seeds
-        self.groups = nn.ModuleList(spec.build(num_heads=num_heads, num_models=num_seeds) for spec in specs)
+        self.groups = nn.ModuleList(spec.build_for_keys(num_heads, n_keys, num_models=num_seeds) for spec in specs)
     def forward(self, scores, mask=None):                                       # scores [N, B, H, T, T], mask [S, B, 1, 1, T]
         S = self.num_seeds
         outs = [norm(scores[g * S:(g + 1) * S], mask) for g, norm in enumerate(self.groups)]
@@ -383,7 +381,7 @@ class StackedClassifiers(nn.Module):
             elif isinstance(mod, nn.Embedding): new = StackedEmbedding(parts, self.cfg.learned_pad_row)
             elif isinstance(mod, MaskDropout): new = StackedDropout(mod.p, mod.rng, self._streams)
             elif name.endswith(".normalizer"):
-                new = StackedNormalizer(self.methods, self.num_seeds, self.cfg.num_heads).to(device)
+                new = StackedNormalizer(self.methods, self.num_seeds, self.cfg.num_heads, self.cfg.seq_len + 1).to(device)
                 with torch.no_grad():                       # learned ones: one entry per seed, from each model
                     for g, norm in enumerate(new.groups):
                         for k, q in norm.named_parameters():

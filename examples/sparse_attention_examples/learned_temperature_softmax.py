@@ -10,7 +10,8 @@ a learned temperature. Choices:
 - start: t = S_START * log n_keys, with SSMax's S_START = 0.43, so that at initialisation this module equals SSMax
   at n_keys keys. n_keys is an option that the lab's classifier fills with its own key count (sequence + CLS): 17 on
   the image datasets (t = 1.22), 97 on 20 Newsgroups (t = 1.97). Built on its own it defaults to 17. With padding
-  masked, SSMax's n varies by row and t's start is still the fixed 97.
+  masked, SSMax's n varies by row and t's start is still the fixed 97. In the pretrained encoder (Crisp's regime) the
+  batches are padded to their longest sentence, so no one key count exists: it starts at the default, t = 1.22.
 - one t per head, `[H]`, or `[M, H]` for a stack of M models, like ScalableSoftmax's s; `t` is recorded per epoch.
 - the library's softmax does the masking: masked keys 0, a row with no valid key all zeros.
 """
