@@ -248,6 +248,10 @@ def judged(rows, reading="tuned") -> pd.DataFrame:
     r = rows[rows.reading == reading]
     return r[r.verdict.notna() & ~r.verdict.astype(str).str.contains("provisional")]
 
+def searched(rows) -> list:
+    "The datasets with any tuned reading, in table order."
+    return [d for d in DATASETS if d in set(rows[rows.reading == "tuned"].dataset)]
+
 def verdict_changes(rows) -> pd.DataFrame:
     "Per (normalizer, dataset) read against softmax under both recipes: both gains and words, and whether the reading changed."
     key = ["normalizer", "dataset"]; cols = key + ["gain", "verdict"]
@@ -289,7 +293,7 @@ def leaderboard_findings(rows, vs_entmax=None, names=None) -> list:
     """Markdown lines: who beats tuned softmax (and tuned entmax-1.5) after Holm per dataset, who of `names` (default: the
     normalizers in `rows`) is not judged yet, and the changes."""
     tuned = judged(rows)
-    learnable = [d for d in DATASETS if d in set(rows[rows.reading == "tuned"].dataset)]
+    learnable = searched(rows)
     lines = [f"- **Beats tuned softmax after Holm:** {_wins(rows, learnable) or 'no tuned verdict yet'}."]
     if vs_entmax is not None and len(vs_entmax):
         lines.append(f"- **Beats tuned entmax-1.5 after Holm** (where a family holds that comparison): "
@@ -351,7 +355,7 @@ def leaderboard_short(rows, vs_entmax=None, names=None, link="outputs/leaderboar
     found = leaderboard_findings(rows, vs_entmax, names)
     beats = found[:found.index(HOLM_NOTE) + 1]                           # the findings open with the wins and Holm's scope
     tuned = judged(rows)
-    learnable = [d for d in DATASETS if d in set(rows[rows.reading == "tuned"].dataset)]
+    learnable = searched(rows)
     full = [n for n in names if learnable and all(((tuned.normalizer == n) & (tuned.dataset == d)).any() for d in learnable)]
     enc = set(judged(rows, "pretrained encoder").normalizer)
     return "\n".join(beats + [f"- **On the board:** {len(names)} normalizers besides softmax; {len(full)} with a complete tuned verdict "
@@ -382,15 +386,18 @@ def encoder_setup(results) -> str:
     return (f"; every layer's softmax replaced in {one('model_name')}, fine-tuned on {one('train_n')} SST-2 sentences for "
             f"{one('epochs')} epochs at lr {one('lr')}, up to {r.seed.nunique()} seeds paired with dense (each cell's own count in `leaderboard.csv`)")
 
+def leaderboard_parts(outputs, main="paper") -> tuple:
+    "The leaderboard's rows against softmax, its rows against entmax-1.5, and its one-row-per-normalizer table."
+    rows = leaderboard_rows(outputs, main)
+    return rows, leaderboard_rows(outputs, main, baseline="entmax15"), leaderboard_table(rows, density_and_cost(outputs, main), step_costs(outputs))
+
 def write_leaderboard(outputs, main="paper", readme=None) -> dict:
     """Write `<outputs>/leaderboard.csv` (long), `leaderboard.md` and `leaderboard.png` (gains with CIs, a panel per dataset);
     with `readme` (a README, or its source notebook), also its block between `LEADERBOARD_MARKERS`."""
     import matplotlib; matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from sparse_attention_repro.files import atomic_write
-    outputs = Path(outputs); rows = leaderboard_rows(outputs, main); extra = density_and_cost(outputs, main)
-    table = leaderboard_table(rows, extra, step_costs(outputs))
-    vs_entmax = leaderboard_rows(outputs, main, baseline="entmax15")
+    outputs = Path(outputs); rows, vs_entmax, table = leaderboard_parts(outputs, main)
     findings = leaderboard_findings(rows, vs_entmax, names=table.normalizer)
     write_readme = None
     if readme is not None:                                   # a README without the block stops here, before any file is written

@@ -125,13 +125,11 @@ def test_readme_leaderboard_block(tmp_path):
     in one line before any leaderboard file is written."""
     import shutil
     from conftest import ROOT, cli
-    from sparse_attention_repro.leaderboard import (leaderboard_rows, leaderboard_short, leaderboard_table, density_and_cost, step_costs,
-                                                    LEADERBOARD_MARKERS)
-    out = ROOT / "outputs"; rows = leaderboard_rows(out)
-    names = leaderboard_table(rows, density_and_cost(out), step_costs(out)).normalizer
+    from sparse_attention_repro.leaderboard import leaderboard_parts, leaderboard_short, LEADERBOARD_MARKERS
+    out = ROOT / "outputs"; rows, vs_entmax, table = leaderboard_parts(out)
     text = (ROOT / "README.md").read_text(encoding="utf-8"); a, b = LEADERBOARD_MARKERS
     block = text[text.index(a) + len(a):text.index(b)].strip()
-    assert block == leaderboard_short(rows, leaderboard_rows(out, baseline="entmax15"), names, "outputs/leaderboard.md"), \
+    assert block == leaderboard_short(rows, vs_entmax, table.normalizer, "outputs/leaderboard.md"), \
         "the README's leaderboard block is stale: run `sparse-repro leaderboard --readme README.md`"
     assert block.startswith("- **Beats tuned softmax after Holm:**")
     shutil.copytree(out / "paper" / "tables", tmp_path / "paper" / "tables")

@@ -616,9 +616,8 @@ if runs is not None:
 from sparse_attention_repro import leaderboard as L
 LAB = RES.resolve().parent
 if (LAB / "leaderboard.csv").exists():
-    lb_rows = L.leaderboard_rows(LAB, RES.resolve().name)
-    lb_table = L.leaderboard_table(lb_rows, L.density_and_cost(LAB, RES.resolve().name), L.step_costs(LAB))
-    md("\n".join(L.leaderboard_findings(lb_rows, L.leaderboard_rows(LAB, RES.resolve().name, baseline="entmax15"), names=lb_table.normalizer)))
+    lb_rows, lb_entmax, lb_table = L.leaderboard_parts(LAB, RES.resolve().name)
+    md("\n".join(L.leaderboard_findings(lb_rows, lb_entmax, names=lb_table.normalizer)))
     table(lb_table)
     md("Cells: gain over softmax in points (95% CI) and the verdict in the normalizer's own Holm family; *tuned* cells use the "
        "protocol's words, *paper* cells *better* / *worse* / *n.s.*; an empty cell has not been run. Density: mean share of "
