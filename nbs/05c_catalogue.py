@@ -156,7 +156,9 @@ CATALOGUE = {e.name: e for e in [
     Experiment("literature_masked_padding", "With 20 Newsgroups' padding masked (n = the real length), do the literature normalizers and "
                "the learned-temperature control still beat softmax? Paired with the masked-padding ablation's runs",
                "masked_padding", Design(datasets=("twenty_news",), methods=("scalable_softmax", "learned_temperature_softmax",
-                                                                            "sigmoid_attention", "softpick"), options=dict(mask_padding=True)),
+                                                                            "sigmoid_attention", "softpick", "relu_attention",
+                                                                            "softmax_sink", "stick_breaking", "normmax"),
+                                        options=dict(mask_padding=True)),
                Analysis("versus_baseline", family="each new method's own"), root="literature"),
     *[Experiment(f"fair_{name}", f"At its own learning rate and length, chosen on validation (the tuned-recipe protocol, with "
                  f"halving), does {label} beat softmax and the other paper methods at theirs?", f"fair/{name}",
