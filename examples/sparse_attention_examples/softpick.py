@@ -5,7 +5,8 @@ with Rectified Softmax").
 
 A key whose score is below 0 gets exactly zero, and a row can give less than one in total (no forced "sink"). Computed
 stably by multiplying through by e^{-m}, m = max(0, max_j x_j), which leaves the ratio unchanged (eps becomes eps e^{-m}).
-Masked keys are left out of both sums and get zero.
+Masked keys are left out of both sums and get zero. One `autograd.Function` computes it, with the gradient written out
+(`SoftpickFunction`; autograd through the dozen elementwise steps kept each step's tensor and took several times as long).
 
 Against the authors' reference code: it shifts by the row max and adds eps = 1e-8 after the shift, so its denominator
 is sum_j |e^{x_j} - 1| + 1e-8 e^{max_j x_j}; ours is sum_j |e^{x_j} - 1| + EPS, the formula above with EPS = 1e-6. For
@@ -19,12 +20,32 @@ from sparse_attention_repro.normalizers import register_normalizer
 EPS = 1e-6
 
 
+class SoftpickFunction(torch.autograd.Function):
+    """softpick of rows `x` over the keys `valid` (bool, broadcastable; None: all). With d = e^{-m} (e^x - 1) and
+    S = sum_j |d_j| + eps e^{-m}, p = ReLU(d) / S, and for an upstream g the gradient is
+    (e^{x - m} / S) (g 1[d > 0] - sign(d) <g, p>) (checked against autograd through the formula in the tests)."""
+    @staticmethod
+    def forward(ctx, x, valid):
+        if valid is not None: x = x.masked_fill(~valid, float("-inf"))
+        m = x.amax(-1, keepdim=True).clamp_min(0)                                   # (..., 1); 0 for a row with no valid key
+        c = (-m).exp()
+        d = (x - m).exp_().sub_(c)                                                   # e^{-m} (e^x - 1)
+        if valid is not None: d.masked_fill_(~valid, 0.)
+        S = d.abs().sum(-1, keepdim=True).add_(c, alpha=EPS)
+        p = d.clamp_min(0).div_(S)
+        ctx.save_for_backward(d, S, c, p)
+        return p
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        d, S, c, p = ctx.saved_tensors
+        gp = (g * p).sum(-1, keepdim=True)
+        sign = d.sign()                                                              # masked keys: d = 0, no gradient
+        return sign.clamp_min(0).mul_(g).addcmul_(sign, gp, value=-1).mul_(d.add(c).div_(S)), None
+
+
 @register_normalizer("softpick", sums_to_one=False, stackable=True)
 def softpick(scores, key_mask=None):
     "ReLU(e^x - 1) / (sum |e^x - 1| + eps) over the valid keys; masked keys 0."
-    valid = torch.ones_like(scores, dtype=torch.bool) if key_mask is None else key_mask.to(torch.bool).expand_as(scores)
-    x = scores.masked_fill(~valid, 0.)
-    m = x.masked_fill(~valid, float("-inf")).amax(-1, keepdim=True).clamp_min(0)    # (..., 1); 0 for a row with no valid key
-    d = (x - m).exp() - (-m).exp()                                                   # e^{-m} (e^x - 1)
-    d = torch.where(valid, d, torch.zeros_like(d))
-    return d.clamp_min(0) / (d.abs().sum(-1, keepdim=True) + EPS * (-m).exp())
+    return SoftpickFunction.apply(scores, None if key_mask is None else key_mask.to(torch.bool))

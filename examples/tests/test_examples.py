@@ -113,6 +113,23 @@ def test_softpick_against_the_reference_epsilon():
     rel = ((softpick(tiny) - reference(tiny)).abs() / reference(tiny))[reference(tiny) > 0].max()
     assert 1e-7 < rel < 1e-4
 
+def test_softpick_gradient_is_autograd_through_the_formula():
+    """The written-out gradient against autograd through the stable formula in plain torch ops, with masked keys and a
+    row with no valid key."""
+    def by_autograd(x, valid):
+        x = torch.where(valid, x, torch.zeros_like(x))
+        m = torch.where(valid, x, torch.full_like(x, float("-inf"))).amax(-1, keepdim=True).clamp_min(0)
+        d = torch.where(valid, (x - m).exp() - (-m).exp(), torch.zeros_like(x))
+        return torch.relu(d) / (d.abs().sum(-1, keepdim=True) + EPS * (-m).exp())
+    mask = MASK.expand(3, 1, 1, 6).clone(); mask[2] = False
+    for valid in (torch.ones(1, 1, 1, 6, dtype=torch.bool), mask):
+        s = (torch.randn(3, 2, 4, 6, dtype=torch.float64) * 2).requires_grad_()
+        g = torch.randn(3, 2, 4, 6, dtype=torch.float64)
+        ours, ref = softpick(s, valid), by_autograd(s, valid.expand_as(s))
+        torch.testing.assert_close(ours, ref)
+        torch.testing.assert_close(torch.autograd.grad((ours * g).sum(), s)[0], torch.autograd.grad((ref * g).sum(), s)[0])
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_registered_and_conforming(name):
     spec = resolve_normalizer(name)
@@ -175,12 +192,26 @@ def test_stick_breaking_is_the_papers_formula():
     assert (stick_breaking(s).sum(-1) < 1).all()
 
 
-def test_stick_breaking_logsigmoids_and_inference_mode():
-    from sparse_attention_examples.stick_breaking import LogSigmoidPair
-    s = torch.tensor([0.0, 1.5, -2.0, 30.0, -30.0, 1e-4], dtype=torch.float64, requires_grad=True)
-    lb, lr = LogSigmoidPair.apply(s)
-    torch.testing.assert_close((lb, lr), (torch.nn.functional.logsigmoid(s), torch.nn.functional.logsigmoid(-s)))
-    assert torch.autograd.gradcheck(LogSigmoidPair.apply, (s,))                   # s = 0 included: sigmoid(0) = 1/2
+def test_stick_breaking_gradient_is_autograd_through_the_formula_and_inference_mode():
+    """The written-out gradient against autograd through the log-space formula in plain torch ops (logsigmoid, the
+    keys gathered into each query's order, an exclusive cumulative sum), masks, an empty row and Tq != Tk included."""
+    from sparse_attention_examples.stick_breaking import key_order
+    def by_autograd(x, valid=None):
+        tq, tk = x.shape[-2:]
+        order = key_order(tq, tk).argsort(-1).expand(x.shape); place = order.argsort(-1)
+        rest = torch.nn.functional.logsigmoid(-x)
+        if valid is not None: rest = torch.where(valid, rest, torch.zeros_like(rest))
+        in_order = rest.gather(-1, order)
+        p = (torch.nn.functional.logsigmoid(x) + (in_order.cumsum(-1) - in_order).gather(-1, place)).exp()
+        return p if valid is None else torch.where(valid, p, torch.zeros_like(p))
+    mask = MASK.expand(3, 1, 1, 6).clone(); mask[2] = False
+    for tq, valid in ((6, None), (6, mask), (4, mask)):
+        s = (torch.randn(3, 2, tq, 6, dtype=torch.float64) * 3).requires_grad_()
+        s.data[0, 0, 0, 1] = 0.0                                                  # sigmoid(0) = 1/2 exactly
+        g = torch.randn(3, 2, tq, 6, dtype=torch.float64)
+        ours, ref = stick_breaking(s, valid), by_autograd(s, valid)
+        torch.testing.assert_close(ours, ref)
+        torch.testing.assert_close(torch.autograd.grad((ours * g).sum(), s)[0], torch.autograd.grad((ref * g).sum(), s)[0])
     x = torch.randn(2, 3, 7, 7)                                                   # a first call in inference mode, then training
     with torch.inference_mode(): stick_breaking(x)
     y = x.clone().requires_grad_(); stick_breaking(y).sum().backward()
