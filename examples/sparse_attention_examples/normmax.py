@@ -21,18 +21,29 @@ from sparse_attention_repro.normalizers import entmax15, register_normalizer
 
 
 def _threshold(z, on):
-    "tau over the keys `on` of rows `z`: the smaller root of sum_on (z - tau)^2 = 1 (differentiable in `z`)."
-    zero = torch.zeros_like(z)
-    k = on.sum(-1, keepdim=True)
-    mean = torch.where(on, z, zero).sum(-1, keepdim=True) / k
-    ss = torch.where(on, z - mean, zero).pow(2).sum(-1, keepdim=True)
+    """tau over the keys `on` of rows `z`: the smaller root of sum_on (z - tau)^2 = 1 (differentiable in `z`). The keys
+    of a support lie within 1 of the row max 0, so z is clamped at -2 first: masked keys (-inf) then vanish when
+    multiplied by the support's indicator, and no full-size boolean select is needed."""
+    s = on.to(z.dtype)
+    k = s.sum(-1, keepdim=True)
+    zs = z.clamp_min(-2) * s
+    mean = zs.sum(-1, keepdim=True) / k
+    ss = ((zs - mean) * s).pow(2).sum(-1, keepdim=True)
     return mean - ((1 - ss) / k).clamp_min(0).sqrt()
 
 
-def _support(z):
-    "Keys `z > tau` of normmax's support, for rows `z` with max 0 (-inf: masked): 1.5-entmax's support for 2z."
+def _support_and_threshold(z):
+    """Keys `z > tau` of normmax's support, for rows `z` with max 0 (-inf: masked), and their tau: 1.5-entmax's support
+    for 2z, less any key within rounding of its tau (then tau is taken again over the keys kept)."""
     on = entmax15(2 * z) > 0
-    return on & (z > _threshold(z, on))
+    tau = _threshold(z, on)
+    kept = on & (z > tau)
+    return (on, tau) if torch.equal(kept, on) else (kept, _threshold(z, kept))
+
+
+def _support(z):
+    "Keys `z > tau` of normmax's support, for rows `z` with max 0 (-inf: masked)."
+    return _support_and_threshold(z)[0]
 
 
 class NormmaxFunction(torch.autograd.Function):
@@ -41,21 +52,22 @@ class NormmaxFunction(torch.autograd.Function):
     with s the support's indicator, k its size, G = sum_S g and Q = sum_S q (checked against autograd in the tests)."""
     @staticmethod
     def forward(ctx, z):
-        on = _support(z)
-        q = torch.where(on, z - _threshold(z, on), torch.zeros_like(z)).clamp_min(0)   # (a key within rounding of tau: 0)
+        on, tau = _support_and_threshold(z)
+        s = on.to(z.dtype)
+        q = z.clamp_min(-2).sub_(tau).mul_(s).clamp_min_(0)                       # (a key within rounding of tau: 0)
         Q = q.sum(-1, keepdim=True)
-        p = q / Q
-        ctx.save_for_backward(p, on, Q)
+        p = q.div_(Q)
+        ctx.save_for_backward(p, s, Q)
         return p
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        p, on, Q = ctx.saved_tensors
-        s = on.to(g.dtype)
+        p, s, Q = ctx.saved_tensors
         gp = (g * p).sum(-1, keepdim=True)
-        G, k = (g * s).sum(-1, keepdim=True), s.sum(-1, keepdim=True)
-        return (s * (g - gp) - p * (G - k * gp)) / Q
+        gs = g * s
+        G, k = gs.sum(-1, keepdim=True), s.sum(-1, keepdim=True)
+        return gs.addcmul_(s, gp, value=-1).sub_(p * (G - k * gp)).div_(Q)
 
 
 @register_normalizer("normmax", stackable=True)
