@@ -51,7 +51,8 @@ def same_recipe(folder, main_folder, study="study_a") -> bool:
 LEADERBOARD_COLS = ["normalizer", "dataset", "reading", "gain", "ci_low", "ci_high", "p_holm", "verdict", "n", "source"]
 
 def _word(gain, p_holm, alpha=0.05) -> str:
-    return "n.s." if not (p_holm < alpha) else "better" if gain > 0 else "worse"
+    "The verdict word of a paired comparison; `untested` where no test ran (one seed: no p-value)."
+    return "untested" if pd.isna(p_holm) else "n.s." if not (p_holm < alpha) else "better" if gain > 0 else "worse"
 
 def _provisional(t):
     "Tuned verdicts whose seeds have not all run at the chosen recipes say so, with their seed count."
@@ -148,7 +149,8 @@ def step_costs(outputs) -> pd.DataFrame:
 # %%
 #| export
 def _cell(r) -> str:
-    return f"{100 * r.gain:+.1f} ({100 * r.ci_low:+.1f}, {100 * r.ci_high:+.1f}) {r.verdict}"
+    ci = f"({100 * r.ci_low:+.1f}, {100 * r.ci_high:+.1f})" if pd.notna(r.ci_low) and pd.notna(r.ci_high) else "(no CI)"
+    return f"{100 * r.gain:+.1f} {ci} {r.verdict}"
 
 def leaderboard_table(rows, extra=None, steps=None) -> pd.DataFrame:
     """One row per normalizer: `<dataset>: paper` and `<dataset>: tuned` cells, the encoder gain, density, the training time
@@ -214,6 +216,11 @@ _e = Path(tempfile.mkdtemp()); (_e / "paper" / "tables").mkdir(parents=True)    
 pd.DataFrame([dict(family="crisp_normalizers_test", method=m, baseline="dense", n=n, mean_delta=-0.01, ci_low=-0.02, ci_high=0.0, p_holm=p)
               for m, n, p in (("entmax15", 5, 0.01), ("sparsemax", 2, 0.5))]).to_csv(_e / "paper" / "tables" / "crisp_normalizer_tests.csv", index=False)
 test_eq(leaderboard_rows(_e).verdict.tolist(), ["worse", "n.s., provisional (2 seeds)"])
+_one = pd.DataFrame([dict(normalizer="stick", dataset="sst2_encoder", reading="pretrained encoder", gain=-0.065, ci_low=np.nan, ci_high=np.nan,
+                          p_holm=np.nan, n=1, source="x")])                 # one seed: no interval, no test
+test_eq(_rows(_one.rename(columns=dict(normalizer="method", gain="mean_delta")), "pretrained encoder", "x").verdict.tolist(), ["untested"])
+test_eq(leaderboard_table(_one.assign(verdict="untested, provisional (1 seeds)")).set_index("normalizer").loc["stick", "encoder (SST-2 test)"],
+        "-6.5 (no CI) untested, provisional (1 seeds)")
 _steps = pd.DataFrame(dict(normalizer=["sparsemax", "newcomer"], **{"T=17": [1.5, 2.0], "T=97": [1.25, 3.0]}))
 _tab2 = leaderboard_table(_lb, steps=_steps).set_index("normalizer")
 test_eq(_tab2.loc["sparsemax", "step cost vs softmax (T=17 / 97)"], "1.50× / 1.25×")
@@ -255,7 +262,7 @@ def searched(rows) -> list:
 def verdict_changes(rows) -> pd.DataFrame:
     "Per (normalizer, dataset) read against softmax under both recipes: both gains and words, and whether the reading changed."
     key = ["normalizer", "dataset"]; cols = key + ["gain", "verdict"]
-    p = rows[rows.reading == "paper recipe"].drop_duplicates(key)[cols]
+    p = rows[(rows.reading == "paper recipe") & (rows.verdict != "untested")].drop_duplicates(key)[cols]   # one seed: nothing to change
     both = p.merge(judged(rows).drop_duplicates(key)[cols], on=key, suffixes=("_paper", "_tuned"))
     both["changed"] = [_word_of(w) not in SAME_READING[pw] for pw, w in zip(both.verdict_paper, both.verdict_tuned)]
     order = {n: i for i, n in enumerate(method_order(both.normalizer))}

@@ -31,7 +31,8 @@ def same_recipe(folder, main_folder, study="study_a") -> bool:
 LEADERBOARD_COLS = ["normalizer", "dataset", "reading", "gain", "ci_low", "ci_high", "p_holm", "verdict", "n", "source"]
 
 def _word(gain, p_holm, alpha=0.05) -> str:
-    return "n.s." if not (p_holm < alpha) else "better" if gain > 0 else "worse"
+    "The verdict word of a paired comparison; `untested` where no test ran (one seed: no p-value)."
+    return "untested" if pd.isna(p_holm) else "n.s." if not (p_holm < alpha) else "better" if gain > 0 else "worse"
 
 def _provisional(t):
     "Tuned verdicts whose seeds have not all run at the chosen recipes say so, with their seed count."
@@ -112,7 +113,8 @@ def step_costs(outputs) -> pd.DataFrame:
 
 # %% ../nbs/05d_leaderboard.ipynb
 def _cell(r) -> str:
-    return f"{100 * r.gain:+.1f} ({100 * r.ci_low:+.1f}, {100 * r.ci_high:+.1f}) {r.verdict}"
+    ci = f"({100 * r.ci_low:+.1f}, {100 * r.ci_high:+.1f})" if pd.notna(r.ci_low) and pd.notna(r.ci_high) else "(no CI)"
+    return f"{100 * r.gain:+.1f} {ci} {r.verdict}"
 
 def leaderboard_table(rows, extra=None, steps=None) -> pd.DataFrame:
     """One row per normalizer: `<dataset>: paper` and `<dataset>: tuned` cells, the encoder gain, density, the training time
@@ -157,7 +159,7 @@ def searched(rows) -> list:
 def verdict_changes(rows) -> pd.DataFrame:
     "Per (normalizer, dataset) read against softmax under both recipes: both gains and words, and whether the reading changed."
     key = ["normalizer", "dataset"]; cols = key + ["gain", "verdict"]
-    p = rows[rows.reading == "paper recipe"].drop_duplicates(key)[cols]
+    p = rows[(rows.reading == "paper recipe") & (rows.verdict != "untested")].drop_duplicates(key)[cols]   # one seed: nothing to change
     both = p.merge(judged(rows).drop_duplicates(key)[cols], on=key, suffixes=("_paper", "_tuned"))
     both["changed"] = [_word_of(w) not in SAME_READING[pw] for pw, w in zip(both.verdict_paper, both.verdict_tuned)]
     order = {n: i for i, n in enumerate(method_order(both.normalizer))}
