@@ -41,11 +41,6 @@ def _support_and_threshold(z):
     return (on, tau) if torch.equal(kept, on) else (kept, _threshold(z, kept))
 
 
-def _support(z):
-    "Keys `z > tau` of normmax's support, for rows `z` with max 0 (-inf: masked)."
-    return _support_and_threshold(z)[0]
-
-
 class NormmaxFunction(torch.autograd.Function):
     """normmax of rows `z` (max 0, -inf: masked) with its gradient in closed form. On the support S, q = z - tau and
     sum_S q^2 = 1 give dtau = <p, dz>, so for an upstream g the gradient is (s (g - <g, p>) - p (G - k <g, p>)) / Q,

@@ -302,9 +302,9 @@ def _normmax_tau(x):
 
 
 def test_normmax_gradient_is_autograd_through_the_closed_form():
-    from sparse_attention_examples.normmax import NormmaxFunction, _support, _threshold
+    from sparse_attention_examples.normmax import NormmaxFunction, _support_and_threshold, _threshold
     def by_autograd(z):                                                              # the support fixed, tau differentiated
-        with torch.no_grad(): on = _support(z)
+        with torch.no_grad(): on = _support_and_threshold(z)[0]
         q = torch.where(on, z - _threshold(z, on), torch.zeros_like(z))
         return q / q.sum(-1, keepdim=True)
     s = torch.randn(3, 4, 5, 9, dtype=torch.float64) * 1.5
