@@ -262,7 +262,7 @@ def searched(rows) -> list:
 def verdict_changes(rows) -> pd.DataFrame:
     "Per (normalizer, dataset) read against softmax under both recipes: both gains and words, and whether the reading changed."
     key = ["normalizer", "dataset"]; cols = key + ["gain", "verdict"]
-    p = rows[(rows.reading == "paper recipe") & (rows.verdict != "untested")].drop_duplicates(key)[cols]   # one seed: nothing to change
+    p = rows[(rows.reading == "paper recipe") & (rows.verdict.map(_word_of) != "untested")].drop_duplicates(key)[cols]   # one seed: nothing to change
     both = p.merge(judged(rows).drop_duplicates(key)[cols], on=key, suffixes=("_paper", "_tuned"))
     both["changed"] = [_word_of(w) not in SAME_READING[pw] for pw, w in zip(both.verdict_paper, both.verdict_tuned)]
     order = {n: i for i, n in enumerate(method_order(both.normalizer))}
@@ -328,6 +328,9 @@ def leaderboard_findings(rows, vs_entmax=None, names=None) -> list:
 # %%
 _ch = verdict_changes(_lb)
 test_eq(list(zip(_ch.normalizer, _ch.changed)), [("sparsemax", True), ("entmax15", False), ("mine", True)])
+_one_seed = pd.DataFrame([dict(normalizer="mine", dataset="kmnist", reading=r, gain=0.01, ci_low=None, ci_high=None, p_holm=None,
+                               verdict=v, n=1, source="x") for r, v in [("paper recipe", "untested, provisional (1 seeds)"), ("tuned", "gone")]])
+test_eq(verdict_changes(pd.concat([_lb, _one_seed], ignore_index=True)).normalizer.tolist(), _ch.normalizer.tolist())   # a one-seed reading is not read
 _win = pd.concat([_lb, pd.DataFrame([dict(normalizer="winner", dataset="cifar10", reading="tuned", gain=0.02, ci_low=0.01, ci_high=0.03,
                                           p_holm=0.01, verdict="persists", n=10, source="x"),
                                      dict(normalizer="early", dataset="cifar10", reading="tuned", gain=0.05, ci_low=0.01, ci_high=0.09,

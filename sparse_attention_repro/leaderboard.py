@@ -159,7 +159,7 @@ def searched(rows) -> list:
 def verdict_changes(rows) -> pd.DataFrame:
     "Per (normalizer, dataset) read against softmax under both recipes: both gains and words, and whether the reading changed."
     key = ["normalizer", "dataset"]; cols = key + ["gain", "verdict"]
-    p = rows[(rows.reading == "paper recipe") & (rows.verdict != "untested")].drop_duplicates(key)[cols]   # one seed: nothing to change
+    p = rows[(rows.reading == "paper recipe") & (rows.verdict.map(_word_of) != "untested")].drop_duplicates(key)[cols]   # one seed: nothing to change
     both = p.merge(judged(rows).drop_duplicates(key)[cols], on=key, suffixes=("_paper", "_tuned"))
     both["changed"] = [_word_of(w) not in SAME_READING[pw] for pw, w in zip(both.verdict_paper, both.verdict_tuned)]
     order = {n: i for i, n in enumerate(method_order(both.normalizer))}
