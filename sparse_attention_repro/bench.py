@@ -76,7 +76,8 @@ def paired_ratios(times, base_times) -> list:
 
 def bench_normalizers(shapes=((96, 4, 17, 17), (96, 4, 97, 97)), repeats=20, methods=PAPER_METHODS) -> pd.DataFrame:
     """Median forward+backward seconds of each normalizer (kernels, torch path, entmax package) and its ratio to softmax:
-    the median over the interleaved rounds of the round's time over softmax's in that round."""
+    the median over the interleaved rounds of the round's time over softmax's in that round, with the quartiles of those
+    round-by-round ratios (`ratio_q25`, `ratio_q75`)."""
     rows = []
     for shape in shapes:
         torch.manual_seed(0)
@@ -96,8 +97,10 @@ def bench_normalizers(shapes=((96, 4, 17, 17), (96, 4, 97, 97)), repeats=20, met
                 if r >= 2: times[k].append(t)
         base = times[("softmax", "kernels")]
         for (name, impl), ts in times.items():             # a ratio per round (softmax timed in the same round), then the median
+            ratios = paired_ratios(ts, base)                  # and its quartiles, so a reader sees how much the rounds disagree
             rows.append(dict(shape="x".join(map(str, shape)), normalizer=name, implementation=impl,
-                             ms=statistics.median(ts) * 1e3, ratio_to_softmax=statistics.median(paired_ratios(ts, base))))
+                             ms=statistics.median(ts) * 1e3, ratio_to_softmax=statistics.median(ratios),
+                             ratio_q25=float(np.percentile(ratios, 25)), ratio_q75=float(np.percentile(ratios, 75))))
     return pd.DataFrame(rows)
 
 def normalizer_table(df) -> pd.DataFrame:

@@ -166,7 +166,7 @@ def _card_args(sub):
     c.add_argument("names", nargs="+", help="normalizers (by name, module:name or entry point)")
     c.add_argument("--outputs", default="outputs", help="the outputs folder: the results read, and where cards/ is written")
     c.add_argument("--main", default="paper", help="the main results folder inside --outputs (its tuned grids are the baselines)")
-    c.add_argument("--repeats", type=int, default=10, help="interleaved repeats of the cost measurement")
+    c.add_argument("--repeats", type=int, default=30, help="interleaved repeats of the cost measurement")
     return c
 
 def _readme_args(sub):

@@ -99,7 +99,7 @@ def keep_step_costs(outputs, name, cost, repeats):
     f = Path(outputs) / STEP_COSTS
     load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else float("nan")   # a busy machine inflates long calls most
     new = cost.assign(normalizer=name, repeats=repeats, threads=1, load_1min=load, cpus=os.cpu_count())[
-        ["normalizer", "shape", "ms", "ratio_to_softmax", "repeats", "threads", "load_1min", "cpus"]]
+        ["normalizer", "shape", "ms", "ratio_to_softmax", "ratio_q25", "ratio_q75", "repeats", "threads", "load_1min", "cpus"]]
     old = pd.read_csv(f) if f.exists() else new.iloc[:0]
     both = pd.concat([old[old.normalizer != name], new], ignore_index=True).sort_values(["normalizer", "shape"])
     atomic_write(f, lambda tmp: both.to_csv(tmp, index=False))
@@ -345,7 +345,7 @@ def definition(spec) -> str:
     return f"From `{spec.source}`:\n\n" + "\n".join("> " + l if l else ">" for l in doc.splitlines()) if doc else \
         f"`{spec.source}` has no module docstring: write the formula and its choices there, and the card shows them."
 
-def normalizer_card(outputs, name, main="paper", cost_repeats=10) -> Path:
+def normalizer_card(outputs, name, main="paper", cost_repeats=30) -> Path:
     "Write `<outputs>/cards/<name>.md`: the normalizer's gains, recipes, density and cost measured here; returns its path."
     from sparse_attention_repro.bench import bench_normalizers
     from sparse_attention_repro.files import atomic_write
@@ -382,10 +382,11 @@ def normalizer_card(outputs, name, main="paper", cost_repeats=10) -> Path:
     cost = cost[(cost.implementation == "kernels") & (cost.normalizer == name)]
     keep_step_costs(outputs, name, cost, cost_repeats)
     lines += ["## Cost, measured side by side with softmax in one process", "",
-              f"Forward + backward of the normalizer alone, one thread, median of {cost_repeats} interleaved repeats, over softmax's "
-              f"(this machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} when measured; a load above the core count "
-              "lengthens the slower normalizers' calls most, so read such ratios as upper bounds):", "",
-              cost[["shape", "ms", "ratio_to_softmax"]].round(3).to_markdown(index=False), ""]
+              f"Forward + backward of the normalizer alone, one thread, over softmax's in the same round: the median of {cost_repeats} "
+              "interleaved rounds' ratios, with their quartiles; a wide range means the rounds disagreed, so read that ratio as rough. "
+              f"This machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} when measured; a load above the core count "
+              "lengthens the slower normalizers' calls most, so read such ratios as upper bounds.", "",
+              cost[["shape", "ms", "ratio_to_softmax", "ratio_q25", "ratio_q75"]].round(3).to_markdown(index=False), ""]
     out = outputs / "cards" / f"{name}.md"; out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, lambda tmp: Path(tmp).write_text("\n".join(lines), encoding="utf-8"))
     return out
