@@ -121,16 +121,17 @@ def density_and_cost(outputs, main="paper") -> pd.DataFrame:
     return pd.concat([dens, cost], axis=1).reset_index().rename(columns={"method": "normalizer"})
 
 STEP_COSTS = "cards/step_costs.csv"
+STEP_COST_COLUMNS = ["normalizer", "shape", "ms", "ratio_to_softmax", "ratio_q25", "ratio_q75", "repeats", "threads", "load_1min", "cpus"]
 
 def keep_step_costs(outputs, name, cost, repeats):
     "Replace `name`'s rows in `<outputs>/cards/step_costs.csv` by this measurement (`bench_normalizers` rows of the kernels path)."
     from sparse_attention_repro.files import atomic_write
     f = Path(outputs) / STEP_COSTS
     load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else float("nan")   # a busy machine inflates long calls most
-    new = cost.assign(normalizer=name, repeats=repeats, threads=1, load_1min=load, cpus=os.cpu_count())[
-        ["normalizer", "shape", "ms", "ratio_to_softmax", "ratio_q25", "ratio_q75", "repeats", "threads", "load_1min", "cpus"]]
+    new = cost.assign(normalizer=name, repeats=repeats, threads=1, load_1min=load, cpus=os.cpu_count())[STEP_COST_COLUMNS]
     old = pd.read_csv(f) if f.exists() else new.iloc[:0]
-    both = pd.concat([old[old.normalizer != name], new], ignore_index=True).sort_values(["normalizer", "shape"])
+    both = (pd.concat([old[old.normalizer != name], new], ignore_index=True)
+            .reindex(columns=STEP_COST_COLUMNS).sort_values(["normalizer", "shape"]))   # an older file's columns in today's order
     atomic_write(f, lambda tmp: both.to_csv(tmp, index=False))
 
 def step_costs(outputs) -> pd.DataFrame:
@@ -635,4 +636,17 @@ test_eq(list(_sc.index), ["sparsemax"]); assert _sc.loc["sparsemax", "T=17"] > 0
 _kept = pd.read_csv(_o / STEP_COSTS)                                    # each measurement keeps the machine's load beside it
 test_eq(_kept.cpus.unique().tolist(), [os.cpu_count()]); assert (_kept.load_1min >= 0).all() and "load average" in _card
 assert (_kept.ratio_q25 <= _kept.ratio_to_softmax).all() and (_kept.ratio_to_softmax <= _kept.ratio_q75).all() and "ratio_q75" in _card
+
+# %% [markdown]
+# A file kept before the quartiles existed has its columns in another order and lacks two of them; the next card
+# rewrites it in today's column order, the old rows' quartiles left empty.
+
+# %%
+_old = Path(tempfile.mkdtemp()); (_old / "cards").mkdir()
+pd.DataFrame([dict(normalizer="entmax15", shape="96x4x17x17", ms=1.0, ratio_to_softmax=1.8, repeats=10, threads=1,
+                   load_1min=0.5, cpus=2)]).to_csv(_old / STEP_COSTS, index=False)
+keep_step_costs(_old, "sparsemax", pd.DataFrame([dict(shape="96x4x17x17", ms=0.5, ratio_to_softmax=1.2, ratio_q25=1.1, ratio_q75=1.3)]), 3)
+_both = pd.read_csv(_old / STEP_COSTS)
+test_eq(list(_both.columns), STEP_COST_COLUMNS); test_eq(_both.normalizer.tolist(), ["entmax15", "sparsemax"])
+assert _both.ratio_q25.isna().tolist() == [True, False] and _both.ratio_to_softmax.tolist() == [1.8, 1.2]
 

@@ -166,7 +166,7 @@ def _card_args(sub):
     c.add_argument("names", nargs="+", help="normalizers (by name, module:name or entry point)")
     c.add_argument("--outputs", default="outputs", help="the outputs folder: the results read, and where cards/ is written")
     c.add_argument("--main", default="paper", help="the main results folder inside --outputs (its tuned grids are the baselines)")
-    c.add_argument("--repeats", type=int, default=30, help="interleaved repeats of the cost measurement")
+    c.add_argument("--repeats", type=int, default=None, help="interleaved repeats of the cost measurement (default: normalizer_card's)")
     return c
 
 def _readme_args(sub):
@@ -561,8 +561,9 @@ def cmd_card(args):
     for n in _split(args.names):
         try: resolve_normalizer(n)
         except (KeyError, ValueError, ImportError) as e: raise UsageError(str(e).splitlines()[0]) from None
-    if args.repeats < 1: raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
-    for n in _split(args.names): print(f"card: {normalizer_card(args.outputs, resolve_normalizer(n).name, args.main, args.repeats)}")
+    if args.repeats is not None and args.repeats < 1: raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
+    repeats = {} if args.repeats is None else {"cost_repeats": args.repeats}
+    for n in _split(args.names): print(f"card: {normalizer_card(args.outputs, resolve_normalizer(n).name, args.main, **repeats)}")
     return {}
 
 def cmd_readme(args):
