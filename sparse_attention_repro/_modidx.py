@@ -83,6 +83,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                'sparse_attention_repro/catalogue.py'),
                                                   'sparse_attention_repro.catalogue._has_runs': ( 'catalogue.html#_has_runs',
                                                                                                   'sparse_attention_repro/catalogue.py'),
+                                                  'sparse_attention_repro.catalogue._own_rows': ( 'catalogue.html#_own_rows',
+                                                                                                  'sparse_attention_repro/catalogue.py'),
                                                   'sparse_attention_repro.catalogue.entries': ( 'catalogue.html#entries',
                                                                                                 'sparse_attention_repro/catalogue.py'),
                                                   'sparse_attention_repro.catalogue.outputs_index': ( 'catalogue.html#outputs_index',

@@ -124,6 +124,11 @@ CATALOGUE = {e.name: e for e in [
                Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker", "kmnist"),
                       methods=("sigmoid_attention", "scalable_softmax", "softpick")),
                Analysis("versus_baseline", family="each new method's own"), root="literature"),
+    Experiment("literature_later", "Do four later normalizers of the example package (ReLU attention, softmax with a sink, stick-breaking, "
+               "normmax) beat the seven paper methods under the paper's recipe, trained in the same folder as the first three?", ".",
+               Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "kmnist"),
+                      methods=("relu_attention", "softmax_sink", "stick_breaking", "normmax")),
+               Analysis("versus_baseline", family="each new method's own"), root="literature"),
     Experiment("learned_temperature", "Is Scalable-Softmax's 20 Newsgroups gain length scaling? At a fixed length s·log n is a learned "
                "per-head temperature: the learned-temperature softmax control, trained beside Scalable-Softmax and paired with it and "
                "with the committed runs under the paper's recipe",
@@ -190,6 +195,10 @@ def _count(words, first_word=True) -> str:
     c = (pd.Series(list(words)).str.split(" ").str[0] if first_word else pd.Series(list(words))).value_counts()
     return ", ".join(f"{v} {k}" for k, v in c.items())
 
+def _own_rows(t, e: Experiment):
+    "The rows of `e`'s own methods (one folder may hold several entries' methods: `literature/` holds two)."
+    return t[t.method.isin(e.design.methods)] if e.design.methods else t
+
 def verdict_line(e: Experiment, root) -> str:
     "One line: what the committed tables of `root` say about `e` (counts of verdicts; nothing typed by hand)."
     tab, k = Path(root) / "tables", e.analysis.kind
@@ -211,7 +220,8 @@ def verdict_line(e: Experiment, root) -> str:
                                              for r in t.itertuples())
     if k == "alpha_start" and (t := read("alpha_start.csv")) is not None:
         return f"{len(t)} (dataset, start, layer) readings: {_count(t.verdict)}"
-    if k == "versus_baseline" and (v := Path(root) / e.folder / "versus_baseline.csv").exists() and len(t := pd.read_csv(v).query("baseline == @BASELINE")):
+    if (k == "versus_baseline" and (v := Path(root) / e.folder / "versus_baseline.csv").exists()
+            and len(t := _own_rows(pd.read_csv(v).query("baseline == @BASELINE"), e))):
         won = t[(t.p_holm < 0.05) & (t.mean_delta > 0)]
         recipe = "the paper's recipe" + "".join(f", {k}={v}" for k, v in e.design.options.items())
         return (f"{len(t)} comparisons with softmax at {recipe}: {len(won)} significant gains after Holm"
