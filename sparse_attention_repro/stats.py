@@ -514,7 +514,8 @@ def versus_baseline(new, base, methods=None, baselines=PAPER_METHODS):
     methods = [m for m in method_order(new.method) if m not in baselines] if methods is None else list(methods)
     rows = []
     for m in methods:
-        for ds in [d for d in DATASET_ORDER if d in set(new.dataset)] + sorted(set(new.dataset) - set(DATASET_ORDER)):
+        ran = set(new[new.method == m].dataset)                            # a folder's methods need not share datasets
+        for ds in [d for d in DATASET_ORDER if d in ran] + sorted(ran - set(DATASET_ORDER)):
             a = new[(new.dataset == ds) & (new.method == m)].set_index("seed")
             for b_name in [b for b in baselines if b in set(base[base.dataset == ds].method)]:
                 b = base[(base.dataset == ds) & (base.method == b_name)].set_index("seed")
