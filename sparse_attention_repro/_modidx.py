@@ -952,6 +952,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                          'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats._compare': ( 'stats.html#_compare',
                                                                                          'sparse_attention_repro/stats.py'),
+                                              'sparse_attention_repro.stats._in_dataset_order': ( 'stats.html#_in_dataset_order',
+                                                                                                  'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats._ok_rows': ( 'stats.html#_ok_rows',
                                                                                          'sparse_attention_repro/stats.py'),
                                               'sparse_attention_repro.stats._paired_row': ( 'stats.html#_paired_row',

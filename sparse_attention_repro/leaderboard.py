@@ -99,7 +99,7 @@ def keep_step_costs(outputs, name, cost, repeats):
     from sparse_attention_repro.files import atomic_write
     f = Path(outputs) / STEP_COSTS
     load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else float("nan")   # a busy machine inflates long calls most
-    new = cost.assign(normalizer=name, repeats=repeats, threads=1, load_1min=load, cpus=os.cpu_count())[STEP_COST_COLUMNS]
+    new = cost.assign(normalizer=name, repeats=repeats, threads=1, load_1min=load, cpus=os.cpu_count())
     old = pd.read_csv(f) if f.exists() else new.iloc[:0]
     both = (pd.concat([old[old.normalizer != name], new], ignore_index=True)
             .reindex(columns=STEP_COST_COLUMNS).sort_values(["normalizer", "shape"]))   # an older file's columns in today's order

@@ -497,6 +497,11 @@ def run_curves(runs) -> pd.DataFrame:
 # %% ../nbs/05_stats.ipynb
 DATASET_ORDER = ("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker", "kmnist")   # the report's order
 
+def _in_dataset_order(datasets) -> list:
+    "`datasets` in the report's order, any other dataset after them by name."
+    ds = set(datasets)
+    return [d for d in DATASET_ORDER if d in ds] + sorted(ds - set(DATASET_ORDER))
+
 VERSUS_COLS = ["family", "dataset", "method", "baseline", "n", "mean_delta", "ci_low", "ci_high", "p", "p_holm",
                "density", "baseline_density", "time_ratio"]
 
@@ -514,8 +519,7 @@ def versus_baseline(new, base, methods=None, baselines=PAPER_METHODS):
     methods = [m for m in method_order(new.method) if m not in baselines] if methods is None else list(methods)
     rows = []
     for m in methods:
-        ran = set(new[new.method == m].dataset)                            # a folder's methods need not share datasets
-        for ds in [d for d in DATASET_ORDER if d in ran] + sorted(ran - set(DATASET_ORDER)):
+        for ds in _in_dataset_order(new[new.method == m].dataset):         # a folder's methods need not share datasets
             a = new[(new.dataset == ds) & (new.method == m)].set_index("seed")
             for b_name in [b for b in baselines if b in set(base[base.dataset == ds].method)]:
                 b = base[(base.dataset == ds) & (base.method == b_name)].set_index("seed")
@@ -526,7 +530,7 @@ def between_new_methods(new, baselines=PAPER_METHODS):
     "The new methods of `new` against each other, each pair per dataset, paired by seed; Holm over all these pairs (one family)."
     methods = [m for m in method_order(new.method) if m not in baselines] if new is not None and len(new) else []
     rows = []
-    for ds in [d for d in DATASET_ORDER if d in set(new.dataset)] + sorted(set(new.dataset) - set(DATASET_ORDER)) if methods else []:
+    for ds in _in_dataset_order(new.dataset) if methods else []:
         for i, m in enumerate(methods):
             for other in methods[i + 1:]:
                 a, b = (new[(new.dataset == ds) & (new.method == x)].set_index("seed") for x in (m, other))
