@@ -824,14 +824,14 @@ def register_normalizer_family(prefix: str, make):
 # experiment notebooks resolve each method once, at the edge; the training code passes the spec along.
 #
 # Before a normalizer is first used in a process it must pass the **conformance suite** (`check_normalizer`, below);
-# one that fails is refused with one line per failed property. The library's own normalizers (and the members of its
+# one that fails is refused in one line naming every failed property, separated by `;`. The library's own normalizers (and the members of its
 # families) pass it in this notebook's tests, so resolving them skips the run-time check, which would cost every
 # training process about two seconds.
 
 # %%
 #| export
 class NormalizerConformanceError(ValueError):
-    "A normalizer that fails the conformance suite: one line per failed property."
+    "A normalizer that fails the conformance suite: one line naming every failed property."
 
 def _spec_of(obj, ref):
     "The spec behind an imported object: a `NormalizerSpec`, or a function or class decorated by `register_normalizer`."
@@ -872,7 +872,7 @@ def resolve_normalizer(ref) -> NormalizerSpec:
     spec = ref if isinstance(ref, NormalizerSpec) else _lookup(str(ref))
     if spec.name not in _CONFORMING and not _library_tested(spec):
         if failures := check_normalizer(spec):
-            raise NormalizerConformanceError(f"normalizer {spec.name!r} fails the conformance suite:\n" + "\n".join(f"  {f}" for f in failures))
+            raise NormalizerConformanceError(f"normalizer {spec.name!r} fails the conformance suite: " + "; ".join(failures))
         _CONFORMING.add(spec.name)
     return spec
 
@@ -1151,6 +1151,9 @@ test_eq(check_normalizer(NormalizerSpec("no_alpha", _function_factory("b", softm
         ["learned alpha: the module has no tensor attribute 'alpha' to record"])
 err = NormalizerSpec("broken_mask", _function_factory("b", broken["key mask"]))
 test_fail(lambda: resolve_normalizer(err), exc=NormalizerConformanceError, contains="key mask:")
+try: resolve_normalizer(NormalizerSpec("broken_twice", _function_factory("b", lambda s, key_mask=None: softmax(s, key_mask)[..., :-1])))
+except NormalizerConformanceError as e: _refusal = str(e)
+test_eq(len(_refusal.splitlines()), 1); assert _refusal.count("; ") >= 1, _refusal   # several failed properties, one line
 
 # %% [markdown]
 # The adaptive module learns: a gradient step on a loss that rewards sparser rows moves every head's $\alpha$.

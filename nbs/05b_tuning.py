@@ -345,6 +345,12 @@ def search_rule(results_dir):
     f = Path(results_dir, "tuned", "search.json")
     return HALVING if f.is_file() and json.loads(f.read_text()).get("selection") == "halving" else None
 
+def halving_note(whose="Its") -> str:
+    "The sentence that goes beside every verdict whose search chose its rates by successive halving."
+    return (f"{whose} learning rates were chosen by successive halving (`tuned --halving`: every declared rate for a third of the "
+            "length on the selection seeds, the best two continued to the end), the cheaper selection the protocol declared before any "
+            "use, after replaying it on the seven's full grids; the seven baselines' were chosen by the full selection stage.")
+
 def record_search_rule(results_dir, rule):
     "Write the folder's selection rule (`tuned/search.json`) before its first grid runs: its later reading must know it."
     import json
@@ -1440,6 +1446,7 @@ def write_fair_verdict(new_dir, base_dir, method, baselines=PAPER_METHODS, searc
                                                                     + ("" if done else ", provisional") + ")"
                                                                     for r, done in zip(vs.itertuples(), _flag(vs.complete))) + ".", ""]
     if missing: lines += [f"**Not judged yet** (no baseline grid there): {', '.join(missing)}.", ""]
+    if search_rule(new_dir) is not None: lines += [halving_note(f"`{method}`'s"), ""]
     if len(tests): lines += [readable_tuned(tests).to_markdown(index=False, disable_numparse=True), "",
                              "*Gain, paper's recipe*: both arms read from their tuned grids at 10⁻³ and the paper's epochs, on the seeds "
                              "run there (the selection seeds, and the rest where 10⁻³ was chosen); the 10-seed paper-recipe comparison, "
@@ -1452,6 +1459,9 @@ def write_fair_verdict(new_dir, base_dir, method, baselines=PAPER_METHODS, searc
 _page = write_fair_verdict(_nd, _bd, "mine", baselines=("softmax", "entmax15", "topk_softmax_025"), search=_search).read_text()
 assert "**Against tuned softmax:** cifar10 +1.0 pt" in _page and "Verdicts: **persists**" in _page and "mine vs entmax15" in _page and "## Recipes" in _page
 pd.testing.assert_frame_equal(pd.read_csv(_nd / "fair_verdict.csv")[["method", "baseline", "gain"]], _fv[["method", "baseline", "gain"]])
+assert "successive halving" not in _page                                 # searched in full: no note
+record_search_rule(_nd, HALVING)
+assert halving_note("`mine`'s") in write_fair_verdict(_nd, _bd, "mine", baselines=("softmax", "entmax15", "topk_softmax_025"), search=_search).read_text()
 
 # %% [markdown]
 # The README opens with the same answer. `answer_markdown` builds it from a results folder's committed `tables/`

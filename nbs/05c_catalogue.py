@@ -150,7 +150,7 @@ CATALOGUE = {e.name: e for e in [
                Analysis("versus_baseline", family="each new method's own"), root="literature"),
     Experiment("literature_later", "Do four later normalizers of the example package (ReLU attention, softmax with a sink, stick-breaking, "
                "normmax) beat the seven paper methods under the paper's recipe, trained in the same folder as the first three?", ".",
-               Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "kmnist"),
+               Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker", "kmnist"),
                       methods=("relu_attention", "softmax_sink", "stick_breaking", "normmax")),
                Analysis("versus_baseline", family="each new method's own"), root="literature"),
     Experiment("learned_temperature", "Is Scalable-Softmax's 20 Newsgroups gain length scaling? At a fixed length s·log n is a learned "
@@ -278,10 +278,11 @@ def verdict_line(e: Experiment, root) -> str:
         return f"{len(t)} (dataset, start, layer) readings: {_count(t.verdict)}"
     if (k == "versus_baseline" and (v := Path(root) / e.folder / "versus_baseline.csv").exists()
             and len(t := _own_rows(pd.read_csv(v).query("baseline == @BASELINE"), e))):
-        won = t[(t.p_holm < 0.05) & (t.mean_delta > 0)]
         recipe = "the paper's recipe" + "".join(f", {k}={v}" for k, v in e.design.options.items())
-        return (f"{len(t)} comparisons with softmax at {recipe}: {len(won)} significant gains after Holm"
-                + (" (" + ", ".join(f"{r.method} on {r.dataset}" for r in won.itertuples()) + ")" if len(won) else ""))
+        def listed(sig, what):
+            return f"{len(sig)} significant {what}" + (" (" + ", ".join(f"{r.method} on {r.dataset}" for r in sig.itertuples()) + ")" if len(sig) else "")
+        return (f"{len(t)} comparison{'s' * (len(t) != 1)} with softmax at {recipe}, after Holm: "
+                f"{listed(t[(t.p_holm < 0.05) & (t.mean_delta > 0)], 'gains')}; {listed(t[(t.p_holm < 0.05) & (t.mean_delta < 0)], 'losses')}")
     if k == "versus_baseline": return "runs in progress: the comparison is written when its grid finishes (rerun its command to resume)"
     if k == "fair_verdict" and (v := Path(root) / e.folder / "fair_verdict.csv").exists() and len(t := pd.read_csv(v).query("baseline == @BASELINE")):
         return (f"{len(t)} tuned comparison{'s' * (len(t) != 1)} with tuned softmax ({', '.join(t.dataset)}): {_count(t.verdict)}"
@@ -336,11 +337,12 @@ assert "| `paper/ablations/patch4` | patch4 |" in _ix and "3 changes of a gain o
 assert "masked_padding" not in _ix and "| `paper` |" not in _ix and "## `literature/`" not in _ix
 (_o / "literature" / "masked_padding").mkdir(parents=True); (_o / "literature" / "masked_padding" / "runs.csv").write_text("dataset\n")
 assert "runs in progress" in outputs_index(_o)              # a grid still running is listed as such, with no verdict
-pd.DataFrame(dict(dataset=["kmnist"] * 3, method=["softpick", "relu_attention", "relu_attention"], baseline=["softmax", "softmax", "entmax15"],
-                  mean_delta=[0.01, 0.02, 0.0], p_holm=[0.5, 0.01, 0.9])).to_csv(_o / "literature" / "versus_baseline.csv", index=False)
+pd.DataFrame(dict(dataset=["kmnist"] * 4, method=["softpick", "relu_attention", "relu_attention", "normmax"], baseline=["softmax", "softmax", "entmax15", "softmax"],
+                  mean_delta=[0.01, 0.02, 0.0, -0.03], p_holm=[0.5, 0.01, 0.9, 0.02])).to_csv(_o / "literature" / "versus_baseline.csv", index=False)
 _lines = {e: verdict_line(CATALOGUE[e], _o / "literature") for e in ("literature", "literature_later")}   # one folder, two entries
-test_eq(_lines["literature"], "1 comparisons with softmax at the paper's recipe: 0 significant gains after Holm")
-test_eq(_lines["literature_later"], "1 comparisons with softmax at the paper's recipe: 1 significant gains after Holm (relu_attention on kmnist)")
+test_eq(_lines["literature"], "1 comparison with softmax at the paper's recipe, after Holm: 0 significant gains; 0 significant losses")
+test_eq(_lines["literature_later"], "2 comparisons with softmax at the paper's recipe, after Holm: 1 significant gains (relu_attention on kmnist); "
+        "1 significant losses (normmax on kmnist)")
 (_o / "literature" / "fair" / "scalable_softmax" / "tuned").mkdir(parents=True)
 assert "search in progress" in outputs_index(_o)
 pd.DataFrame(dict(dataset=["cifar10", "cifar10"], baseline=["softmax", "entmax15"], verdict=["gone", "undecided"], complete=[True, True])).to_csv(

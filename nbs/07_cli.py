@@ -777,7 +777,7 @@ def cmd_card(args):
         except (KeyError, ValueError, ImportError) as e: raise UsageError(str(e).splitlines()[0]) from None
     if args.repeats is not None and args.repeats < 1: raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     repeats = {} if args.repeats is None else {"cost_repeats": args.repeats}
-    for n in _split(args.names): print(f"card: {normalizer_card(args.outputs, resolve_normalizer(n).name, args.main, **repeats)}")
+    for n in _split(args.names): print(f"card: {normalizer_card(args.outputs, n, args.main, **repeats)}")   # as given: the card's command reruns
     return {}
 
 def cmd_readme(args):

@@ -75,7 +75,7 @@ test_close(norm(s), e / e.sum(-1, keepdim=True))
 #
 # Before a normalizer is first used, the lab checks it: shapes, masked keys, empty rows, NaN propagation, batch
 # independence, finite gradients that match finite differences, rows summing to one (as declared), and the recorded
-# attribute. An empty list means it conforms; a failing normalizer is refused with one line per failed property.
+# attribute. An empty list means it conforms; a failing normalizer is refused in one line that names every failed property.
 
 # %%
 spec = resolve_normalizer("tempered:TemperedSoftmax")          # package.module:name, as the command line takes it
@@ -139,28 +139,50 @@ test_eq(hist.epoch.tolist()[0], 0)
 # The answer above is under the paper's recipe (AdamW at 10⁻³ for 6–8 epochs), a recipe that under-trains softmax;
 # the lab's verdict is the one with every arm at its own recipe. The same command line runs the tuned-recipe protocol
 # (`05b_tuning`) for the new normalizer alone — the same candidate learning rates, lengths, selection seeds,
-# bracketing and divergence rules — and judges it against the baselines' own tuned grids:
+# bracketing and divergence rules — and judges it against the baselines' own tuned grids, those committed in
+# `outputs/paper/tuned/`:
 #
 # ```bash
-# sparse-repro tuned --methods tempered:TemperedSoftmax --out outputs/tempered --baseline outputs/paper            # select
+# sparse-repro tuned --methods tempered:TemperedSoftmax --out outputs/tempered --baseline outputs/paper --halving   # select
 # sparse-repro tuned --methods tempered:TemperedSoftmax --out outputs/tempered --baseline outputs/paper --stage complete
 # ```
 #
-# `--halving` on the first (select) line makes the search cheaper: every rate for a third of the length, the two best
-# continued to the end from their kept states (the protocol notebook declares it and the replay that qualified it).
-# Each stage resumes where it stopped; `outputs/tempered/fair_verdict.md` then holds its gain over each of the seven,
-# each at its own recipe chosen on validation, with CI, Holm within its own family and TOST at ±1 pt, and the
-# leaderboard (`sparse-repro leaderboard`) shows it in its tuned column. It is not run here: at paper size the search
-# trains 4 learning rates × 3 seeds plus 7 more seeds per dataset, hours of CPU time. What it cost, per dataset, is
+# `--halving` makes the select stage cheaper: every rate for a third of the length, the two best continued to the end
+# from their kept states (the protocol notebook declares it and the replay that qualified it; the verdict says it was
+# used). Each stage resumes where it stopped; `outputs/tempered/fair_verdict.md` then holds its gain over each of the
+# seven, each at its own recipe chosen on validation, with CI, Holm within its own family and TOST at ±1 pt, and the
+# leaderboard (`sparse-repro leaderboard`) shows it in its tuned column. At paper size the search trains 4 learning
+# rates × 3 seeds, then 7 more seeds, per dataset: hours of CPU time, so here `--dry-run` prints the grids the select
+# stage would run on Fashion-MNIST, and runs nothing. What a finished search cost, per dataset, is
 # `sparse-repro bench fair-cost --results outputs/tempered`: each notebook's wall time times the share of a core its
 # process had (rows record it as `core_share`), so a search that shared the machine with other jobs is not overcharged.
-#
-# **Its card** — `sparse-repro card tempered:TemperedSoftmax` writes `outputs/cards/tempered_softmax.md`: its gains over
-# softmax, and over entmax-1.5 where a committed table holds that comparison, under each recipe that has run (each with
-# CI, Holm p and verdict), its chosen recipes, its gain over
-# softmax against training length (the curve that shows whether a gain is an early-training effect), its density, and
-# its forward + backward cost beside softmax's, measured in one process when the card is written.
 
+# %%
+plan = sparse_repro("tuned", "--methods", "tempered:TemperedSoftmax", "--out", work / "tempered_fair", "--baseline", root / "outputs" / "paper",
+                    "--datasets", "fashion_mnist", "--halving", "--dry-run")
+grids = [l for l in plan.splitlines() if l.startswith("tuned (select):")]
+print("\n".join(grids))
+test_eq(len(grids), 4)                                                   # the protocol's four rates on Fashion-MNIST
+assert all("--methods tempered:TemperedSoftmax" in g and "--epochs 12" in g for g in grids)   # halving: a third of 36 epochs first
+assert not (work / "tempered_fair").exists()                             # a dry run writes nothing
+
+# %% [markdown]
+# **Its card** — `sparse-repro card tempered:TemperedSoftmax` writes `<outputs>/cards/tempered_softmax.md` from the
+# committed tables under `--outputs`: its gains over softmax, and over entmax-1.5 where a table holds that comparison,
+# under each recipe that has run (each with CI, Holm p, TOST p where the test has one, and verdict), its chosen
+# recipes, its gain over softmax against training length once it has been searched, its density, and its forward +
+# backward cost beside softmax's, measured in one process when the card is written. Here it reads the runs made above
+# (`--main` names the baseline folder inside `--outputs`): the paper-recipe rows, no recipe searched yet, and the cost.
+
+# %%
+print(sparse_repro("card", "tempered:TemperedSoftmax", "--outputs", work, "--main", baseline.name if baseline.parent == work else baseline,
+                   "--repeats", "3"))
+card = (work / "cards" / "tempered_softmax.md").read_text()
+print(card)
+vs_softmax = vs[vs.baseline == "softmax"]
+for r in vs_softmax.itertuples(): assert f"| {r.dataset} " in card and f"{100 * r.mean_delta:+.2f}" in card   # each paper-recipe gain
+assert "Not searched yet." in card and "## Cost, measured side by side with softmax in one process" in card
+assert "Generated by `sparse-repro card tempered:TemperedSoftmax`" in card                                  # the command that rewrites it
 
 # %% [markdown]
 # ## 7. Reading a fair verdict and a card

@@ -126,7 +126,7 @@ CATALOGUE = {e.name: e for e in [
                Analysis("versus_baseline", family="each new method's own"), root="literature"),
     Experiment("literature_later", "Do four later normalizers of the example package (ReLU attention, softmax with a sink, stick-breaking, "
                "normmax) beat the seven paper methods under the paper's recipe, trained in the same folder as the first three?", ".",
-               Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "kmnist"),
+               Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker", "kmnist"),
                       methods=("relu_attention", "softmax_sink", "stick_breaking", "normmax")),
                Analysis("versus_baseline", family="each new method's own"), root="literature"),
     Experiment("learned_temperature", "Is Scalable-Softmax's 20 Newsgroups gain length scaling? At a fixed length s·log n is a learned "
@@ -222,10 +222,11 @@ def verdict_line(e: Experiment, root) -> str:
         return f"{len(t)} (dataset, start, layer) readings: {_count(t.verdict)}"
     if (k == "versus_baseline" and (v := Path(root) / e.folder / "versus_baseline.csv").exists()
             and len(t := _own_rows(pd.read_csv(v).query("baseline == @BASELINE"), e))):
-        won = t[(t.p_holm < 0.05) & (t.mean_delta > 0)]
         recipe = "the paper's recipe" + "".join(f", {k}={v}" for k, v in e.design.options.items())
-        return (f"{len(t)} comparisons with softmax at {recipe}: {len(won)} significant gains after Holm"
-                + (" (" + ", ".join(f"{r.method} on {r.dataset}" for r in won.itertuples()) + ")" if len(won) else ""))
+        def listed(sig, what):
+            return f"{len(sig)} significant {what}" + (" (" + ", ".join(f"{r.method} on {r.dataset}" for r in sig.itertuples()) + ")" if len(sig) else "")
+        return (f"{len(t)} comparison{'s' * (len(t) != 1)} with softmax at {recipe}, after Holm: "
+                f"{listed(t[(t.p_holm < 0.05) & (t.mean_delta > 0)], 'gains')}; {listed(t[(t.p_holm < 0.05) & (t.mean_delta < 0)], 'losses')}")
     if k == "versus_baseline": return "runs in progress: the comparison is written when its grid finishes (rerun its command to resume)"
     if k == "fair_verdict" and (v := Path(root) / e.folder / "fair_verdict.csv").exists() and len(t := pd.read_csv(v).query("baseline == @BASELINE")):
         return (f"{len(t)} tuned comparison{'s' * (len(t) != 1)} with tuned softmax ({', '.join(t.dataset)}): {_count(t.verdict)}"

@@ -4,10 +4,10 @@
 
 # %% auto 0
 __all__ = ['LEADERBOARD_COLS', 'STEP_COSTS', 'STEP_COST_COLUMNS', 'SAME_READING', 'HOLM_NOTE', 'LEADERBOARD_MARKERS',
-           'same_recipe', 'leaderboard_rows', 'density_and_cost', 'keep_step_costs', 'step_costs', 'leaderboard_table',
-           'judged', 'searched', 'verdict_changes', 'beats_after_holm', 'leaderboard_findings', 'leaderboard_short',
-           'encoder_setup', 'leaderboard_parts', 'write_leaderboard', 'gain_curves', 'gain_curve_figure', 'definition',
-           'normalizer_card']
+           'same_recipe', 'leaderboard_rows', 'density_and_cost', 'keep_step_costs', 'step_costs', 'halving_searched',
+           'leaderboard_table', 'changed_word', 'judged', 'searched', 'verdict_changes', 'beats_after_holm',
+           'leaderboard_findings', 'leaderboard_short', 'verdict_words', 'encoder_setup', 'leaderboard_parts',
+           'write_leaderboard', 'gain_curves', 'gain_curve_figure', 'definition', 'card_gain_tables', 'normalizer_card']
 
 # %% ../nbs/05d_leaderboard.ipynb
 import os
@@ -28,7 +28,7 @@ def same_recipe(folder, main_folder, study="study_a") -> bool:
     a, b = read(folder), read(main_folder)
     return all(a[k] == b[k] for k in a.keys() & b.keys())
 
-LEADERBOARD_COLS = ["normalizer", "dataset", "reading", "gain", "ci_low", "ci_high", "p_holm", "verdict", "n", "source"]
+LEADERBOARD_COLS = ["normalizer", "dataset", "reading", "gain", "ci_low", "ci_high", "p_holm", "verdict", "n", "margin", "p_tost", "source"]
 
 def _word(gain, p_holm, alpha=0.05) -> str:
     "The verdict word of a paired comparison; `untested` where no test ran (one seed: no p-value)."
@@ -41,8 +41,9 @@ def _provisional(t):
     return t.assign(verdict=[v if c else f"{v}, provisional ({int(n)} seeds)" for v, c, n in zip(t.verdict, done, t.n)])
 
 def _rows(t, reading, source, method="method", gain="mean_delta", verdict=None):
+    nan = pd.Series(np.nan, index=t.index)                               # a table without an equivalence test
     return pd.DataFrame(dict(normalizer=t[method], dataset=t.dataset, reading=reading, gain=t[gain], ci_low=t.ci_low, ci_high=t.ci_high,
-                             p_holm=t.p_holm, n=t.n, source=source,
+                             p_holm=t.p_holm, n=t.n, margin=t.get("margin", nan), p_tost=t.get("p_tost", nan), source=source,
                              verdict=t[verdict] if verdict else [_word(g, p) for g, p in zip(t[gain], t.p_holm)]))
 
 def leaderboard_rows(outputs, main="paper", baseline=BASELINE) -> pd.DataFrame:
@@ -113,6 +114,13 @@ def step_costs(outputs) -> pd.DataFrame:
     return t.pivot_table(index="normalizer", columns="T", values="ratio_to_softmax").reset_index()
 
 # %% ../nbs/05d_leaderboard.ipynb
+def halving_searched(outputs, name=None) -> list:
+    "The normalizers (or only `name`) whose fair verdict under `outputs` comes from a search by successive halving."
+    from sparse_attention_repro.tuning import search_rule
+    found = [(f.parent, pd.read_csv(f, usecols=["method"]).method.unique()) for f in sorted(Path(outputs).glob("**/fair_verdict.csv"))]
+    return [m for folder, ms in found if search_rule(folder) is not None for m in ms if name is None or m == name]
+
+# %% ../nbs/05d_leaderboard.ipynb
 def _cell(r) -> str:
     ci = f"({100 * r.ci_low:+.1f}, {100 * r.ci_high:+.1f})" if pd.notna(r.ci_low) and pd.notna(r.ci_high) else "(no CI)"
     return f"{100 * r.gain:+.1f} {ci} {r.verdict}"
@@ -131,10 +139,15 @@ def leaderboard_table(rows, extra=None, steps=None) -> pd.DataFrame:
     enc = rows[rows.reading == "pretrained encoder"].drop_duplicates("normalizer").set_index("normalizer")
     out["encoder (SST-2 test)"] = [(_cell(enc.loc[n]) if n in enc.index else "") for n in out.index]
     if extra is not None and len(extra):
-        e = extra.groupby("normalizer")[["density", "cost_vs_softmax"]].agg(lambda v: v.mean() if v.name == "density" else v.median())
-        out["density (mean)"] = [f"{e.density.get(n, np.nan):.2f}" if n in e.index else "" for n in out.index]
-        out["training time vs softmax"] = [f"{e.cost_vs_softmax.get(n):.2f}×" if n in e.index and np.isfinite(e.cost_vs_softmax.get(n))
-                                           else "" for n in out.index]
+        learn = [d for d in order if d in set(rows[rows.reading == "tuned"].dataset)] or order   # the datasets searched, else all
+        dens = {n: g for n, g in extra[extra.dataset.isin(learn)].dropna(subset=["density"]).groupby("normalizer")}
+        def density(n):                                  # a mean over other datasets than the board's is named as such
+            if n not in dens: return ""
+            ran = [d for d in learn if d in set(dens[n].dataset)]
+            return f"{dens[n].density.mean():.2f}" + ("" if ran == learn else f" ({', '.join(ran)})")
+        out["density (mean)"] = [density(n) for n in out.index]
+        cost = extra.groupby("normalizer").cost_vs_softmax.median()
+        out["training time vs softmax"] = [f"{cost[n]:.2f}×" if n in cost.index and np.isfinite(cost[n]) else "" for n in out.index]
     if steps is not None and len(steps):
         st = steps.set_index("normalizer")
         out["step cost vs softmax (T=17 / 97)"] = [" / ".join(f"{st.loc[n, c]:.2f}×" for c in ("T=17", "T=97") if c in st.columns)
@@ -147,6 +160,12 @@ SAME_READING = {"better": {"persists"}, "worse": {"reversed"}, "n.s.": {"gone", 
 def _word_of(verdict) -> str:
     "The verdict word without its notes (`undecided, provisional (4 seeds)` → `undecided`)."
     return str(verdict).split(",")[0].strip()
+
+def changed_word(paper, tuned) -> str:
+    """The tuned word as a change reads it: *persists* and *reversed* name what happened to a significant paper-recipe
+    result, so after an *n.s.* (or the opposite result) they read *better* and *worse*, as significant after Holm."""
+    w = _word_of(tuned)
+    return {"persists": "better", "reversed": "worse"}.get(w, w) if w not in SAME_READING.get(_word_of(paper), ()) else w
 
 def judged(rows, reading="tuned") -> pd.DataFrame:
     "The rows of `reading` whose verdict is complete: not provisional (a missing verdict counts as not judged)."
@@ -215,7 +234,7 @@ def leaderboard_findings(rows, vs_entmax=None, names=None) -> list:
     ch = verdict_changes(rows); moved = ch[ch.changed]
     lines.append(f"- **The reading changes from the paper's recipe to the tuned one** for {len(moved)} of the {len(ch)} (normalizer, "
                  "dataset) pairs read both ways" + (": " + "; ".join(f"`{r.normalizer}` on {r.dataset} ({r.verdict_paper} {100 * r.gain_paper:+.1f} pt "
-                 f"→ {_word_of(r.verdict_tuned)} {100 * r.gain_tuned:+.1f} pt)" for r in moved.itertuples()) if len(moved) else "") + ".")
+                 f"→ {changed_word(r.verdict_paper, r.verdict_tuned)} {100 * r.gain_tuned:+.1f} pt)" for r in moved.itertuples()) if len(moved) else "") + ".")
     return lines
 
 # %% ../nbs/05d_leaderboard.ipynb
@@ -234,6 +253,22 @@ def leaderboard_short(rows, vs_entmax=None, names=None, link="outputs/leaderboar
                                f"on all {len(learnable)} datasets searched, {sum(n in enc for n in names)} with a pretrained-encoder "
                                f"verdict. The whole table, the paper-recipe column, what changes between the two recipes and what is "
                                f"not judged yet: [{Path(link).name}]({link})."])
+
+# %% ../nbs/05d_leaderboard.ipynb
+def verdict_words(rows) -> str:
+    "The legend of the verdict words the rows use, with the equivalence margins, and the notes only where a cell carries them."
+    from sparse_attention_repro.tuning import TUNED_MARGIN
+    enc = rows[rows.reading == "pretrained encoder"].margin.dropna()
+    out = ("Verdict words. Paper recipe and encoder: **better** / **worse** — significant after Holm in the normalizer's family; "
+           "**n.s.** — neither (no equivalence reading" + (f"; the encoder's TOST p at ±{100 * enc.iloc[0]:g} pt is in `leaderboard.csv`"
+                                                          if len(enc) else "") + "). Tuned: **persists** / **reversed** — a gain above / "
+           f"below zero with Holm p < 0.05; **gone** — equivalent to zero within ±{100 * TUNED_MARGIN:g} pt (TOST p < 0.05, in "
+           "`leaderboard.csv`); **undecided** — neither.")
+    v = rows.verdict.astype(str)
+    if v.str.contains("first round").any():
+        out += " *First round*: the earlier, smaller grid (three methods, two or three rates), read where the protocol's grid has not run yet."
+    if v.str.contains("provisional").any(): out += " *Provisional*: not every seed has run at the chosen recipes (the tuned column) or fewer seeds than the column's most (the encoder)."
+    return out
 
 # %% ../nbs/05d_leaderboard.ipynb
 def encoder_setup(results) -> str:
@@ -256,6 +291,7 @@ def write_leaderboard(outputs, main="paper", readme=None) -> dict:
     import matplotlib; matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from sparse_attention_repro.files import atomic_write
+    from sparse_attention_repro.tuning import halving_note
     outputs = Path(outputs); rows, vs_entmax, table = leaderboard_parts(outputs, main)
     findings = leaderboard_findings(rows, vs_entmax, names=table.normalizer)
     write_readme = None
@@ -264,16 +300,16 @@ def write_leaderboard(outputs, main="paper", readme=None) -> dict:
         link = Path(os.path.relpath(outputs / "leaderboard.md", Path(readme).parent)).as_posix()
         write_readme = prepare_block(readme, leaderboard_short(rows, vs_entmax, table.normalizer, link), LEADERBOARD_MARKERS, name="leaderboard")
     atomic_write(outputs / "leaderboard.csv", lambda tmp: rows.to_csv(tmp, index=False))
-    first = (" *first round*: the earlier, smaller grid (three methods, two or three rates), read where the protocol's grid has not run yet;"
-             if rows.verdict.str.contains("first round").any() else "")
     md = ["# Leaderboard", "", "Gain in accuracy over softmax (points; 95% CI over seeds; verdict after Holm in the normalizer's family), "
           "per dataset under the paper's recipe (AdamW 10⁻³, 6–8 epochs) and at a tuned recipe (each arm at its own learning rate and "
-          f"length, chosen on validation; the protocol's words;{first} *provisional*: not every seed has run at the chosen recipes), "
-          f"and in the pretrained encoder (over dense, SST-2 test{encoder_setup(outputs / main)}). Generated by "
-          "`sparse-repro leaderboard` from the committed tables (sources in `leaderboard.csv`); an empty cell has not been run. "
-          "Training time: `train_seconds` over softmax's in the same lock-step notebook (the seven only). Step cost: the "
+          f"length, chosen on validation), and in the pretrained encoder (over dense, SST-2 test{encoder_setup(outputs / main)}). "
+          "Generated by `sparse-repro leaderboard` from the committed tables (sources in `leaderboard.csv`); an empty cell has not been "
+          "run. Density: the mean share of non-zero attention weights over a normalizer's paper-recipe runs, averaged over the "
+          "datasets searched at a tuned recipe (where it ran on fewer, they are named). Training time: `train_seconds` over softmax's "
+          "in the same lock-step notebook, the median over datasets of each dataset's median over seeds (the seven only). Step cost: the "
           "normalizer's forward + backward over softmax's, measured side by side in one process on one thread by `sparse-repro "
-          "card` (`cards/step_costs.csv`), at CIFAR-10's and the text datasets' sequence lengths.", "",
+          "card` (`cards/step_costs.csv`), at CIFAR-10's and the text datasets' sequence lengths.", "", verdict_words(rows), "",
+          *([halving_note("The " + ", ".join(f"`{n}`" for n in hv) + " fair verdicts' own"), ""] if (hv := halving_searched(outputs)) else []),
           "## What it says", "", *findings, "", "## The table", "", table.to_markdown(index=False, disable_numparse=True), ""]
     atomic_write(outputs / "leaderboard.md", lambda tmp: Path(tmp).write_text("\n".join(md), encoding="utf-8"))
     dsets = [d for d in DATASETS if d in set(rows.dataset)] + (["sst2_encoder"] if (rows.dataset == "sst2_encoder").any() else [])
@@ -346,30 +382,44 @@ def definition(spec) -> str:
     return f"From `{spec.source}`:\n\n" + "\n".join("> " + l if l else ">" for l in doc.splitlines()) if doc else \
         f"`{spec.source}` has no module docstring: write the formula and its choices there, and the card shows them."
 
+def _tost(p, margin) -> str:
+    return f"{p:.2g} (±{100 * margin:g} pt)" if pd.notna(p) and pd.notna(margin) else "—"
+
+def card_gain_tables(outputs, name, main="paper") -> list:
+    """The card's two tables, as markdown lines: `name`'s leaderboard rows against softmax and against entmax-1.5, with the
+    TOST p at the comparison's margin where its table runs one (the tuned protocol's ±1 pt, the encoder's ±0.5 pt)."""
+    from sparse_attention_repro.study import PAPER_METHODS
+    fmt = lambda t: pd.DataFrame({"dataset": t.dataset, "reading": t.reading, "gain (pt)": (100 * t.gain).map("{:+.2f}".format),
+                                  "95% CI (pt)": [f"{100 * a:+.2f} to {100 * b:+.2f}" for a, b in zip(t.ci_low, t.ci_high)],
+                                  "Holm p": t.p_holm.map("{:.3g}".format), "TOST p (margin)": [_tost(p, m) for p, m in zip(t.p_tost, t.margin)],
+                                  "verdict": t.verdict, "seeds": t.n.astype(int), "from": t.source}).to_markdown(index=False, disable_numparse=True)
+    rows = leaderboard_rows(outputs, main).pipe(lambda t: t[t.normalizer == name])
+    lines = ["## Against softmax", "", fmt(rows) if len(rows) else "No committed comparison yet.", ""]
+    if name == "entmax15": return lines
+    vs_ent = leaderboard_rows(outputs, main, baseline="entmax15").pipe(lambda t: t[t.normalizer == name])
+    absent = ("Not in its Holm families: the paper's tests compare each of its methods with softmax (and the adaptive entmax with "
+              "entmax-1.5); a normalizer judged beside the seven is compared with each of them." if name in PAPER_METHODS
+              else "No committed comparison yet.")
+    return lines + ["## Against entmax-1.5", "", fmt(vs_ent) if len(vs_ent) else absent, ""]
+
 def normalizer_card(outputs, name, main="paper", cost_repeats=30) -> Path:
     "Write `<outputs>/cards/<name>.md`: the normalizer's gains, recipes, density and cost measured here; returns its path."
     from sparse_attention_repro.bench import bench_normalizers
     from sparse_attention_repro.files import atomic_write
     from sparse_attention_repro.normalizers import resolve_normalizer
-    from sparse_attention_repro.study import PAPER_METHODS
-    outputs = Path(outputs); spec = resolve_normalizer(name); name = spec.name      # `module:name` reads as its registered name
-    rows = leaderboard_rows(outputs, main).pipe(lambda t: t[t.normalizer == name])
-    vs_ent = leaderboard_rows(outputs, main, baseline="entmax15").pipe(lambda t: t[t.normalizer == name])
-    fmt = lambda t: pd.DataFrame({"dataset": t.dataset, "reading": t.reading, "gain (pt)": (100 * t.gain).map("{:+.2f}".format),
-                                  "95% CI (pt)": [f"{100 * a:+.2f} to {100 * b:+.2f}" for a, b in zip(t.ci_low, t.ci_high)],
-                                  "Holm p": t.p_holm.map("{:.3g}".format), "verdict": t.verdict, "seeds": t.n.astype(int), "from": t.source})
+    outputs = Path(outputs); spec = resolve_normalizer(name); ref, name = str(name), spec.name   # `module:name` reads as its registered name
     lines = [f"# `{name}`", "", f"Registered as `{spec.name}`; sums to one: {spec.sums_to_one}; learned parameters: "
-             f"{', '.join(spec.learned) or 'none'}. Generated by `sparse-repro card {name}` from the committed tables.", ""]
-    md = lambda t: t.to_markdown(index=False, disable_numparse=True)
+             f"{', '.join(spec.learned) or 'none'}. Generated by `sparse-repro card {ref}` from the committed tables.", ""]
     lines += ["## Definition, reference and choices", "", definition(spec), ""]
-    lines += ["## Against softmax", "", md(fmt(rows)) if len(rows) else "No committed comparison yet.", ""]
-    if name != "entmax15":
-        lines += ["## Against entmax-1.5", "", md(fmt(vs_ent)) if len(vs_ent) else "No committed comparison yet.", ""]
+    lines += card_gain_tables(outputs, name, main)
     recipes = [pd.read_csv(f).pipe(lambda t: t[t.method == name]) for f in [outputs / main / "tables" / "tuned_recipes.csv",
                                                                 *sorted(outputs.glob("**/fair_recipes.csv"))] if f.exists()]
     recipes = (pd.concat(recipes, ignore_index=True).drop_duplicates(["dataset", "method"])   # each fair search repeats the seven's
                .dropna(axis=1, how="all") if recipes else pd.DataFrame())
     lines += ["## Chosen recipes (on validation)", "", recipes.to_markdown(index=False) if len(recipes) else "Not searched yet.", ""]
+    if halving_searched(outputs, name):
+        from sparse_attention_repro.tuning import halving_note
+        lines += [halving_note(), ""]
     if len(recipes) and len(gc := gain_curves(outputs, name, main)):    # once the search has chosen a recipe
         gain_curve_figure(gc, outputs / "cards" / f"{name}.png")
         lines += ["## Gain against training length", "", "At each length the normalizer and softmax each take their best learning rate for "

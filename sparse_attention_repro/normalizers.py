@@ -441,7 +441,7 @@ def register_normalizer_family(prefix: str, make):
 
 # %% ../nbs/00_normalizers.ipynb
 class NormalizerConformanceError(ValueError):
-    "A normalizer that fails the conformance suite: one line per failed property."
+    "A normalizer that fails the conformance suite: one line naming every failed property."
 
 def _spec_of(obj, ref):
     "The spec behind an imported object: a `NormalizerSpec`, or a function or class decorated by `register_normalizer`."
@@ -482,7 +482,7 @@ def resolve_normalizer(ref) -> NormalizerSpec:
     spec = ref if isinstance(ref, NormalizerSpec) else _lookup(str(ref))
     if spec.name not in _CONFORMING and not _library_tested(spec):
         if failures := check_normalizer(spec):
-            raise NormalizerConformanceError(f"normalizer {spec.name!r} fails the conformance suite:\n" + "\n".join(f"  {f}" for f in failures))
+            raise NormalizerConformanceError(f"normalizer {spec.name!r} fails the conformance suite: " + "; ".join(failures))
         _CONFORMING.add(spec.name)
     return spec
 

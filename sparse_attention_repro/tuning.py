@@ -8,12 +8,12 @@ __all__ = ['TUNED_SEARCH', 'SELECTION_SEEDS', 'TUNED_SEEDS', 'TUNED_VAL_FRACTION
            'MAX_SEEDS', 'HEADLINE', 'BUDGET_COLS', 'MATCHED_COLS', 'FIRST_ROUND', 'SOURCES', 'VERDICT_LEGEND',
            'PAPER_FAMILIES', 'README_MARKERS', 'RecipeSearch', 'next_lr', 'tuned_folder', 'tuned_runs', 'diverged',
            'tuned_curves', 'halving_length', 'halving_kept', 'choose_lr', 'arm_length', 'needs_longer',
-           'choose_recipes', 'CheaperSearch', 'search_rule', 'record_search_rule', 'cheaper_search_check', 'tuned_plan',
-           'projected_cost', 'tuned_comparison', 'tuned_tests', 'tost_power', 'seeds_for_tost_power', 'power_plan',
-           'identical_to_main', 'recipe_budget', 'epoch_cost_ratios', 'budget_choice', 'budget_gains',
-           'compute_matched', 'fair_recipe_readings', 'tuned_verdicts', 'val_test_agreement', 'agreement_note',
-           'time_to_reach', 'readable_tuned', 'answer_lines', 'search_for', 'fair_verdict', 'write_fair_verdict',
-           'answer_markdown', 'sync_readme']
+           'choose_recipes', 'CheaperSearch', 'search_rule', 'halving_note', 'record_search_rule',
+           'cheaper_search_check', 'tuned_plan', 'projected_cost', 'tuned_comparison', 'tuned_tests', 'tost_power',
+           'seeds_for_tost_power', 'power_plan', 'identical_to_main', 'recipe_budget', 'epoch_cost_ratios',
+           'budget_choice', 'budget_gains', 'compute_matched', 'fair_recipe_readings', 'tuned_verdicts',
+           'val_test_agreement', 'agreement_note', 'time_to_reach', 'readable_tuned', 'answer_lines', 'search_for',
+           'fair_verdict', 'write_fair_verdict', 'answer_markdown', 'sync_readme']
 
 # %% ../nbs/05b_tuning.ipynb
 import json, math
@@ -209,6 +209,12 @@ def search_rule(results_dir):
     import json
     f = Path(results_dir, "tuned", "search.json")
     return HALVING if f.is_file() and json.loads(f.read_text()).get("selection") == "halving" else None
+
+def halving_note(whose="Its") -> str:
+    "The sentence that goes beside every verdict whose search chose its rates by successive halving."
+    return (f"{whose} learning rates were chosen by successive halving (`tuned --halving`: every declared rate for a third of the "
+            "length on the selection seeds, the best two continued to the end), the cheaper selection the protocol declared before any "
+            "use, after replaying it on the seven's full grids; the seven baselines' were chosen by the full selection stage.")
 
 def record_search_rule(results_dir, rule):
     "Write the folder's selection rule (`tuned/search.json`) before its first grid runs: its later reading must know it."
@@ -819,6 +825,7 @@ def write_fair_verdict(new_dir, base_dir, method, baselines=PAPER_METHODS, searc
                                                                     + ("" if done else ", provisional") + ")"
                                                                     for r, done in zip(vs.itertuples(), _flag(vs.complete))) + ".", ""]
     if missing: lines += [f"**Not judged yet** (no baseline grid there): {', '.join(missing)}.", ""]
+    if search_rule(new_dir) is not None: lines += [halving_note(f"`{method}`'s"), ""]
     if len(tests): lines += [readable_tuned(tests).to_markdown(index=False, disable_numparse=True), "",
                              "*Gain, paper's recipe*: both arms read from their tuned grids at 10⁻³ and the paper's epochs, on the seeds "
                              "run there (the selection seeds, and the rest where 10⁻³ was chosen); the 10-seed paper-recipe comparison, "

@@ -52,7 +52,11 @@ def test_nonconforming_normalizer_is_refused(tmp_path, monkeypatch, data_root):
     for k, v in _outside_module(tmp_path).items(): monkeypatch.setenv(k, v)
     res = cli("grid", "--profile", "smoke", "--out", tmp_path / "x", "--methods", "my_norms:leaky_mask", "--datasets", "synthetic_marker")
     assert res.returncode == 2 and "fails the conformance suite" in res.stderr and "key mask:" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr                # refused in one line
     assert not (tmp_path / "x").exists()
+    card = cli("card", "my_norms:leaky_mask", "--outputs", tmp_path / "o", "--repeats", "1")
+    assert card.returncode == 2 and len(card.stderr.strip().splitlines()) == 1 and "key mask:" in card.stderr, card.stderr
+    assert not (tmp_path / "o").exists()
 
 def test_baseline_made_with_other_options_is_refused(baseline, tmp_path, capsys):
     "In process through `cli.main` (the code behind the script): status 2, one line, nothing written."

@@ -152,3 +152,13 @@ def test_card_command(tmp_path):
     assert "ratio_to_softmax" in card and "96x4x97x97" in card
     res = cli("card", "softpickk", "--outputs", tmp_path)
     assert res.returncode == 2 and "unknown normalizer 'softpickk'" in res.stderr, res.stderr
+
+def test_committed_cards_are_the_committed_tables():
+    "Each committed card's gain tables are what the committed tables give now (a new run or verdict means `sparse-repro card NAME`)."
+    from conftest import ROOT
+    from sparse_attention_repro.leaderboard import card_gain_tables
+    cards = sorted((ROOT / "outputs" / "cards").glob("*.md"))
+    assert len(cards) >= 14
+    for card in cards:
+        tables = "\n".join(card_gain_tables(ROOT / "outputs", card.stem))
+        assert tables in card.read_text(encoding="utf-8"), f"{card.name} is stale: run `sparse-repro card {card.stem}`"
