@@ -7,6 +7,8 @@ A key whose score is below 0 gets exactly zero, and a row can give less than one
 stably by multiplying through by e^{-m}, m = max(0, max_j x_j), which leaves the ratio unchanged (eps becomes eps e^{-m}).
 Masked keys are left out of both sums and get zero. One `autograd.Function` computes it, with the gradient written out
 (`SoftpickFunction`; autograd through the dozen elementwise steps kept each step's tensor and took several times as long).
+The same weights and gradients up to rounding; its CIFAR-10 fair search ran on that earlier autograd form, its other
+fair searches on this one.
 
 Against the authors' reference code: it shifts by the row max and adds eps = 1e-8 after the shift, so its denominator
 is sum_j |e^{x_j} - 1| + 1e-8 e^{max_j x_j}; ours is sum_j |e^{x_j} - 1| + EPS, the formula above with EPS = 1e-6. For

@@ -18,7 +18,9 @@ Rows sum to 1 - prod_k (1 - beta_ik) < 1 (the rest of the stick is attention to 
   from one exp and one log: with l = log(1 + e^-|s|), they are min(s, 0) - l and -max(s, 0) - l (no cancellation; log
   rather than log1p, which is several times slower here, costs at most one rounding of 1 + e^-|s|, an absolute error
   below 1.2e-7 in float32). One `autograd.Function` computes the weights, with the gradient written out
-  (`StickBreakingFunction`; autograd through the gathers and the cumulative sum took several times as long).
+  (`StickBreakingFunction`; autograd through the gathers and the cumulative sum took several times as long). The
+  same weights and gradients up to rounding; its CIFAR-10 fair search ran on that earlier autograd form, its other
+  fair searches on this one.
 - masked keys get exactly 0 and do not consume the stick (they are left out of the product); a row with no valid key
   gives zeros. Half-precision scores are computed in float32 (a cumulative sum of logs).
 """
