@@ -31,18 +31,20 @@ def smoke_results(tmp_path_factory, data_root):
     return out
 
 
-def kill_at_random_moments(args, out, kills=5, seed=0, max_wait=12.0):
-    """Start `sparse-repro ARGS` and SIGKILL its whole process group (as Ctrl-C / a dying node would) at `kills` random
-    moments, restarting it each time; then let it finish. Returns the final CompletedProcess and the kill times."""
+def kill_at_random_moments(args, out, kills=5, seed=0, max_wait=12.0, program=("sparse-repro",)):
+    """Start `PROGRAM ARGS` (the command line by default) and SIGKILL its whole process group (as Ctrl-C / a dying node
+    would) at `kills` random moments, restarting it each time; then let it finish. Returns the final CompletedProcess and
+    the kill times."""
     import random, signal
     rng = random.Random(seed)
     waits = []
     for _ in range(kills):
-        proc = subprocess.Popen(["sparse-repro", *map(str, args)], cwd=ROOT, start_new_session=True,
+        proc = subprocess.Popen([*program, *map(str, args)], cwd=ROOT, start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait = rng.uniform(1.0, max_wait)
         try: proc.wait(timeout=wait)
         except subprocess.TimeoutExpired: os.killpg(proc.pid, signal.SIGKILL); proc.wait()
         waits.append(round(wait, 1))
         assert not list(Path(out).rglob("*.tmp")), "a temporary file survived a kill"
-    return cli(*args), waits
+    if tuple(program) == ("sparse-repro",): return cli(*args), waits
+    return subprocess.run([*program, *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=900), waits

@@ -1,6 +1,6 @@
 """Study A grid through the real command line: smoke grid end to end, resume after SIGKILL, bad arguments, repeatability."""
 from pathlib import Path
-import json
+import json, subprocess
 import numpy as np
 import pandas as pd
 import pytest
@@ -196,3 +196,32 @@ def test_tuned_halving_runs_short_then_continues_the_best_two(tmp_path, data_roo
     (tmp_path / "full" / "tuned" / done.name).mkdir(parents=True)
     shutil.copy(done / "runs.csv", tmp_path / "full" / "tuned" / done.name / "runs.csv")
     assert main(["tuned", "--out", str(tmp_path / "full"), "--profile", "smoke", "--halving", "--dry-run"]) == 2
+
+SMALL_SEARCH = '''
+import sys
+from sparse_attention_repro import tuning as T
+from sparse_attention_repro.cli import main
+if __name__ == "__main__":                 # dask's worker processes import this file again: they must not run the search
+    T.TUNED_SEARCH = {"fashion_mnist": T.RecipeSearch(lrs=(1e-3, 3e-3), epochs=2, methods=("softmax",))}   # a small declared search
+    sys.exit(main(sys.argv[1:]))
+'''
+
+@pytest.mark.slow
+def test_tuned_search_killed_on_dask_resumes_to_the_uninterrupted_search(tmp_path, data_root):
+    """`sparse-repro tuned` behaves like the grid: on the dask executor, SIGKILLed at three random moments and restarted,
+    its select stage ends with the runs of an uninterrupted search on the local executor, each once."""
+    import sys
+    from conftest import kill_at_random_moments
+    from sparse_attention_repro import tuning as T
+    (script := tmp_path / "small_search.py").write_text(SMALL_SEARCH)
+    args = ["tuned", "--profile", "smoke", "--jobs", "2"]
+    res, waits = kill_at_random_moments(args + ["--out", tmp_path / "killed", "--executor", "dask"], tmp_path / "killed", kills=3,
+                                        max_wait=25.0, program=(sys.executable, script))
+    assert res.returncode == 0, res.stderr[-2000:]
+    ref = subprocess.run([sys.executable, script, *args, "--out", tmp_path / "clean"], capture_output=True, text=True, timeout=900)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    keys, cols = ["dataset", "method", "seed", "lr", "epochs"], ["accuracy", "val_accuracy", "status"]
+    killed, clean = (T.tuned_runs(tmp_path / f).sort_values(keys).reset_index(drop=True) for f in ("killed", "clean"))
+    assert len(clean) >= 6 and not killed.duplicated(keys).any() and (killed.status == "ok").all()   # 2 rates x 3 seeds, and any extension
+    pd.testing.assert_frame_equal(killed[keys + cols], clean[keys + cols])
+    print("tuned killed after", waits, "seconds")
