@@ -150,7 +150,7 @@ CATALOGUE = {e.name: e for e in [
                Analysis("versus_baseline", family="each new method's own"), root="literature"),
     Experiment("literature_later", "Do four later normalizers of the example package (ReLU attention, softmax with a sink, stick-breaking, "
                "normmax) beat the seven paper methods under the paper's recipe, trained in the same folder as the first three?", ".",
-               Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker", "kmnist"),
+               Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "kmnist"),
                       methods=("relu_attention", "softmax_sink", "stick_breaking", "normmax")),
                Analysis("versus_baseline", family="each new method's own"), root="literature"),
     Experiment("learned_temperature", "Is Scalable-Softmax's 20 Newsgroups gain length scaling? At a fixed length s·log n is a learned "
