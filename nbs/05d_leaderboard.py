@@ -122,14 +122,21 @@ def density_and_cost(outputs, main="paper") -> pd.DataFrame:
     return pd.concat([dens, cost], axis=1).reset_index().rename(columns={"method": "normalizer"})
 
 STEP_COSTS = "cards/step_costs.csv"
-STEP_COST_COLUMNS = ["normalizer", "shape", "ms", "ratio_to_softmax", "ratio_q25", "ratio_q75", "repeats", "threads", "load_1min", "cpus"]
+STEP_COST_COLUMNS = ["normalizer", "shape", "ms", "ratio_to_softmax", "ratio_q25", "ratio_q75", "repeats", "threads", "load_1min", "cpus", "cpu"]
+
+def cpu_name() -> str:
+    "The processor a cost was measured on, with torch's vector capability: a ratio measured on one CPU can differ on another."
+    import platform
+    try: name = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
+    except OSError: name = ""
+    return f"{name or platform.processor() or platform.machine()}, {torch.backends.cpu.get_cpu_capability()}"
 
 def keep_step_costs(outputs, name, cost, repeats):
     "Replace `name`'s rows in `<outputs>/cards/step_costs.csv` by this measurement (`bench_normalizers` rows of the kernels path)."
     from sparse_attention_repro.files import atomic_write
     f = Path(outputs) / STEP_COSTS
     load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else float("nan")   # a busy machine inflates long calls most
-    new = cost.assign(normalizer=name, repeats=repeats, threads=1, load_1min=load, cpus=os.cpu_count())
+    new = cost.assign(normalizer=name, repeats=repeats, threads=1, load_1min=load, cpus=os.cpu_count(), cpu=cpu_name())
     old = pd.read_csv(f) if f.exists() else new.iloc[:0]
     both = (pd.concat([old[old.normalizer != name], new], ignore_index=True)
             .reindex(columns=STEP_COST_COLUMNS).sort_values(["normalizer", "shape"]))   # an older file's columns in today's order
@@ -485,7 +492,7 @@ def write_leaderboard(outputs, main="paper", readme=None) -> dict:
           "datasets searched at a tuned recipe (where it ran on fewer, they are named). Training time: `train_seconds` over softmax's "
           "in the same lock-step notebook, the median over datasets of each dataset's median over seeds (the seven only). Step cost: the "
           "normalizer's forward + backward over softmax's, measured side by side in one process on one thread by `sparse-repro "
-          "card` (`cards/step_costs.csv`), at CIFAR-10's and the text datasets' sequence lengths.", "", verdict_words(rows), "",
+          "card` (`cards/step_costs.csv`, with the CPU of each row), at CIFAR-10's and the text datasets' sequence lengths.", "", verdict_words(rows), "",
           *([halving_note("The " + ", ".join(f"`{n}`" for n in hv) + " fair verdicts' own"), ""] if (hv := halving_searched(outputs)) else []),
           "## What it says", "", *findings, "", "## The table", "", table.to_markdown(index=False, disable_numparse=True), ""]
     atomic_write(outputs / "leaderboard.md", lambda tmp: Path(tmp).write_text("\n".join(md), encoding="utf-8"))
@@ -682,8 +689,9 @@ def normalizer_card(outputs, name, main="paper", cost_repeats=30) -> Path:
     lines += ["## Cost, measured side by side with softmax in one process", "",
               f"Forward + backward of the normalizer alone, one thread, over softmax's in the same round: the median of {cost_repeats} "
               "interleaved rounds' ratios, with their quartiles; a wide range means the rounds disagreed, so read that ratio as rough. "
-              f"This machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} when measured; a load above the core count "
-              "lengthens the slower normalizers' calls most, so read such ratios as upper bounds.", "",
+              f"This machine: {os.cpu_count()} cores ({cpu_name()}), load average {os.getloadavg()[0]:.1f} when measured; a load above the "
+              "core count lengthens the slower normalizers' calls most, so read such ratios as upper bounds; on another CPU the ratios "
+              "can differ (`cards/step_costs.csv` records the CPU of each row).", "",
               cost[["shape", "ms", "ratio_to_softmax", "ratio_q25", "ratio_q75"]].round(3).to_markdown(index=False), ""]
     out = outputs / "cards" / f"{name}.md"; out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, lambda tmp: Path(tmp).write_text("\n".join(lines), encoding="utf-8"))
@@ -710,6 +718,7 @@ _sc = step_costs(_o).set_index("normalizer")
 test_eq(list(_sc.index), ["sparsemax"]); assert _sc.loc["sparsemax", "T=17"] > 0 and _sc.loc["sparsemax", "T=97"] > 0
 _kept = pd.read_csv(_o / STEP_COSTS)                                    # each measurement keeps the machine's load beside it
 test_eq(_kept.cpus.unique().tolist(), [os.cpu_count()]); assert (_kept.load_1min >= 0).all() and "load average" in _card
+test_eq(_kept.cpu.unique().tolist(), [cpu_name()]); assert cpu_name().endswith(torch.backends.cpu.get_cpu_capability()) and f"({cpu_name()})" in _card
 assert (_kept.ratio_q25 <= _kept.ratio_to_softmax).all() and (_kept.ratio_to_softmax <= _kept.ratio_q75).all() and "ratio_q75" in _card
 
 # %% [markdown]

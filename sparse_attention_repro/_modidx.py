@@ -539,6 +539,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                              'sparse_attention_repro/leaderboard.py'),
                                                     'sparse_attention_repro.leaderboard.changed_word': ( 'leaderboard.html#changed_word',
                                                                                                          'sparse_attention_repro/leaderboard.py'),
+                                                    'sparse_attention_repro.leaderboard.cpu_name': ( 'leaderboard.html#cpu_name',
+                                                                                                     'sparse_attention_repro/leaderboard.py'),
                                                     'sparse_attention_repro.leaderboard.definition': ( 'leaderboard.html#definition',
                                                                                                        'sparse_attention_repro/leaderboard.py'),
                                                     'sparse_attention_repro.leaderboard.density_and_cost': ( 'leaderboard.html#density_and_cost',
