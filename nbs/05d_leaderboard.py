@@ -687,7 +687,8 @@ def normalizer_card(outputs, name, main="paper", cost_repeats=30) -> Path:
     cost = cost[(cost.implementation == "kernels") & (cost.normalizer == name)]
     keep_step_costs(outputs, name, cost, cost_repeats)
     lines += ["## Cost, measured side by side with softmax in one process", "",
-              f"Forward + backward of the normalizer alone, one thread, over softmax's in the same round: the median of {cost_repeats} "
+              f"Forward + backward of the normalizer alone, one thread, over softmax's in the same round, with freed memory kept by the "
+              f"allocator (`bench.keep_freed_memory`: no round pays fresh page faults another process history would not): the median of {cost_repeats} "
               "interleaved rounds' ratios, with their quartiles; a wide range means the rounds disagreed, so read that ratio as rough. "
               f"This machine: {os.cpu_count()} cores ({cpu_name()}), load average {os.getloadavg()[0]:.1f} when measured; a load above the "
               "core count lengthens the slower normalizers' calls most, so read such ratios as upper bounds; on another CPU the ratios "

@@ -49,6 +49,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                               'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.fused_ok': ( 'bench.html#fused_ok',
                                                                                          'sparse_attention_repro/bench.py'),
+                                              'sparse_attention_repro.bench.keep_freed_memory': ( 'bench.html#keep_freed_memory',
+                                                                                                  'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.lever_candidates': ( 'bench.html#lever_candidates',
                                                                                                  'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.lever_label': ( 'bench.html#lever_label',

@@ -4,11 +4,11 @@
 
 # %% auto 0
 __all__ = ['DEFAULT_LEVERS', 'CALIBRATION_STEPS', 'CALIBRATION_REPEATS', 'SPEED_NEUTRAL', 'PATHS', 'original_bisect',
-           'paired_ratios', 'bench_normalizers', 'normalizer_table', 'lever_candidates', 'lever_label',
-           'variant_options', 'measure_levers', 'choose_levers', 'fused_ok', 'calibrate_fast', 'bench_steps',
-           'OriginalNormalizer', 'bench_grid', 'method_ratios', 'project_paper', 'bench_stack', 'bench_profile',
-           'compare_runs', 'compare_gains', 'forward_flops', 'matmul_rate', 'floor_table', 'fair_cost_runs',
-           'fair_cost']
+           'paired_ratios', 'keep_freed_memory', 'bench_normalizers', 'normalizer_table', 'lever_candidates',
+           'lever_label', 'variant_options', 'measure_levers', 'choose_levers', 'fused_ok', 'calibrate_fast',
+           'bench_steps', 'OriginalNormalizer', 'bench_grid', 'method_ratios', 'project_paper', 'bench_stack',
+           'bench_profile', 'compare_runs', 'compare_gains', 'forward_flops', 'matmul_rate', 'floor_table',
+           'fair_cost_runs', 'fair_cost']
 
 # %% ../nbs/08_bench.ipynb
 import hashlib, json, math, statistics, time
@@ -74,10 +74,23 @@ def paired_ratios(times, base_times) -> list:
     "Each round's time over the baseline's time in the same round: a slow spell of a shared machine hits both alike."
     return [t / b for t, b in zip(times, base_times, strict=True)]
 
+def keep_freed_memory() -> bool:
+    """Tell glibc's allocator to serve large buffers from memory it keeps (no `mmap` per buffer, no trimming on free), for
+    the rest of the process; False where the C library is not glibc. Without it, whether each 14 MB temporary of a
+    normalizer at T = 97 costs thousands of fresh page faults depends on the process's allocation history, so the same
+    normalizer measured twice on one idle machine gave 3.3× or 7.8× softmax's step (softpick), 10× or 12.7× (stick-breaking)."""
+    import ctypes, platform
+    if platform.libc_ver()[0] != "glibc": return False
+    libc = ctypes.CDLL("libc.so.6")
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))   # 32 MB: glibc's largest
+
 def bench_normalizers(shapes=((96, 4, 17, 17), (96, 4, 97, 97)), repeats=20, methods=PAPER_METHODS) -> pd.DataFrame:
     """Median forward+backward seconds of each normalizer (kernels, torch path, entmax package) and its ratio to softmax:
     the median over the interleaved rounds of the round's time over softmax's in that round, with the quartiles of those
-    round-by-round ratios (`ratio_q25`, `ratio_q75`)."""
+    round-by-round ratios (`ratio_q25`, `ratio_q75`). Freed memory is kept first (`keep_freed_memory`), so that the
+    ratios measure the arithmetic, not the allocator's history."""
+    keep_freed_memory()
     rows = []
     for shape in shapes:
         torch.manual_seed(0)
