@@ -5,10 +5,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-def cli(*args, timeout=900, env_extra=None, **kw):
-    "Run `sparse-repro ARGS` (with `env_extra` added to the environment) and return the CompletedProcess (text output)."
+def cli(*args, timeout=900, env_extra=None, program=("sparse-repro",), **kw):
+    """Run `PROGRAM ARGS` (the command line by default; with `env_extra` added to the environment) and return the
+    CompletedProcess (text output)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
-    return subprocess.run(["sparse-repro", *map(str, args)], capture_output=True,
+    return subprocess.run([*map(str, program), *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=ROOT, **kw)
 
 @pytest.fixture(scope="session")
@@ -39,12 +40,11 @@ def kill_at_random_moments(args, out, kills=5, seed=0, max_wait=12.0, program=("
     rng = random.Random(seed)
     waits = []
     for _ in range(kills):
-        proc = subprocess.Popen([*program, *map(str, args)], cwd=ROOT, start_new_session=True,
+        proc = subprocess.Popen([*map(str, program), *map(str, args)], cwd=ROOT, start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait = rng.uniform(1.0, max_wait)
         try: proc.wait(timeout=wait)
         except subprocess.TimeoutExpired: os.killpg(proc.pid, signal.SIGKILL); proc.wait()
         waits.append(round(wait, 1))
         assert not list(Path(out).rglob("*.tmp")), "a temporary file survived a kill"
-    if tuple(program) == ("sparse-repro",): return cli(*args), waits
-    return subprocess.run([*program, *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=900), waits
+    return cli(*args, program=program), waits

@@ -1,6 +1,6 @@
 """Study A grid through the real command line: smoke grid end to end, resume after SIGKILL, bad arguments, repeatability."""
 from pathlib import Path
-import json, subprocess
+import json
 import numpy as np
 import pandas as pd
 import pytest
@@ -218,7 +218,7 @@ def test_tuned_search_killed_on_dask_resumes_to_the_uninterrupted_search(tmp_pat
     res, waits = kill_at_random_moments(args + ["--out", tmp_path / "killed", "--executor", "dask"], tmp_path / "killed", kills=3,
                                         max_wait=25.0, program=(sys.executable, script))
     assert res.returncode == 0, res.stderr[-2000:]
-    ref = subprocess.run([sys.executable, script, *args, "--out", tmp_path / "clean"], capture_output=True, text=True, timeout=900)
+    ref = cli(*args, "--out", tmp_path / "clean", program=(sys.executable, script))
     assert ref.returncode == 0, ref.stderr[-2000:]
     keys, cols = ["dataset", "method", "seed", "lr", "epochs"], ["accuracy", "val_accuracy", "status"]
     killed, clean = (T.tuned_runs(tmp_path / f).sort_values(keys).reset_index(drop=True) for f in ("killed", "clean"))

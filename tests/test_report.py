@@ -156,9 +156,10 @@ def test_card_command(tmp_path):
 def test_committed_cards_are_the_committed_tables():
     "Each committed card's gain tables are what the committed tables give now (a new run or verdict means `sparse-repro card NAME`)."
     from conftest import ROOT
-    from sparse_attention_repro.leaderboard import card_gain_tables
+    from sparse_attention_repro.leaderboard import card_gain_tables, leaderboard_rows
     cards = sorted((ROOT / "outputs" / "cards").glob("*.md"))
     assert len(cards) >= 14
+    rows, vs_entmax = leaderboard_rows(ROOT / "outputs"), leaderboard_rows(ROOT / "outputs", baseline="entmax15")
     for card in cards:
-        tables = "\n".join(card_gain_tables(ROOT / "outputs", card.stem))
+        tables = "\n".join(card_gain_tables(rows, vs_entmax, card.stem))
         assert tables in card.read_text(encoding="utf-8"), f"{card.name} is stale: run `sparse-repro card {card.stem}`"
