@@ -1,0 +1,273 @@
+# %% [markdown]
+# # Causal decoder
+#
+# > A small pre-LN decoder for the length study: any registered normalizer in every layer, NAPE or RoPE positions, and attention in query blocks so that a 4,096-token test never holds a T × T tensor.
+
+# %%
+#| default_exp decoder
+
+# %% [markdown]
+# The length study trains on inputs of 32–64 tokens and tests on inputs up to 64 times longer. Its model is the
+# smallest thing that can learn the tasks: a decoder of a few pre-LN blocks, $x \leftarrow x + \mathrm{Attn}(\mathrm{LN}(x))$,
+# $x \leftarrow x + \mathrm{MLP}(\mathrm{LN}(x))$, a final LN and a linear read-out, no dropout (the anchor's Gemma-2
+# configuration has none). Two things matter for length and are declared here:
+#
+# * **Causality is a key mask.** Query $i$ may attend to keys $j \le i$; the mask goes to the normalizer as its
+#   `key_mask`, so a normalizer that counts its keys (Scalable-Softmax's $\log n$, ReLU attention's $1/n$) counts the
+#   $i + 1$ keys that query sees, not the sequence length.
+# * **Positions.** The anchor's default, *NAPE*: the first half of the heads add an ALiBi bias
+#   $m_h (j - i)$ with slopes $m_h = 1, 1/2, \dots, 1/(H/2)$, the other half get no position information at all (only
+#   causality). The alternative is RoPE on every head (base 10,000). `none` (NoPE) is there for ablations.
+#
+# **Query blocks.** At 4,096 tokens a `[B, H, T, T]` score tensor is gigabytes. Attention is computed for `query_block`
+# queries at a time against the keys they can see, so the largest tensor is `[B, H, block, T]`; the result is the same
+# (each query row is normalised on its own). Training at 32–64 tokens fits one block.
+
+# %%
+#| export
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from sparse_attention_repro.normalizers import resolve_normalizer
+
+# %%
+from fastcore.test import test_eq, test_close, test_fail
+
+# %%
+#| export
+POSITION_SCHEMES = ("nape", "rope", "none")
+
+@dataclass
+class DecoderConfig:
+    "The causal decoder's shape; one normalizer in every layer."
+    vocab_size: int
+    width: int = 64                  # model width
+    layers: int = 2                  # pre-LN blocks
+    heads: int = 4                   # attention heads (an even number under NAPE)
+    ffn: int = 256                   # MLP hidden width
+    positions: str = "nape"          # nape | rope | none
+    normalizer: str = "softmax"      # any name `resolve_normalizer` takes
+    query_block: int = 256           # queries per attention block
+
+    def __post_init__(self):
+        if self.positions not in POSITION_SCHEMES:
+            raise ValueError(f"unknown position scheme {self.positions!r}; choose one of {', '.join(POSITION_SCHEMES)}")
+        if self.width % self.heads: raise ValueError(f"width {self.width} is not a multiple of heads {self.heads}")
+        if self.positions == "nape" and self.heads % 2: raise ValueError(f"NAPE splits the heads in halves: give an even number of heads, not {self.heads}")
+
+
+# %% [markdown]
+# ## Positions
+#
+# ALiBi's slopes under NAPE, as the anchor's code builds them: $1/1, 1/2, \dots$ for the first $H/2$ heads, zero after.
+# RoPE rotates each pair of a head's dimensions by an angle proportional to the position.
+
+# %%
+#| export
+def nape_slopes(heads: int) -> torch.Tensor:
+    "ALiBi slopes `[H]` of NAPE: 1, 1/2, ..., 1/(H/2) on the first half of the heads, 0 (no position) on the rest."
+    half = heads // 2
+    return torch.cat([1 / torch.arange(1, half + 1, dtype=torch.float32), torch.zeros(heads - half)])
+
+def rope(x, positions, base: float = 10000.0):
+    "Rotary embedding of `x` `[..., T, D]` (D even) at integer `positions` `[T]`: pairs (2i, 2i+1) rotated by pos / base^(2i/D)."
+    d = x.shape[-1]
+    freq = base ** (-torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)          # (D/2,)
+    angle = positions.to(torch.float32)[:, None] * freq                                          # (T, D/2)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).flatten(-2)
+
+# %%
+test_eq(nape_slopes(4).tolist(), [1.0, 0.5, 0.0, 0.0])
+test_close(nape_slopes(8), torch.tensor([1.0, 0.5, 1 / 3, 0.25, 0, 0, 0, 0]))
+# RoPE makes q.k depend on the offset only: shift both positions, the scores stay
+q, k = torch.randn(5, 8), torch.randn(5, 8)
+pos = torch.arange(5)
+s0 = rope(q, pos) @ rope(k, pos).T
+s7 = rope(q, pos + 7) @ rope(k, pos + 7).T
+test_close(s0, s7, eps=1e-4)
+test_close(rope(q, torch.zeros(5, dtype=torch.long)), q)
+
+
+# %% [markdown]
+# ## Attention in query blocks
+#
+# One layer's attention. Scores $q k^\top / \sqrt{d}$ (plus the ALiBi bias on NAPE's first half) for a block of queries
+# against the keys up to the block's last query; the causal mask to the normalizer; weights times values. A normalizer
+# that declares `query_context` (ASEntmax: its scale depends on each query's input and position) also receives the
+# block's layer input `hidden` `[B, q, C]` and the queries' positions `[q]`.
+
+# %%
+#| export
+def causal_mask(q_start: int, q_stop: int, n_keys: int, device=None) -> torch.Tensor:
+    "`[q, n_keys]` True where query q_start + r may attend key j (j <= q_start + r)."
+    i = torch.arange(q_start, q_stop, device=device)[:, None]
+    return torch.arange(n_keys, device=device)[None, :] <= i
+
+class CausalSelfAttention(nn.Module):
+    "Multi-head causal self-attention with a registered normalizer, computed in blocks of queries."
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.heads, self.head_dim, self.block, self.positions = cfg.heads, cfg.width // cfg.heads, cfg.query_block, cfg.positions
+        self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=False)
+        self.out = nn.Linear(cfg.width, cfg.width, bias=False)
+        self.spec = resolve_normalizer(cfg.normalizer)
+        self.normalizer = self.spec.build(num_heads=cfg.heads, **self._options(cfg))
+        self.register_buffer("slopes", nape_slopes(cfg.heads) if cfg.positions == "nape" else torch.zeros(cfg.heads), persistent=False)
+
+    def _options(self, cfg):
+        "What the normalizer is told of the model: under NAPE, which heads carry no position (`nope_heads`), where it asks."
+        return {"nope_heads": cfg.heads - cfg.heads // 2} if "nope_heads" in self.spec.options and cfg.positions == "nape" else {}
+
+    def forward(self, h):
+        "h `[B, T, C]` (the block's normalised input) -> `[B, T, C]`."
+        B, T, C = h.shape
+        q, k, v = self.qkv(h).view(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)   # 3 x (B, H, T, d)
+        pos = torch.arange(T, device=h.device)
+        if self.positions == "rope": q, k = rope(q, pos), rope(k, pos)
+        q = q / math.sqrt(self.head_dim)
+        out = torch.empty_like(q)                                                                 # (B, H, T, d)
+        for a in range(0, T, self.block):
+            b = min(a + self.block, T)
+            s = q[:, :, a:b] @ k[:, :, :b].transpose(-1, -2)                                      # (B, H, q, b)
+            if self.positions == "nape":
+                s = s + self.slopes.view(-1, 1, 1) * (pos[:b][None, :] - pos[a:b][:, None]).to(s.dtype)   # m_h (j - i)
+            mask = causal_mask(a, b, b, h.device)[None, None]                                    # (1, 1, q, b)
+            ctx = {"hidden": h[:, a:b], "positions": pos[a:b]} if getattr(self.spec, "query_context", False) else {}
+            out[:, :, a:b] = self.normalizer(s, mask, **ctx) @ v[:, :, :b]                       # (B, H, q, d)
+        return self.out(out.transpose(1, 2).reshape(B, T, C))
+
+
+# %% [markdown]
+# The blocks change nothing: any block size gives the output of one block, for a dense and a sparse normalizer, and a
+# query's output does not depend on later tokens (causality, checked by changing the future).
+
+# %%
+torch.manual_seed(0)
+for name in ("softmax", "entmax15", "sparsemax"):
+    for positions in POSITION_SCHEMES:
+        att = CausalSelfAttention(DecoderConfig(10, width=16, heads=4, positions=positions, normalizer=name, query_block=64))
+        h = torch.randn(2, 23, 16, dtype=torch.float64); att = att.double()
+        full = att(h)
+        att.block = 5; test_close(att(h), full, eps=1e-10)
+        h2 = h.clone(); h2[:, 15:] = torch.randn(2, 8, 16, dtype=torch.float64)
+        test_close(att(h2)[:, :15], full[:, :15], eps=1e-10)
+test_fail(lambda: DecoderConfig(10, heads=3, width=12), contains="even number of heads")
+test_fail(lambda: DecoderConfig(10, positions="alibi"), contains="unknown position scheme 'alibi'")
+
+
+# %% [markdown]
+# And the layer computes what the formula says: a direct, unblocked computation with an explicit $T \times T$ bias and
+# `torch.softmax` on masked scores gives the same output under NAPE.
+
+# %%
+att = CausalSelfAttention(DecoderConfig(10, width=16, heads=4, positions="nape", query_block=4)).double()
+h = torch.randn(3, 11, 16, dtype=torch.float64)
+q, k, v = att.qkv(h).view(3, 11, 3, 4, 4).permute(2, 0, 3, 1, 4)
+i, j = torch.arange(11)[:, None], torch.arange(11)[None, :]
+bias = torch.tensor([1, .5, 0, 0], dtype=torch.float64).view(4, 1, 1) * (j - i)
+s = (q @ k.transpose(-1, -2) / 2 + bias).masked_fill(j > i, float("-inf"))
+ref = att.out((torch.softmax(s, -1) @ v).transpose(1, 2).reshape(3, 11, 16))
+test_close(att(h), ref, eps=1e-10)
+
+
+# %% [markdown]
+# ## The decoder
+
+# %%
+#| export
+class DecoderBlock(nn.Module):
+    "Pre-LN block: x + Attn(LN(x)), then x + MLP(LN(x))."
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.ln1, self.attn = nn.LayerNorm(cfg.width), CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.width)
+        self.mlp = nn.Sequential(nn.Linear(cfg.width, cfg.ffn), nn.GELU(), nn.Linear(cfg.ffn, cfg.width))
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+class CausalDecoder(nn.Module):
+    "Token embedding, pre-LN blocks, final LN, linear read-out: logits `[B, T, V]` for every next token."
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.width)
+        self.blocks = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.layers))
+        self.ln = nn.LayerNorm(cfg.width)
+        self.head = nn.Linear(cfg.width, cfg.vocab_size, bias=False)
+        self.apply(self._init)
+    @staticmethod
+    def _init(m):
+        "GPT-2's initialisation: weights N(0, 0.02), biases 0."
+        if isinstance(m, (nn.Linear, nn.Embedding)): nn.init.normal_(m.weight, 0.0, 0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None: nn.init.zeros_(m.bias)
+    def forward(self, tokens):
+        x = self.embed(tokens)                                                                    # (B, T, C)
+        for block in self.blocks: x = block(x)
+        return self.head(self.ln(x))                                                              # (B, T, V)
+
+# %%
+torch.manual_seed(0)
+model = CausalDecoder(DecoderConfig(12, width=16, heads=4, normalizer="entmax15"))
+tokens = torch.randint(0, 12, (2, 9))
+test_eq(model(tokens).shape, (2, 9, 12))
+t2 = tokens.clone(); t2[:, 6:] = (t2[:, 6:] + 1) % 12
+test_close(model(t2)[:, :6], model(tokens)[:, :6], eps=1e-6)        # the future does not leak
+
+
+# %% [markdown]
+# ## Exact match without a decoding loop
+#
+# The anchor decodes greedily and compares the whole answer. With teacher forcing, one forward pass gives the model's
+# argmax at every target position given the *true* prefix. The two readings agree: if every teacher-forced argmax is
+# right, greedy decoding reproduces the target token by token (its prefix is always the true one); if one is wrong, greedy
+# decoding goes wrong at the first such position at the latest, since up to there its prefix was the true one. So a
+# sequence is an exact match exactly when all its target positions are argmax-correct, and a test costs one forward pass
+# instead of one per target token.
+
+# %%
+#| export
+IGNORE_INDEX = -100
+
+@torch.no_grad()
+def exact_match(model, tokens, labels) -> torch.Tensor:
+    "`[B]` bool: every labelled position's argmax equals its label (labels -100 elsewhere) — greedy decoding's exact match."
+    pred = model(tokens).argmax(-1)                                                               # (B, T)
+    on = labels != IGNORE_INDEX
+    return ((pred == labels) | ~on).all(-1)
+
+# %% [markdown]
+# The check against real greedy decoding, token by token, on an untrained model (whose answers are mostly wrong) and on
+# a model rigged to answer right: the two readings agree sequence by sequence.
+
+# %%
+def greedy_exact_match(model, tokens, labels):
+    "Decode the target greedily, one token at a time from the prompt, and compare."
+    first = (labels != IGNORE_INDEX).float().argmax(-1)                                           # first target position
+    out = []
+    for b in range(len(tokens)):
+        seq = tokens[b, : first[b] + 1].clone()
+        want = labels[b][labels[b] != IGNORE_INDEX]
+        for _ in range(len(want)):
+            nxt = model(seq[None])[0, -1].argmax()
+            seq = torch.cat([seq, nxt[None]])
+        out.append(bool((seq[first[b] + 1:] == want).all()))
+    return torch.tensor(out)
+
+torch.manual_seed(1)
+model = CausalDecoder(DecoderConfig(5, width=8, heads=2, layers=1)).eval()
+seq = torch.randint(0, 5, (60, 4))                               # prompts: the target starts after position 3
+with torch.no_grad():
+    for _ in range(3): seq = torch.cat([seq, model(seq).argmax(-1)[:, -1:]], 1)   # the model's own greedy answers
+tokens, labels = seq[:, :-1], torch.full((60, 6), IGNORE_INDEX)
+labels[:, 3:] = seq[:, 4:]                                       # right, by construction ...
+labels[::3, 5] = (labels[::3, 5] + 1) % 5                        # ... but every third wrong at its last token
+labels[1::3, 3] = (labels[1::3, 3] + 1) % 5                      # and another third at its first
+test_eq(exact_match(model, tokens, labels), greedy_exact_match(model, tokens, labels))
+test_eq(exact_match(model, tokens, labels).sum(), 20)
