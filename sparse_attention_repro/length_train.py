@@ -47,13 +47,13 @@ class LengthRunConfig:
 # %% ../nbs/03b_length_train.ipynb
 def train_batch(task, cfg: LengthRunConfig, step: int):
     "The training batch of `step` (tokens, labels as int64 tensors): one length, drawn from the seed and the step alone."
-    rng = np.random.default_rng((cfg.seed, step))
+    rng = np.random.default_rng((cfg.seed, 0, step))
     length = int(rng.integers(cfg.train_lengths[0], cfg.train_lengths[1] + 1))
     return tuple(torch.from_numpy(a) for a in pack(*task.sample(rng, cfg.batch_size, length)))
 
 def validation_set(task, cfg: LengthRunConfig) -> list:
     "Batches (tokens, labels), one per training length, `val_per_length` inputs each, drawn from the seed (apart from training's stream)."
-    rng = np.random.default_rng((cfg.seed, -1))
+    rng = np.random.default_rng((cfg.seed, 1))
     lo, hi = cfg.train_lengths
     return [tuple(torch.from_numpy(a) for a in pack(*task.sample(rng, cfg.val_per_length, L))) for L in range(lo, hi + 1)]
 
@@ -85,8 +85,8 @@ def lr_at(step: int, cfg: LengthRunConfig) -> float:
     return cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup))
 
 def _save(obj, path: Path):
-    import io
-    buf = io.BytesIO(); torch.save(obj, buf); atomic_write_bytes(path, buf.getvalue())
+    "torch.save, atomically."
+    atomic_write_bytes(path, lambda f: torch.save(obj, f))
 
 def train_run(cfg: LengthRunConfig, folder, threads: int | None = 1, progress=None) -> dict:
     "Train (or resume) the run `cfg` in `folder`; returns its record: config, status, curve, seconds."
@@ -128,5 +128,5 @@ def train_run(cfg: LengthRunConfig, folder, threads: int | None = 1, progress=No
             losses, t0 = [], time.perf_counter()
     if record["status"] != "running":
         _save(dict(model=model.state_dict(), opt=opt.state_dict(), step=step, record=record), folder / "state.pt")
-    atomic_write_bytes(folder / "curve.json", json.dumps(record, indent=1).encode())
+    atomic_write_bytes(folder / "curve.json", lambda f: f.write(json.dumps(record, indent=1).encode()))
     return record
