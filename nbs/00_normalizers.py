@@ -726,7 +726,9 @@ test_fail(lambda: parse_alpha_start("headwise_adaptive_entmax_start1.2"), contai
 #
 # A normalizer is a parameter-free function `fn(scores, key_mask=None, **options)`, an `nn.Module` class built as
 # `cls(num_heads=H, **options)`, or any `factory(num_heads, num_models=None, **options)`. Every built normalizer is
-# an `nn.Module` called as `norm(scores, key_mask=None)`. Names are canonical method names of the results tables, so
+# an `nn.Module` called as `norm(scores, key_mask=None)`; one that declares `query_context` (ASEntmax, whose scale depends
+# on each query's input and position) also takes `hidden` `[B, Tq, C]` and `positions` `[Tq]` where a model has them,
+# and must work without them. Names are canonical method names of the results tables, so
 # they must be identifiers (they become file names and columns); two families are open-ended: `topk_softmax_<digits>`
 # (the ratio without its dot, `topk_softmax_0125` is $r = 0.125$) and `headwise_adaptive_entmax_start<digits>`.
 
@@ -745,6 +747,7 @@ class NormalizerSpec:
     kernel: bool = False              # a C row kernel serves it on the CPU
     exact_gradient: bool = True       # False: a declared approximate backward
     options: tuple = ()               # keyword options the factory accepts
+    query_context: bool = False       # forward also takes hidden=[B, Tq, C] (the layer input at the queries) and positions=[Tq]
     source: str = ""                  # the module that registered it (the library's, or an outside package's)
 
     def build(self, num_heads: int = 1, num_models: int | None = None, **options) -> nn.Module:
@@ -796,7 +799,7 @@ def register_normalizer(name: str, normalizer=None, *, factory=None, **capabilit
     unchanged, with its spec as `__normalizer__`."""
     _check_name(name)
     if bad := sorted(set(capabilities) - (set(NormalizerSpec.__dataclass_fields__) - {"name", "factory"})):
-        raise ValueError(f"unknown capabilities {bad} for {name}; choose from sums_to_one, learned, stackable, kernel, exact_gradient, options, source")
+        raise ValueError(f"unknown capabilities {bad} for {name}; choose from sums_to_one, learned, stackable, kernel, exact_gradient, options, query_context, source")
     def add(obj):
         if factory is not None: make = factory
         elif isinstance(obj, type) and issubclass(obj, nn.Module): make = obj

@@ -121,8 +121,9 @@ class CausalSelfAttention(nn.Module):
         self.register_buffer("slopes", nape_slopes(cfg.heads) if cfg.positions == "nape" else torch.zeros(cfg.heads), persistent=False)
 
     def _options(self, cfg):
-        "What the normalizer is told of the model: under NAPE, which heads carry no position (`nope_heads`), where it asks."
-        return {"nope_heads": cfg.heads - cfg.heads // 2} if "nope_heads" in self.spec.options and cfg.positions == "nape" else {}
+        "What the normalizer is told of the model, where it asks: the model `width`, and under NAPE the heads without position (`nope_heads`, the last ones)."
+        told = {"width": cfg.width} | ({"nope_heads": cfg.heads - cfg.heads // 2} if cfg.positions == "nape" else {})
+        return {k: v for k, v in told.items() if k in self.spec.options}
 
     def forward(self, h):
         "h `[B, T, C]` (the block's normalised input) -> `[B, T, C]`."
@@ -138,7 +139,7 @@ class CausalSelfAttention(nn.Module):
             if self.positions == "nape":
                 s = s + self.slopes.view(-1, 1, 1) * (pos[:b][None, :] - pos[a:b][:, None]).to(s.dtype)   # m_h (j - i)
             mask = causal_mask(a, b, b, h.device)[None, None]                                    # (1, 1, q, b)
-            ctx = {"hidden": h[:, a:b], "positions": pos[a:b]} if getattr(self.spec, "query_context", False) else {}
+            ctx = {"hidden": h[:, a:b], "positions": pos[a:b]} if self.spec.query_context else {}
             out[:, :, a:b] = self.normalizer(s, mask, **ctx) @ v[:, :, :b]                       # (B, H, q, d)
         return self.out(out.transpose(1, 2).reshape(B, T, C))
 

@@ -86,7 +86,7 @@ def validation_set(task, cfg: LengthRunConfig) -> list:
     lo, hi = cfg.train_lengths
     return [tuple(torch.from_numpy(a) for a in pack(*task.sample(rng, cfg.val_per_length, L))) for L in range(lo, hi + 1)]
 
-def test_set(task, length: int, n: int):
+def shared_test_set(task, length: int, n: int):
     "`n` test inputs of `length` tokens (tokens, labels): the same for every run, seed and normalizer."
     return tuple(torch.from_numpy(a) for a in pack(*task.sample(np.random.default_rng((TEST_ENTROPY, length)), n, length)))
 
@@ -99,7 +99,7 @@ assert not torch.equal(train_batch(task, cfg, 8)[0][:, :5], a[0][:, :5])   # ...
 assert 32 <= (a[1][0] != -100).sum() <= 64
 val = validation_set(task, cfg)
 test_eq([int((l[0] != -100).sum()) for _, l in val], list(range(32, 65)))
-t1, t2 = test_set(task, 100, 3), test_set(task, 100, 3)
+t1, t2 = shared_test_set(task, 100, 3), shared_test_set(task, 100, 3)
 test_eq(t1[0], t2[0]); test_eq(t1[0].shape, (3, 200))
 
 
@@ -124,7 +124,7 @@ def chunks(tokens, labels, size: int):
     "(tokens, labels) cut into batches of at most `size` sequences."
     return [(tokens[i:i + size], labels[i:i + size]) for i in range(0, len(tokens), size)]
 
-def test_batch_size(length: int, budget_tokens: int = 16384) -> int:
+def eval_batch_size(length: int, budget_tokens: int = 16384) -> int:
     "Sequences per test batch: about `budget_tokens` tokens, at least 1."
     return max(1, budget_tokens // length)
 
@@ -208,3 +208,41 @@ with tempfile.TemporaryDirectory() as d:
     test_eq([r["val_accuracy"] for r in resumed["curve"]], [r["val_accuracy"] for r in full["curve"]])
     w1 = torch.load(Path(d) / "full" / "weights" / "step_60.pt"); w2 = torch.load(Path(d) / "half" / "weights" / "step_60.pt")
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
+
+
+# %% [markdown]
+# ## Testing at length
+#
+# The weights kept at a step are tested at each test length on the shared test inputs, in batches of about 16,384
+# tokens: with query blocks of 256 the largest attention tensor of a batch then holds `batch × heads × 256 × T` scores,
+# whatever the length (at T = 4,096, 4 × 4 × 256 × 4,108 floats, 67 MB), where one unblocked `[B, H, T, T]` tensor
+# would take 1 GB.
+
+# %%
+#| export
+def load_model(cfg: LengthRunConfig, folder, step: int):
+    "The decoder of run `cfg` with the weights it kept at `step`."
+    model = CausalDecoder(cfg.decoder_config(get_task(cfg.task).vocab_size))
+    model.load_state_dict(torch.load(Path(folder) / "weights" / f"step_{step}.pt"))
+    return model.eval()
+
+def evaluate_lengths(cfg: LengthRunConfig, folder, step: int, lengths, n: int, threads: int | None = 1) -> list:
+    "Rows (length, step, accuracy, n, seconds) of the weights kept at `step`, tested on `n` shared inputs per length."
+    if threads: torch.set_num_threads(threads)
+    task, model, rows = get_task(cfg.task), load_model(cfg, folder, step), []
+    for length in lengths:
+        t0 = time.perf_counter()
+        tokens, labels = shared_test_set(task, length, n)
+        acc = accuracy(model, chunks(tokens, labels, eval_batch_size(tokens.shape[1])))
+        rows.append(dict(length=length, step=step, accuracy=acc, n=n, seconds=time.perf_counter() - t0))
+    return rows
+
+# %%
+with tempfile.TemporaryDirectory() as d:
+    cfg = LengthRunConfig("flip_flop", steps=40, eval_every=20, warmup=10, batch_size=16, width=32, layers=1, heads=2, ffn=64, lr=3e-3)
+    train_run(cfg, d)
+    rows = evaluate_lengths(cfg, d, 40, [33, 128], 24)
+    test_eq([(r["length"], r["n"]) for r in rows], [(33, 24), (128, 24)])
+    assert all(0 <= r["accuracy"] <= 1 for r in rows)
+    tokens, labels = shared_test_set(get_task("flip_flop"), 128, 24)           # the same reading by hand, one batch
+    test_eq(rows[1]["accuracy"] * 24, int(exact_match(load_model(cfg, d, 40), tokens, labels).sum()))

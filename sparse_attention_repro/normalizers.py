@@ -368,6 +368,7 @@ class NormalizerSpec:
     kernel: bool = False              # a C row kernel serves it on the CPU
     exact_gradient: bool = True       # False: a declared approximate backward
     options: tuple = ()               # keyword options the factory accepts
+    query_context: bool = False       # forward also takes hidden=[B, Tq, C] (the layer input at the queries) and positions=[Tq]
     source: str = ""                  # the module that registered it (the library's, or an outside package's)
 
     def build(self, num_heads: int = 1, num_models: int | None = None, **options) -> nn.Module:
@@ -419,7 +420,7 @@ def register_normalizer(name: str, normalizer=None, *, factory=None, **capabilit
     unchanged, with its spec as `__normalizer__`."""
     _check_name(name)
     if bad := sorted(set(capabilities) - (set(NormalizerSpec.__dataclass_fields__) - {"name", "factory"})):
-        raise ValueError(f"unknown capabilities {bad} for {name}; choose from sums_to_one, learned, stackable, kernel, exact_gradient, options, source")
+        raise ValueError(f"unknown capabilities {bad} for {name}; choose from sums_to_one, learned, stackable, kernel, exact_gradient, options, query_context, source")
     def add(obj):
         if factory is not None: make = factory
         elif isinstance(obj, type) and issubclass(obj, nn.Module): make = obj

@@ -10,7 +10,9 @@ Rows sum to 1 - prod_k (1 - beta_ik) < 1 (the rest of the stick is attention to 
   which gives its recency bias. The lab's classifier is bidirectional (a CLS token at position 0, no causal order), so
   we keep "nearest first" on both sides: keys by distance |j - i| to the query's position, ties (i - d before i + d)
   broken by index, i.e. the order i, i-1, i+1, i-2, i+2, ... A query at the end of the sequence then sees the paper's
-  order exactly. Query i sits at key position i (the same token when Tq = Tk, as in self-attention).
+  order exactly. Query i sits at key position i (the same token when Tq = Tk, as in self-attention); with fewer queries
+  than keys they are the last Tq positions (query r at key Tk - Tq + r), as in a causal model's block of queries, so the
+  length study's decoder, which attends in blocks of queries under a causal mask, gets the paper's causal order.
 - the query attends to itself, first (the paper's kernel has this as an option): in a bidirectional encoder with
   key masks, its own token is one of the keys it may attend to.
 - log space, as the paper computes it: log A_ij = logsigmoid(s_ij) + sum of logsigmoid(-s_ik) over the earlier keys
@@ -30,8 +32,8 @@ from sparse_attention_repro.normalizers import register_normalizer
 
 
 def key_order(tq, tk, device=None):
-    "`[Tq, Tk]` rank of key j in query i's stick (smaller: earlier): by |j - i|, the key before the query first on ties."
-    i, j = torch.arange(tq, device=device).view(-1, 1), torch.arange(tk, device=device)
+    "`[Tq, Tk]` rank of key j in query r's stick (smaller: earlier): by |j - i|, i = Tk - Tq + r, the key before the query first on ties."
+    i, j = torch.arange(tk - tq, tk, device=device).view(-1, 1), torch.arange(tk, device=device)
     return 2 * (j - i).abs() + (j > i).long()                                      # distinct within each row
 
 

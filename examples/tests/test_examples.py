@@ -11,10 +11,11 @@ from sparse_attention_examples.stick_breaking import stick_breaking
 from sparse_attention_examples.relu_attention import relu_attention
 from sparse_attention_examples.normmax import normmax
 from sparse_attention_examples.learned_temperature_softmax import LearnedTemperatureSoftmax, N_KEYS
+from sparse_attention_examples.asentmax import ASEntmax
 
 NAMES = ("sigmoid_attention", "scalable_softmax", "softpick", "softmax_sink", "stick_breaking", "relu_attention", "normmax",
-         "learned_temperature_softmax")
-SUMS_TO_ONE = {"scalable_softmax", "normmax", "learned_temperature_softmax"}
+         "learned_temperature_softmax", "asentmax")
+SUMS_TO_ONE = {"scalable_softmax", "normmax", "learned_temperature_softmax", "asentmax"}
 LEARNED = {"scalable_softmax": "s", "learned_temperature_softmax": "t"}
 MASK = torch.tensor([True, True, False, True, False, False]).view(1, 1, 1, 6)     # keys 0, 1 and 3 valid
 
@@ -372,3 +373,43 @@ def test_learned_temperature_gets_a_gradient_and_stacks():
     torch.testing.assert_close(p5[1], torch.softmax(2.0 * z.flip(0).masked_fill(~MASK, float("-inf")), -1))
     (p5 * torch.randn_like(p5)).sum().backward()
     assert (stack.t.grad != 0).all()
+
+
+def test_asentmax_against_the_reference_formula():
+    """The reference's lines (deep-spin/asentmax, `sparse_gemma.py`), re-implemented on queries: a factor
+    delta + softplus(W_b h) * log_pos ** (gamma_range * tanh(W_g h)) on the last `nope_heads` heads' queries, log_pos =
+    log(arange(2, T + 2)) sliced at the queries, then scores q k / sqrt(d) with the causal mask added, then 1.5-entmax
+    (the `entmax` package's, by bisection to round-off). Ours scales the score rows and takes `hidden` and `positions`."""
+    import entmax
+    torch.manual_seed(0)
+    B, H, S, T, d, C = 2, 4, 2, 9, 8, 16
+    norm = ASEntmax(num_heads=H, width=C, nope_heads=S).double()
+    with torch.no_grad():                                                   # away from the start, so every term matters
+        for lin in (norm.beta, norm.gamma): lin.weight.normal_(0, 0.5); lin.bias.normal_(0, 0.5)
+    h, q, k = (torch.randn(B, T, C, dtype=torch.float64), torch.randn(B, H, T, d, dtype=torch.float64),
+               torch.randn(B, H, T, d, dtype=torch.float64))
+    log_pos = torch.log(torch.arange(2, T + 2, dtype=torch.float64))[0:T]                 # [k_len - q_len : k_len]
+    beta = torch.nn.functional.softplus(norm.beta(h)).transpose(1, 2)[..., None]           # (B, S, T, 1)
+    gamma = 2 * torch.tanh(norm.gamma(h)).transpose(1, 2)[..., None]
+    scaler = 1 + beta * log_pos.view(1, 1, T, 1) ** gamma
+    q_ref = q.clone(); q_ref[:, -S:] = q[:, -S:] * scaler
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    scores_ref = (q_ref @ k.transpose(-1, -2) / math.sqrt(d)).masked_fill(~causal, float("-inf"))
+    ref = entmax.entmax_bisect(scores_ref, alpha=1.5, dim=-1, n_iter=200)
+    ours = norm(q @ k.transpose(-1, -2) / math.sqrt(d), causal.view(1, 1, T, T), hidden=h, positions=torch.arange(T))
+    torch.testing.assert_close(ours, ref, atol=1e-9, rtol=0)
+    # a block of queries (positions 5..8 against keys 0..8) gives those rows
+    blk = norm(q[:, :, 5:] @ k.transpose(-1, -2) / math.sqrt(d), causal[5:].view(1, 1, 4, T), hidden=h[:, 5:], positions=torch.arange(5, T))
+    torch.testing.assert_close(blk, ref[:, :, 5:], atol=1e-9, rtol=0)
+
+
+def test_asentmax_starts_near_one_plus_log_two_and_without_context_uses_positions():
+    norm = ASEntmax(num_heads=2, width=8).double()
+    c = norm.factor(torch.zeros(1, 6, 8, dtype=torch.float64), torch.arange(6))
+    torch.testing.assert_close(c, torch.full_like(c, 1 + math.log(2)))      # biases 0: softplus(0) = log 2, log_pos ** 0 = 1
+    with torch.no_grad(): norm.gamma.bias.fill_(5.0)                         # gamma -> 2: the factor grows as log(i+2)^2
+    s = torch.randn(1, 2, 3, 6, dtype=torch.float64)
+    alone = norm(s)                                                          # no context: zero features, queries at keys 3, 4, 5
+    c0 = norm.factor(torch.zeros(1, 3, 8, dtype=torch.float64), torch.arange(3, 6))
+    from sparse_attention_repro.normalizers import entmax15
+    torch.testing.assert_close(alone, entmax15(s * c0))

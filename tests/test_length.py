@@ -1,0 +1,61 @@
+"""The length study's pieces with every registered normalizer and with a task from outside the library."""
+import sys, textwrap
+import numpy as np
+import pytest
+import torch
+from sparse_attention_repro.decoder import CausalDecoder, CausalSelfAttention, DecoderConfig
+from sparse_attention_repro.length_tasks import get_task, registered_tasks
+from sparse_attention_repro.length_train import LengthRunConfig, evaluate_lengths, train_run
+from sparse_attention_repro.normalizers import registered_normalizers
+
+NORMALIZERS = [n for n in registered_normalizers() if not n.endswith("_bisect")] + ["topk_softmax_025"]
+
+
+@pytest.mark.parametrize("name", NORMALIZERS)
+def test_query_blocks_and_causality_with_every_normalizer(name):
+    """Blocks of queries give what one block gives, and no query sees a later token: with every registered normalizer
+    (a normalizer that places its queries among its keys, as stick-breaking does, must take a block as the last queries)."""
+    torch.manual_seed(0)
+    att = CausalSelfAttention(DecoderConfig(10, width=16, heads=4, normalizer=name, query_block=64)).double()
+    h = torch.randn(2, 21, 16, dtype=torch.float64)
+    full = att(h)
+    att.block = 4
+    torch.testing.assert_close(att(h), full, atol=1e-9, rtol=0)
+    h2 = h.clone(); h2[:, 13:] = torch.randn(2, 8, 16, dtype=torch.float64)
+    torch.testing.assert_close(att(h2)[:, :13], full[:, :13], atol=1e-9, rtol=0)
+
+
+def test_asentmax_gets_the_models_width_nope_heads_and_context():
+    att = CausalSelfAttention(DecoderConfig(10, width=24, heads=4, normalizer="asentmax"))
+    assert att.normalizer.beta.in_features == 24 and att.normalizer.scaled == 2         # NAPE: the last 2 of 4 heads
+    assert CausalSelfAttention(DecoderConfig(10, width=24, heads=4, normalizer="asentmax", positions="rope")).normalizer.scaled == 4
+    seen = {}
+    hook = att.normalizer.register_forward_hook(lambda m, args, kwargs, out: seen.update(kwargs), with_kwargs=True)
+    h = torch.randn(1, 7, 24)
+    att(h); hook.remove()
+    assert torch.equal(seen["hidden"], h) and torch.equal(seen["positions"], torch.arange(7))
+
+
+OUTSIDE_TASK = '''
+import numpy as np
+from sparse_attention_repro.length_tasks import LengthTask, FIRST_SYMBOL
+
+def make_majority(rng, n, length):
+    "Bits; the target is the more frequent one (ties: 1)."
+    x = rng.integers(0, 2, (n, length))
+    return FIRST_SYMBOL + x, FIRST_SYMBOL + (2 * x.sum(1, keepdims=True) >= length)
+
+majority = LengthTask("majority", 2, 1, make_majority, "majority of bits")
+'''
+
+
+def test_a_task_from_outside_the_library_trains_and_tests(tmp_path, monkeypatch):
+    (tmp_path / "my_tasks.py").write_text(textwrap.dedent(OUTSIDE_TASK))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    task = get_task("my_tasks:majority")
+    assert task.name == "majority" and "majority" in registered_tasks()
+    cfg = LengthRunConfig("my_tasks:majority", steps=20, eval_every=10, warmup=5, batch_size=8, width=16, layers=1, heads=2, ffn=32)
+    record = train_run(cfg, tmp_path / "run")
+    assert record["status"] == "ok" and [r["step"] for r in record["curve"]] == [10, 20]
+    rows = evaluate_lengths(cfg, tmp_path / "run", 20, [64, 256], 16)
+    assert [r["length"] for r in rows] == [64, 256] and all(0 <= r["accuracy"] <= 1 for r in rows)
