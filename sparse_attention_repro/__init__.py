@@ -14,6 +14,10 @@ _API = {
     "stats": ["paired_tests"],
     "verdicts": ["claims_table", "analyse"],
     "report": ["make_report", "versus_report"],
+    "length_tasks": ["LengthTask", "register_task", "get_task", "registered_tasks"],
+    "decoder": ["DecoderConfig", "CausalDecoder"],
+    "length_train": ["LengthRunConfig", "train_run", "evaluate_lengths"],
+    "hf_attention": ["use_normalizer"],
 }
 _WHERE = {name: module for module, names in _API.items() for name in names}
 __all__ = sorted(_WHERE)
