@@ -72,6 +72,13 @@
 # masked; each of them, and the control, was then searched at its own recipe under the tuned-recipe protocol and judged
 # against the seven at theirs (`outputs/literature/fair/`).
 #
+# **Length.** Every verdict above is at ≤ 97 keys with test length equal to training length, where nobody claims a
+# sparse gain. The literature's claims are about length (Vasylenko et al., *Long-Context Generalization with Sparse
+# Attention*, ICLR 2026, report single-best-of-3-seeds gains of tens of points). The lab's length study trains a small
+# causal decoder at 32–64 tokens and tests it many times longer: its tasks, decoder, runs and ASEntmax (in the example
+# package, tested against the reference code's formula) are in place (`nbs/01b_length_tasks.ipynb`,
+# `nbs/02b_decoder.ipynb`, `nbs/03b_length_train.ipynb`); its runs and verdicts are not committed yet.
+#
 # **The leaderboard** of every normalizer with committed runs — per dataset its gain over softmax under the paper's
 # recipe and at a tuned recipe, and in the pretrained encoder, with CIs and Holm verdicts, its density and cost — is
 # [`outputs/leaderboard.md`](../outputs/leaderboard.md), generated from the committed tables (`sparse-repro
@@ -242,8 +249,12 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # | `nbs/00_study.ipynb` | the two papers' study designs: their methods, baselines and table order, apart from the registry |
 # | `nbs/00_normalizers.ipynb` | softmax, sparsemax, entmax-1.5, head-wise adaptive entmax, top-k softmax, the original's bisection entmax; the open registry (`register_normalizer`, declared capabilities, entry points) and its conformance suite |
 # | `nbs/01_data.ipynb` | the five datasets of study A, offline and online, seeded subsets; the dataset registry (`register_dataset`: each dataset's classes, run sizes, family, patching and sources declared once) and the variants as one `DataOptions` |
+# | `nbs/01b_length_tasks.ipynb` | the length study's tasks, generated from a seed in an open registry (`register_task`, `module:name`, entry points): multi-query associative recall with 2-token keys and values, flip-flop, reverse, sort |
 # | `nbs/02_model.ipynb` | the compact classifier (parameter count = the paper's); many of them as one stacked model (the same module tree and forward, its leaves stacked) |
+# | `nbs/02b_decoder.ipynb` | the length study's causal pre-LN decoder: any registered normalizer, NAPE or RoPE positions, attention in blocks of queries (no T × T tensor at 4,096 tokens), exact match in one forward pass |
 # | `nbs/03_train.ipynb` | study A training: protocol optimiser, lock-step training of a seed's methods, stacked training of several seeds, metrics, profiles |
+# | `nbs/03b_length_train.ipynb` | one length-study run: train at 32–64 tokens, validate at those lengths only, keep the weights at every validation, resume after a kill; test kept weights at any length on inputs shared by every run |
+# | `nbs/04a_hf_attention.ipynb` | `use_normalizer(model, name)`: any registered normalizer in every attention layer of a transformers model with an eager path (checked on BERT, GPT-2 and Llama) |
 # | `nbs/04_crisp.ipynb` | Crisp attention on a transformers encoder; SST-2 fine-tuning |
 # | `nbs/05_stats.ipynb`, `nbs/05_verdicts.ipynb`, `nbs/05a_report.ipynb` | paired tests (pingouin), Holm families, single-seed critique; the verdict rules, the claims table and the reader's tables; the report |
 # | `nbs/05b_tuning.ipynb` | the tuned-recipe protocol: the declared search, the staged selection on validation, bracketing, TOST power, the tuned verdicts and the README's answer |
@@ -255,7 +266,7 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # | `nbs/experiments/` | the parameterised notebooks papermill executes: `study_a`, `crisp`, `report` |
 # | `sparse_attention_repro/` | the library, exported by nbdev (never edit it by hand) |
 # | `tests/` | pytest: CLI, papermill runs, crash/resume, dask, properties, statistics, an outside normalizer end to end |
-# | `examples/` | an installable package of eight normalizers from the literature, registered through the entry point, each tested against its paper's formula |
+# | `examples/` | an installable package of nine normalizers from the literature, registered through the entry point, each tested against its paper's formula |
 # | `outputs/paper/`, `outputs/literature/`, `outputs/speed/`, `outputs/example/` | committed results, indexed with their questions and verdicts in [`outputs/README.md`](../outputs/README.md); other run folders under `outputs/` are git-ignored |
 #
 # Every notebook is paired with a jupytext `py:percent` script (`nbs/*.py`) so reviews read as plain diffs. Edit either,

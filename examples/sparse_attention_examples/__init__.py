@@ -12,4 +12,5 @@ from this folder. Each file is one normalizer and the formula of its paper:
 - `relu_attention`: ReLU(s) / n, ReLA without its output norm (Zhang, Titov & Sennrich, 2021; Wortsman et al., 2023)
 - `normmax`: argmax <p, z> - ||p||_2 over the simplex (Santos et al., 2024)
 - `learned_temperature_softmax`: softmax(t z), t learned per head, Scalable-Softmax's fixed-length control
+- `asentmax`: 1.5-entmax of queries scaled by 1 + softplus(beta(h)) log(i+2)^(2 tanh(gamma(h))) (Vasylenko et al., 2026)
 """
