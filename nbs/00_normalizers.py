@@ -40,7 +40,7 @@ from sparse_attention_repro import kernels as K
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
-import math
+import itertools, math
 from sparse_attention_repro.study import PAPER_METHODS, ORIGINAL_GRADIENT_VARIANTS   # the study design (names only)
 import entmax
 
@@ -93,6 +93,31 @@ test_eq(empty.squeeze(-1).tolist(), [False, True])  # ... and flagged
 
 
 # %% [markdown]
+# **Empty inputs.** A batch of no examples (or no queries, or no keys) has nothing to normalise, but the iterations
+# below would still reduce over it, and a `max` over no rows raises. Every normalizer therefore returns empty scores as
+# they are: an empty tensor of their shape and dtype, kept in the autograd graph of the scores and of any parameter the
+# weights depend on (a learned $\alpha$), so that backward runs and gives that parameter a zero gradient.
+
+# %%
+#| export
+def _no_scores(scores, *params):
+    """The weights of empty `scores` (a zero-size batch, query or key dimension): an empty tensor of their shape and
+    dtype, in the graph of `scores` and of `params` (each broadcastable to `scores`), whose gradients come out empty or zero."""
+    out = scores.clone()                                                # no values to compute
+    for t in params: out = out + t.to(out.dtype)                        # broadcast to the (empty) shape of `scores`
+    return out
+
+
+# %%
+e = torch.zeros(0, 2, 3, 3, dtype=torch.bfloat16, requires_grad=True)
+a = torch.tensor([1.2, 1.7]).view(2, 1, 1).requires_grad_()
+out = _no_scores(e, a)
+test_eq((out.shape, out.dtype), (e.shape, e.dtype))
+out.sum().backward()
+test_eq(e.grad.shape, e.shape); test_eq(a.grad, torch.zeros_like(a))
+
+
+# %% [markdown]
 # ## Softmax — the dense baseline
 #
 # $\mathrm{softmax}(s)_i = e^{s_i} / \sum_j e^{s_j}$. Every key gets positive weight, so attention is never sparse.
@@ -101,6 +126,7 @@ test_eq(empty.squeeze(-1).tolist(), [False, True])  # ... and flagged
 #| export
 def softmax(scores, key_mask=None):
     "Dense softmax over the last (key) dimension."
+    if scores.numel() == 0: return _no_scores(scores)
     if key_mask is None: return torch.softmax(_upcast(scores), -1).to(scores.dtype)   # bad rows are NaN already
     s, empty = _mask_scores(_upcast(scores), key_mask)
     return _finish(torch.softmax(s, -1), s, empty).to(scores.dtype)
@@ -177,6 +203,7 @@ class SparsemaxFunction(Function):
 
 def sparsemax(scores, key_mask=None):
     "Sparsemax over keys: Euclidean projection onto the simplex."
+    if scores.numel() == 0: return _no_scores(scores)
     s, empty = _mask_scores(_upcast(scores), key_mask)
     return _finish(SparsemaxFunction.apply(s), s, empty).to(scores.dtype)
 
@@ -251,6 +278,7 @@ class Entmax15Function(Function):
 
 def entmax15(scores, key_mask=None):
     "1.5-entmax over keys."
+    if scores.numel() == 0: return _no_scores(scores)
     s, empty = _mask_scores(_upcast(scores), key_mask)
     return _finish(Entmax15Function.apply(s), s, empty).to(scores.dtype)
 
@@ -278,18 +306,40 @@ assert (entmax15(x) == 0).any() and (entmax15(x) > 0).sum() > (sparsemax(x) > 0)
 # **$\alpha > 2$** ($\beta < 1$) needs another route: $f$ is then concave between the scores and each key enters it with
 # infinite slope, so Newton on $\tau$ overshoots and can leave every key behind. Here we first find the support exactly:
 # with the scores sorted, the $k$-th largest is kept iff $f(z_{(k)}) < 0$, which is monotone in $k$, so a binary search
-# over $k$ ($\lceil\log_2 T\rceil$ passes) finds the smallest kept score $z_{(k)}$. On that support we solve for its
-# probability $s = p_{(k)}$ instead of $\tau = z_{(k)} - s^{\alpha-1}$: $\varphi(s) = \sum_{z_i \ge z_{(k)}}
-# (z_i - z_{(k)} + s^{\alpha-1})^{\beta} - 1$ is a sum of $\ell_{\alpha-1}$ norms of $((z_i - z_{(k)})^{\beta}, s)$, smooth,
-# convex and increasing, and $\varphi(1) \ge 0$, so Newton from $s_0 = 1$ falls monotonically to the root (at most 10 steps
-# to round-off in our checks up to $\alpha = 10$). The float32 C kernel runs the $\alpha \le 2$ iteration only, so rows
-# with some $\alpha > 2$ take this torch path.
+# over $k$ ($\lceil\log_2 T\rceil$ passes) finds the smallest kept score $x_{(k)}$. On that support we solve for
+# $v = \log p_{(k)}$, the log-probability of that key, instead of $\tau$: with $c_i = (\alpha-1)(x_i - x_{(k)}) \ge 0$,
+# $p_i^{\alpha-1} = c_i + p_{(k)}^{\alpha-1}$, so $\log p_i = \beta \log(c_i + e^{(\alpha-1)v})$ (a `logaddexp`), and
+# $\varphi(v) = \sum_i p_i - 1$ is increasing and convex. Newton starts right of the root, at
+# $p_{(k)} = (1 - \sum_i c_i^{\beta})/m$ with $m$ the keys that tie with $x_{(k)}$, and falls monotonically to it (at most
+# 9 steps to round-off in our checks, 1 at $\alpha = 50$).
+#
+# *Why these coordinates.* For large $\alpha$ the weights hang on tiny numbers: $p_i^{\alpha-1}$ is $10^{-15}$ for
+# $p_i = \frac12$ at $\alpha = 50$, and a key with $p_i = 0.014$ sits $10^{-91}$ above $\tau$. A threshold $\tau$ stored
+# to an ulp of a number near 1 loses them (the `entmax` package's bisection, given float64 scores, is off by up to 0.3
+# at $\alpha = 50$, below); so did this route's earlier float32 differences $z_i - z_{(k)}$ of scores scaled from the
+# maximum, and its power $p_{(k)}^{\alpha-1}$ underflowed: 17 equal float32 scores came out NaN at $\alpha = 50$, and
+# random float32 rows were off by up to 0.1. Here $c_i$ comes from the scores with two roundings, every term is a sum of
+# non-negative numbers, and only the logarithm of $p_{(k)}^{\alpha-1}$ is stored: float32 is within $2 \cdot 10^{-7}$ of
+# the exact weights at every $\alpha$ checked below.
+#
+# **Near $\alpha = 1$**, Newton on $\tau$ loses digits the other way: $p_i = (z_i - \tau)^{\beta}$ with $\beta$ large, so
+# one ulp of $z_i - \tau \approx 1$ becomes $\beta$ ulps of $p_i$ ($8\cdot10^{-6}$ at $\alpha = 1.001$ in float32). Below
+# $\alpha = 1.04$ (`ENTMAX_ALPHA_NEAR_ONE`, just under the adaptive entmax's range $(1.05, 1.95)$, float32's 1.05
+# included) we solve for $v = \log p_{\max}$ instead: $\log p_i = v + \beta\,\mathrm{log1p}\big(-(\alpha-1)(\max_j x_j - x_i)\,e^{-(\alpha-1)v}\big)$, and
+# $\varphi(v) = \sum_i p_i - 1$ is again increasing and convex, with $\varphi(0) \ge 0$: Newton from $v = 0$ (at most 11
+# steps in our checks). It takes 1.6–2.3× as long as Newton on $\tau$ on the CPU, so the adaptive entmax's range keeps
+# the latter, bit for bit as before. The float32 C kernel runs Newton on $\tau$ only, so a call with some
+# $\alpha \notin [1.04, 2]$ takes the torch path.
 #
 # **Gradients by implicit differentiation** (no autograd through the iterations). For the scores the formula is
 # entmax-1.5's with $w = p^{2-\alpha}$. For $\alpha$, differentiating the optimality condition gives (Correia et al., 2019)
 # $$\frac{\partial p_i}{\partial\alpha} = \frac{p_i - \tilde p_i}{(\alpha-1)^2} - \frac{p_i \log p_i - \tilde p_i \sum_j p_j\log p_j}{\alpha - 1},
 # \qquad \tilde p = w / \textstyle\sum w,$$
 # which is contracted with the incoming gradient and summed over everything that shares the head's $\alpha$.
+# At large $\alpha$ this backward is ill-conditioned as written: $w = p^{2-\alpha}$ spans many orders of magnitude across
+# a row, and where one key's $w$ dominates, $w \odot (g - \langle w, g\rangle/\sum w)$ cancels. Measured on random rows
+# of 9 keys, the scores' gradient loses digits from $\alpha \approx 4$ in float32 ($10^{-4}$ relative at 4, all of them
+# at 6) and from $\alpha \approx 8$ in float64 (all at 10); the weights themselves are exact at every $\alpha$.
 
 # %%
 #| export
@@ -301,6 +351,7 @@ def _sum_to_shape(t, shape):
     return t
 
 ENTMAX_ALPHA_ITERS = 30   # alpha-entmax's Newton steps at most (it stops at a few ulps, in about 10)
+ENTMAX_ALPHA_NEAR_ONE = 1.04   # below it alpha-entmax solves for log p_max (Newton on tau loses 1/(alpha - 1) ulps)
 
 def _entmax_alpha_convex(z, alpha, n_iter=ENTMAX_ALPHA_ITERS):
     "Unnormalised alpha-entmax, 1 < alpha <= 2, of `z = (s - max)(alpha - 1)` (-inf allowed): Newton on tau from -1."
@@ -315,33 +366,70 @@ def _entmax_alpha_convex(z, alpha, n_iter=ENTMAX_ALPHA_ITERS):
         if step.abs().max() <= tol: break                                # converged to round-off
     return (z - tau).clamp_min(0).pow(beta)
 
-def _entmax_alpha_concave(z, alpha, n_iter=ENTMAX_ALPHA_ITERS):
-    """Unnormalised alpha-entmax, alpha >= 2, of `z = (s - max)(alpha - 1)` (-inf allowed): the support by a binary
-    search over the sorted keys, then Newton on the smallest kept key's probability, from 1."""
-    a, beta, n = alpha - 1, 1 / (alpha - 1), z.shape[-1]
-    zs = z.sort(-1, descending=True).values
-    on_k = torch.zeros(z.shape[:-1] + (1,), dtype=torch.long, device=z.device)   # a key known to be kept (the max) ...
+def _newton_done(phi, step, v, tol):
+    "Every row's Newton on a log-probability `v` has converged: the weights sum to 1, or `v` moved by a few ulps."
+    return bool(((phi.abs() <= tol) | (step.abs() <= tol * v.abs().clamp_min(1)) | ~torch.isfinite(step)).all())
+
+def _entmax_alpha_near_one(x, alpha, n_iter=ENTMAX_ALPHA_ITERS):
+    """Unnormalised alpha-entmax, 1 < alpha <= 2, of scores `x` (-inf allowed): Newton on v = log p_max from 0, with
+    log p_i = v + beta log1p(-(alpha - 1)(max x - x_i) e^(-(alpha - 1) v)); accurate however close alpha is to 1."""
+    a, beta = alpha - 1, 1 / (alpha - 1)
+    gap = a * (x.amax(-1, keepdim=True) - x)                            # (..., T) >= 0; inf for a -inf key
+    def weights(v):
+        q = (gap * torch.exp(-a * v)).clamp_max(1)                      # (..., T); a key is on the support iff q < 1
+        return q, torch.exp(v + beta * torch.log1p(-q))                 # p_i; 0 off the support
+    v = torch.zeros_like(x[..., :1])                                    # p_max = 1: phi(0) >= 0, right of the root
+    tol = 4 * torch.finfo(x.dtype).eps
+    for _ in range(n_iter):
+        q, p = weights(v)
+        phi = p.sum(-1, keepdim=True) - 1
+        step = phi / torch.where(q < 1, p / (1 - q), torch.zeros_like(p)).sum(-1, keepdim=True)   # dp_i/dv = p_i / (1 - q_i)
+        v = v - step
+        if _newton_done(phi, step, v, tol): break
+    return weights(v)[1]
+
+def _entmax_alpha_concave(x, alpha, n_iter=ENTMAX_ALPHA_ITERS):
+    """Unnormalised alpha-entmax, alpha >= 2, of scores `x` (-inf allowed): the support by a binary search over the
+    sorted keys, then Newton on v = log p_k, the log-probability of the smallest kept key x_k, where
+    p_i^(alpha - 1) = (alpha - 1)(x_i - x_k) + p_k^(alpha - 1)."""
+    a, beta, n = alpha - 1, 1 / (alpha - 1), x.shape[-1]
+    xs = x.sort(-1, descending=True).values
+    def above(xm): return torch.where(x > xm, a * (x - xm), torch.zeros_like(x))   # (alpha - 1)(x_i - x_m)_+, from the scores
+    on_k = torch.zeros(x.shape[:-1] + (1,), dtype=torch.long, device=x.device)   # a key known to be kept (the max) ...
     off_k = torch.full_like(on_k, n)                                              # ... and one known dropped (or n)
     for _ in range(max(1, math.ceil(math.log2(n)))):
         mid = (on_k + off_k) // 2
-        zm = zs.gather(-1, mid.clamp_max(n - 1))
-        kept = ((torch.where(z > zm, z - zm, torch.zeros_like(z)).pow(beta).sum(-1, keepdim=True) < 1)   # f(z_mid) < 0
-                & (mid < off_k))
+        xm = xs.gather(-1, mid.clamp_max(n - 1))
+        kept = (above(xm).pow(beta).sum(-1, keepdim=True) < 1) & (mid < off_k)   # f(z_mid) < 0
         on_k, off_k = torch.where(kept, mid, on_k), torch.where(kept, off_k, torch.maximum(mid, on_k + 1))
-    zk = zs.gather(-1, on_k)                                            # the smallest kept score
-    on = z >= zk
-    c = torch.where(on, z - zk, torch.zeros_like(z))                    # p_i = (c_i + s^a)^beta, s = p_k
-    s = torch.ones_like(zk)                                             # phi(1) >= 0: start right of the root
-    tol = 4 * torch.finfo(z.dtype).eps
+    xk = xs.gather(-1, on_k)                                            # the smallest kept score
+    on, c = x >= xk, above(xk)                                          # p_i^a = c_i + p_k^a on the support
+    log_c = c.log()                                                     # -inf at x_k, its ties and off the support
+    def weights(v):
+        lu = torch.logaddexp(log_c, a * v)                              # log p_i^a
+        return lu, torch.where(on, (beta * lu).exp(), torch.zeros_like(lu))
+    v = ((1 - c.pow(beta).sum(-1, keepdim=True)) / (x == xk).sum(-1, keepdim=True)).log()   # p_k <= that: right of the root
+    tol = 4 * torch.finfo(x.dtype).eps
     for _ in range(n_iter):
-        u = c + s.pow(a)
-        u_pow = torch.where(on, u.pow(beta - 1), torch.zeros_like(u))
-        phi = (u_pow * u).sum(-1, keepdim=True) - 1
-        s_new = s - phi / (s.pow(a - 1) * u_pow.sum(-1, keepdim=True))
-        s_new = torch.where(s_new > 0, s_new, s / 2)                        # a root below float range: halve towards it
-        step, s = s - s_new, s_new
-        if step.abs().max() <= tol: break                                # converged to round-off
-    return torch.where(on, (c + s.pow(a)).pow(beta), torch.zeros_like(c))
+        lu, p = weights(v)
+        phi = p.sum(-1, keepdim=True) - 1
+        step = phi / (p * (a * v - lu).exp()).sum(-1, keepdim=True)    # dp_i/dv = p_i p_k^a / p_i^a
+        v = v - step
+        if _newton_done(phi, step, v, tol): break
+    return weights(v)[1]
+
+def _entmax_alpha_rows(x, alpha, n_iter=ENTMAX_ALPHA_ITERS):
+    """Unnormalised alpha-entmax of scores `x`, each row by the method for its alpha (broadcastable to `x[..., :1]`).
+    A method runs only if some row needs it, on all rows with alpha clamped to its range; the other rows are discarded."""
+    lo, hi = ENTMAX_ALPHA_NEAR_ONE, 2.0
+    methods = [(alpha < lo, alpha.clamp_max(lo), lambda a: _entmax_alpha_near_one(x, a, n_iter)),
+               ((alpha >= lo) & (alpha <= hi), alpha.clamp(lo, hi),
+                lambda a: _entmax_alpha_convex((x - x.amax(-1, keepdim=True)) * (a - 1), a, n_iter)),   # z: max 0
+               (alpha > hi, alpha.clamp_min(hi), lambda a: _entmax_alpha_concave(x, a, n_iter))]
+    p = None
+    for rows, a, method in methods:
+        if rows.any(): p = method(a) if p is None else torch.where(rows, method(a), p)
+    return p
 
 class EntmaxAlphaFunction(Function):
     """alpha-entmax over the last dim for a tensor `alpha` (broadcastable, size 1 on that dim): Newton forward, implicit backward.
@@ -351,17 +439,12 @@ class EntmaxAlphaFunction(Function):
         alpha_shape = alpha.shape
         alpha = alpha.to(x.dtype)
         ctx.alpha_shape = alpha_shape
-        if K.usable(x) and (alpha <= 2).all():                          # the kernel's Newton assumes a convex f
+        if K.usable(x) and ((alpha >= ENTMAX_ALPHA_NEAR_ONE) & (alpha <= 2)).all():   # the kernel runs Newton on tau
             p, bad = K.entmax_alpha_fwd(x, alpha.expand(x.shape[:-1] + (1,)), n_iter, flags=True)   # flags: softmax's NaN rows
             ctx.save_for_backward(p, alpha)
             ctx.mark_non_differentiable(bad)
             return p, bad
-        z = (x - x.amax(-1, keepdim=True)) * (alpha - 1)                   # (..., T), max 0
-        concave = alpha > 2
-        if not concave.any(): p = _entmax_alpha_convex(z, alpha, n_iter)
-        elif concave.all(): p = _entmax_alpha_concave(z, alpha, n_iter)
-        else: p = torch.where(concave, _entmax_alpha_concave(z, alpha.clamp_min(2), n_iter),
-                              _entmax_alpha_convex(z, alpha.clamp_max(2), n_iter))
+        p = _entmax_alpha_rows(x, alpha, n_iter)
         p = p / p.sum(-1, keepdim=True)
         ctx.save_for_backward(p, alpha)
         bad = ~torch.isfinite(x.detach().amax(-1, keepdim=True))
@@ -386,10 +469,12 @@ class EntmaxAlphaFunction(Function):
         return dx, d_alpha, None
 
 def entmax_alpha(scores, alpha, key_mask=None, n_iter=ENTMAX_ALPHA_ITERS):
-    "alpha-entmax over keys; `alpha` is a float or a tensor broadcastable to `scores[..., :1]` (e.g. `[H, 1, 1]`), all > 1."
+    "alpha-entmax over keys; `alpha` is a float or a tensor broadcastable to `scores[..., :1]` (e.g. `[H, 1, 1]`), all > 1 and finite."
     s, empty = _mask_scores(_upcast(scores), key_mask)
     if not torch.is_tensor(alpha): alpha = torch.tensor(float(alpha), dtype=s.dtype, device=s.device)
-    if not (alpha > 1).all(): raise ValueError(f"entmax_alpha needs every alpha > 1 (got min {alpha.min().item()}); use softmax for alpha = 1")
+    if not ((alpha > 1) & (alpha < math.inf)).all():
+        raise ValueError(f"entmax_alpha needs every alpha > 1 and finite (got {alpha.min().item()} to {alpha.max().item()}); use softmax for alpha = 1")
+    if s.numel() == 0: return _no_scores(scores, alpha)
     p, bad = EntmaxAlphaFunction.apply(s, alpha, n_iter)              # and the rows softmax makes NaN, found on the way
     return _finish(p, s, empty, bad).to(scores.dtype)
 
@@ -448,6 +533,47 @@ test_fail(lambda: entmax_alpha(x, 1.0), contains="alpha > 1")
 # %%
 a25 = torch.tensor(2.5, dtype=torch.float64, requires_grad=True)
 assert torch.autograd.gradcheck(lambda u, b: entmax_alpha(u, b, m), (x.clone().requires_grad_(), a25))
+
+
+# %% [markdown]
+# **Large $\alpha$, and $\alpha$ near 1, in both precisions.** The reference is the `entmax` package's bisection in
+# float64 with 1100 halvings (down to float64's smallest numbers), given each row shifted so that its smallest kept score
+# is 0. Entmax does not change under a shift, and the bisection finds $\tau$ only to an ulp of its magnitude, which at
+# $\alpha = 50$ is more than the weights carry: unshifted, it gives the two keys below 0.66 and 0.34 instead of 0.986
+# and 0.014. The smallest kept key is found by brute force (key $m$ is kept iff
+# $\sum_{x_i > x_m} ((\alpha-1)(x_i - x_m))^{\beta} < 1$). Rows of float32 values scaled from $0.1/(\alpha-1)$ (nearly
+# uniform) to $10/(\alpha-1)$ (a key or two), widths 1, 2, 17 and 97, with and without masked keys: float32 within
+# $5 \cdot 10^{-7}$ of the exact weights (1.2e-7 measured), float64 within $10^{-12}$.
+
+# %%
+def kept_floor(x, alpha):
+    "The smallest kept score of each row `x` (float64, -inf masked), by brute force over the keys."
+    d = ((alpha - 1) * (x.unsqueeze(-2) - x.unsqueeze(-1))).clamp_min(0)        # [..., m, i]: (alpha - 1)(x_i - x_m)_+
+    f = torch.nan_to_num(d.pow(1 / (alpha - 1)), nan=0.).sum(-1)               # f(z_m) + 1; a masked key m: inf
+    return torch.where(f < 1, x, math.inf).amin(-1, keepdim=True)
+
+def exact_entmax(x, alpha):
+    "alpha-entmax of float64 rows by the package's bisection, each row shifted so its smallest kept score is 0."
+    return entmax.entmax_bisect(x - kept_floor(x, alpha), alpha, dim=-1, n_iter=1100)
+
+two = torch.tensor([[1 + 0.5 / 49, 1.]], dtype=torch.float64)                   # (alpha - 1)(x_0 - x_1) = 0.5
+p2 = (49 * (two[0, 0] - 1)) ** (1 / 49)                                          # p_0^49 - p_1^49 = 0.5, p_1^49 ~ 1e-91
+test_close(entmax_alpha(two, 50.), torch.tensor([[p2, 1 - p2]]), eps=1e-14)
+test_close(exact_entmax(two, 50.), torch.tensor([[p2, 1 - p2]]), eps=1e-14)
+unshifted = entmax.entmax_bisect(two, 50., dim=-1, n_iter=1100)                 # tau to an ulp of 0.5: 0.66, 0.34
+assert (unshifted[0, 0] - p2).abs() > 0.3, unshifted
+test_close(entmax_alpha(torch.zeros(1, 17), 50.), torch.full((1, 17), 1 / 17), eps=1e-7)   # was NaN in float32
+torch.manual_seed(2)
+for alpha in (1.0001, 1.01, 1.5, 2.0, 3.0, 10.0, 50.0):
+    for T in (1, 2, 17, 97):
+        x = (torch.randn(64, T) * torch.logspace(-1, 1, 64).view(-1, 1) / (alpha - 1)).double()   # float32 values
+        for m in (None, torch.rand(64, T) > 0.3):
+            if m is not None: m[:, 0] = True                                      # every row keeps a valid key
+            ref = exact_entmax(x if m is None else x.masked_fill(~m, -math.inf), alpha)
+            test_close(entmax_alpha(x, alpha, m), ref, eps=1e-12)
+            test_close(entmax_alpha(x.float(), alpha, m).double(), ref, eps=5e-7)
+test_close(entmax_alpha(x, 1 + 1e-9), torch.softmax(x, -1), eps=1e-7)         # alpha -> 1 is softmax
+test_fail(lambda: entmax_alpha(x, math.inf), contains="finite")
 
 # %% [markdown]
 # ## The original study's entmax: 18 bisection steps, gradient through the loop
@@ -526,6 +652,7 @@ class EntmaxBisectFunction(Function):
 def entmax_bisect(scores, alpha, key_mask=None, n_iter=ORIGINAL_BISECT_STEPS):
     "alpha-entmax over keys as the original study computed it: bisection, gradient through the loop (see above)."
     alpha = torch.as_tensor(alpha, dtype=torch.float32 if scores.dtype in (torch.float16, torch.bfloat16) else scores.dtype)
+    if scores.numel() == 0: return _no_scores(scores, alpha)
     s, empty = _mask_scores(_upcast(scores), key_mask)
     return _finish(EntmaxBisectFunction.apply(s, alpha.to(s.device), n_iter), s, empty).to(scores.dtype)
 
@@ -619,6 +746,7 @@ def topk_softmax(scores, ratio, key_mask=None, scope="row"):
     "Softmax over the top `ratio` fraction of valid keys per query row (`scope='row'`) or per head matrix (`scope='head'`)."
     if not 0 < ratio <= 1: raise ValueError(f"top-k ratio must be in (0, 1], got {ratio}")
     if scope not in ("row", "head"): raise ValueError(f"scope must be 'row' or 'head', got {scope!r}")
+    if scores.numel() == 0: return _no_scores(scores)
     s, empty = _mask_scores(_upcast(scores), key_mask)
     if scope == "row" and K.usable(s):
         p, bad = TopkSoftmaxFunction.apply(s, ratio)                        # the kernel flags softmax's NaN rows
@@ -663,6 +791,7 @@ assert (n_kept >= math.ceil(0.2 * 17 * 9)).all() and (n_kept < math.ceil(0.2 * 1
 skew = x.clone(); skew[:, :, :8] += 100                                       # first 8 rows dominate the head matrix
 test_eq(((topk_softmax(skew, 0.1, scope="head") > 0).sum(-1) >= 1).all(), True)  # yet no row is emptied
 
+
 # %% [markdown]
 # ## Names
 #
@@ -706,7 +835,6 @@ test_fail(lambda: parse_topk_ratio("topk_softmax_0"), contains="(0, 1]")
 test_fail(lambda: parse_topk_ratio("topk_softmax_2"), contains="(0, 1]")
 test_eq([parse_alpha_start(f"headwise_adaptive_entmax_start{d}") for d in ("12", "18", "175")], [1.2, 1.8, 1.75])
 test_fail(lambda: parse_alpha_start("headwise_adaptive_entmax_start1.2"), contains="without its dot")
-
 
 # %% [markdown]
 # ## The registry
@@ -819,6 +947,7 @@ def register_normalizer_family(prefix: str, make):
     "Names `prefix<suffix>` resolve through `make(name) -> NormalizerSpec` (e.g. every `topk_softmax_<digits>`)."
     _FAMILIES[prefix] = make
 
+
 # %% [markdown]
 # **Resolving a name.** `resolve_normalizer` turns what a user writes — a registered name, a member of a family,
 # `package.module:name`, or the name of an entry point in the group `sparse_attention_repro.normalizers` — into its
@@ -888,6 +1017,7 @@ def _library_tested(spec) -> bool:
 def get_normalizer(name, num_heads: int = 1, num_models: int | None = None, **options) -> nn.Module:
     "The normalizer module of `name` (anything `resolve_normalizer` takes) for `num_heads` heads; `options` as its spec declares."
     return resolve_normalizer(name).build(num_heads=num_heads, num_models=num_models, **options)
+
 
 # %% [markdown]
 # **The conformance suite.** Each property is a rule of the lab's attention contract, checked on small random scores
@@ -964,6 +1094,7 @@ def _conformance(spec, num_heads, seed):
             return None if ps.shape == s5.shape and torch.allclose(ps[0], p, atol=1e-6) else "model 0 of a stack differs from the module alone"
         prop("stack", stack)
     return failures
+
 
 # %% [markdown]
 # **Study A's normalizers** enter the registry the same way any outside one would. Only the adaptive entmax has
@@ -1073,6 +1204,7 @@ def fused_refusal(methods, device="cpu", stacked=False) -> str | None:
     specs = [m if isinstance(m, NormalizerSpec) else resolve_normalizer(m) for m in methods]
     if none := [s.name for s in specs if fused_kernel_args(s.build()) is None]: return f"{', '.join(none)} has no fused kernel"
     return None
+
 
 # %%
 test_eq(fused_refusal(["softmax", "entmax15_bisect"]), "entmax15_bisect has no fused kernel")
@@ -1224,6 +1356,25 @@ for name in names:
     pbf = norm.float()(torch.randn(2, 3, 5, 7).bfloat16(), mask)
     test_eq(pbf.dtype, torch.bfloat16)
     assert torch.isfinite(pbf.float()).all() and (pbf.float().sum(-1)[rows] - 1).abs().max() < 1e-2, name
+
+# %% [markdown]
+# **Empty inputs** (see `_no_scores`): a batch of no examples, a head with no queries or a row with no keys gives an
+# empty result of the same shape and dtype, with and without a key mask, forward and backward, for every normalizer of
+# the library and its families' members, in float64 (the torch path's dtype), float32 (the C kernels' on the CPU) and bf16; the
+# learned $\alpha$ gets a zero gradient.
+
+# %%
+cases = [(n, {}) for n in sorted(_LIBRARY_NAMES)] + [("topk_softmax_025", {}), ("topk_softmax_025", dict(scope="head")),
+                                                    ("headwise_adaptive_entmax_start12", {})]
+for (name, options), dtype in itertools.product(cases, (torch.float64, torch.float32, torch.bfloat16)):
+    norm = get_normalizer(name, num_heads=3, **options).to(torch.float32 if dtype == torch.bfloat16 else dtype)
+    for shape, masked in itertools.product([(0, 3, 5, 7), (2, 3, 0, 7), (2, 3, 5, 0), (0, 3, 0, 0)], (False, True)):
+        s = torch.randn(shape, dtype=dtype, requires_grad=True)
+        p = norm(s, torch.ones(shape[0], 1, 1, shape[-1], dtype=torch.bool) if masked else None)
+        test_eq((name, p.shape, p.dtype), (name, s.shape, dtype))
+        p.sum().backward()
+        test_eq((name, s.grad.shape), (name, s.shape))
+        for q in norm.parameters(): test_eq((name, q.grad), (name, torch.zeros_like(q))); q.grad = None
 
 # %% [markdown]
 # Non-finite scores stay visible: with a NaN in one row, a $+\infty$ in another and a row of only $-\infty$, exactly
