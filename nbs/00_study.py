@@ -92,8 +92,9 @@ test_eq(len(PAPER_METHODS), 7); assert BASELINE in PAPER_METHODS and CRISP_BASEL
 # manifest, the report's file checks, the kill-and-resume test — needs a few facts of each study and nothing else: the
 # name its manifest and rows folder go by, its results file and the columns that identify one row, the column naming an
 # arm and its baseline, its parameterised notebook, and its run configuration (a dataclass of options, named by import
-# path so that this low-level module imports none of the training code). `STUDIES` declares both papers' studies; a
-# third study is one more `Study` here, plus its notebook, its configuration and its task builder in the command line.
+# path so that this low-level module imports none of the training code). `STUDIES` declares both papers' studies and
+# the length study, which is that third study: one more `Study` here, its notebook, its configuration and its task
+# builder (`length_study`).
 
 # %%
 #| export
@@ -125,10 +126,12 @@ STUDIES = {s.name: s for s in [
           "sparse_attention_repro.train:TrainConfig"),
     Study("crisp", "Crisp", "crisp_runs.csv", ("config", "seed", "split"), "config", CRISP_BASELINE, "crisp.ipynb",
           "sparse_attention_repro.crisp:FinetuneConfig"),
+    Study("length", "length study", "length_runs.csv", ("task", "normalizer", "positions", "lr", "seed", "steps", "split", "step", "length"),
+          "normalizer", BASELINE, "length.ipynb", "sparse_attention_repro.length_train:LengthRunConfig"),
 ]}
 
 # %%
-test_eq([s.results_path("out").as_posix() for s in STUDIES.values()], ["out/runs.csv", "out/crisp_runs.csv"])
+test_eq([s.results_path("out").as_posix() for s in STUDIES.values()], ["out/runs.csv", "out/crisp_runs.csv", "out/length_runs.csv"])
 test_eq(STUDIES["crisp"].rows_dir("out").as_posix(), "out/rows/crisp")
-test_eq([s.config_class().__name__ for s in STUDIES.values()], ["TrainConfig", "FinetuneConfig"])
+test_eq([s.config_class().__name__ for s in STUDIES.values()], ["TrainConfig", "FinetuneConfig", "LengthRunConfig"])
 assert all(s.arm in s.keys for s in STUDIES.values())

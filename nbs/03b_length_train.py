@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from sparse_attention_repro.decoder import CausalDecoder, DecoderConfig, exact_match
 from sparse_attention_repro.files import atomic_write_bytes
 from sparse_attention_repro.length_tasks import get_task, pack
+from sparse_attention_repro.options import option
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
@@ -46,6 +47,8 @@ import tempfile
 #| export
 TEST_ENTROPY = 20261207           # test inputs: default_rng((TEST_ENTROPY, length)), the same for every run
 
+_positive = lambda v: None if v >= 0 else "must be positive (or 0: the profile's)"
+
 @dataclass
 class LengthRunConfig:
     "One length-study run: the task, the normalizer, the model's shape, the recipe and the seed."
@@ -54,16 +57,16 @@ class LengthRunConfig:
     positions: str = "nape"          # nape | rope | none
     seed: int = 0
     lr: float = 1e-3
-    steps: int = 4000                # the run's length; the chosen step is at most this
-    eval_every: int = 250            # validate (and keep the weights) every this many steps
-    warmup: int = 200                # linear warm-up steps, then a constant rate
-    batch_size: int = 64
+    steps: int = option(4000, "training steps of every run (the chosen step is at most this; 0: the profile's)", _positive, unset=0)
+    eval_every: int = option(250, "validate at the training lengths, and keep the weights, every this many steps (0: the profile's)", _positive, unset=0)
+    warmup: int = option(200, "linear warm-up steps, then a constant rate (0: the profile's)", _positive, unset=0)
+    batch_size: int = option(64, "sequences per training batch (0: the profile's)", _positive, unset=0)
     train_lengths: tuple = (32, 64)  # inputs drawn uniformly from this closed range
     val_per_length: int = 8          # validation inputs of each training length
-    width: int = 64
-    layers: int = 2
-    heads: int = 4
-    ffn: int = 256
+    width: int = option(64, "model width (0: the profile's)", _positive, unset=0)
+    layers: int = option(2, "decoder blocks (0: the profile's)", _positive, unset=0)
+    heads: int = option(4, "attention heads, even under NAPE (0: the profile's)", _positive, unset=0)
+    ffn: int = option(256, "MLP hidden width (0: the profile's)", _positive, unset=0)
 
     def decoder_config(self, vocab_size: int) -> DecoderConfig:
         return DecoderConfig(vocab_size, self.width, self.layers, self.heads, self.ffn, self.positions, self.normalizer)
@@ -246,3 +249,36 @@ with tempfile.TemporaryDirectory() as d:
     assert all(0 <= r["accuracy"] <= 1 for r in rows)
     tokens, labels = shared_test_set(get_task("flip_flop"), 128, 24)           # the same reading by hand, one batch
     test_eq(rows[1]["accuracy"] * 24, int(exact_match(load_model(cfg, d, 40), tokens, labels).sum()))
+
+
+# %% [markdown]
+# ## A run's rows
+#
+# One schema for everything a run reports: a row per validation (`split` = validation, at the training lengths, so no
+# single `length`) and a row per tested length (`split` = test). The run's identity — task, normalizer, positions,
+# rate, seed and run length — is on every row; `status` says whether the run finished (`ok`) or diverged
+# (`failed_nonfinite_loss`, its curve kept up to the step it failed at).
+
+# %%
+#| export
+RUN_KEYS = ("task", "normalizer", "positions", "lr", "seed", "steps")
+ROW_COLUMNS = RUN_KEYS + ("split", "step", "length", "accuracy", "n", "train_loss", "seconds", "status")
+ROW_KEYS = RUN_KEYS + ("split", "step", "length")
+
+def run_rows(cfg: LengthRunConfig, record: dict, tested=()) -> list:
+    "The rows (`ROW_COLUMNS`) of run `cfg`: its validation curve from `record`, then its `tested` rows."
+    ident = {k: getattr(cfg, k) for k in RUN_KEYS}
+    n_val = cfg.val_per_length * (cfg.train_lengths[1] - cfg.train_lengths[0] + 1)
+    rows = [dict(ident, split="validation", step=r["step"], length=float("nan"), accuracy=r["val_accuracy"], n=n_val,
+                 train_loss=r["train_loss"], seconds=r["seconds"], status=record["status"]) for r in record["curve"]]
+    rows += [dict(ident, split="test", step=t["step"], length=t["length"], accuracy=t["accuracy"], n=t["n"],
+                  train_loss=float("nan"), seconds=t["seconds"], status=record["status"]) for t in tested]
+    return [{c: r[c] for c in ROW_COLUMNS} for r in rows]
+
+# %%
+with tempfile.TemporaryDirectory() as d:
+    cfg = LengthRunConfig("flip_flop", steps=20, eval_every=10, warmup=5, batch_size=8, width=16, layers=1, heads=2, ffn=32)
+    rec = train_run(cfg, d)
+    rows = run_rows(cfg, rec, evaluate_lengths(cfg, d, 20, [64], 8))
+    test_eq([(r["split"], r["step"]) for r in rows], [("validation", 10), ("validation", 20), ("test", 20)])
+    test_eq(list(rows[0]), list(ROW_COLUMNS)); test_eq(rows[0]["n"], 8 * 33); test_eq(rows[2]["length"], 64)

@@ -8,15 +8,15 @@ __all__ = ['FAST_HELP', 'SUBCOMMANDS', 'STUDY_A', 'CRISP', 'BENCHES', 'TIMED_BEN
            'build_parser', 'ExecutionPlan', 'execution_plan', 'grid_tasks', 'study_group', 'run_study', 'cmd_grid',
            'crisp_tasks', 'cmd_crisp', 'cmd_report', 'cmd_index', 'cmd_leaderboard', 'cmd_card', 'cmd_readme',
            'cmd_site', 'cmd_reproduce', 'ablation_grids', 'cmd_ablations', 'cmd_follow_ups', 'tuned_grids',
-           'tuned_rule', 'tuned_groups', 'cmd_tuned', 'cmd_attention_maps', 'cmd_bench', 'main']
+           'tuned_rule', 'tuned_groups', 'cmd_tuned', 'cmd_attention_maps', 'cmd_bench', 'cmd_length', 'main']
 
 # %% ../nbs/07_cli.ipynb
 import argparse, os, sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from .runner import NotebookTask, TaskGroup, run_task_groups, check_manifest, results_lock, experiments_dir
 from .study import STUDIES
-from .options import add_option_arguments, option_defaults, check_options
+from .options import add_option_arguments, option_defaults, check_options, config_from_options
 
 # %% ../nbs/07_cli.ipynb
 class UsageError(ValueError):
@@ -269,7 +269,24 @@ def _bench_args(sub):
     return b
 
 # %% ../nbs/07_cli.ipynb
-SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "report": _report_args, "readme": _readme_args, "index": _index_args, "leaderboard": _leaderboard_args, "card": _card_args, "site": _site_args,
+def _length_args(sub):
+    "`length`: the length study's grid."
+    l = sub.add_parser("length", help="the length study: train a causal decoder short, test it long; task x normalizer x positions x rate x seed")
+    l.add_argument("--profile", default="smoke", help="smoke (tiny, for tests)")
+    l.add_argument("--out", required=True, help="results folder (length_runs.csv, runs/, notebooks/, rows/)")
+    l.add_argument("--tasks", nargs="+", help="registered tasks, package.module:name, or entry points (default: the profile's)")
+    l.add_argument("--normalizers", nargs="+", help="registered normalizers (default: the profile's)")
+    l.add_argument("--positions", nargs="+", help="nape | rope | none (default: the profile's)")
+    l.add_argument("--rates", nargs="+", type=float, help="learning rates (default: the profile's)")
+    l.add_argument("--seeds", nargs="+")
+    l.add_argument("--test-lengths", nargs="+", type=int, help="input lengths to test every run at (default: the profile's)")
+    from sparse_attention_repro.length_train import LengthRunConfig
+    add_option_arguments(l, LengthRunConfig)                                   # the run options are LengthRunConfig's own fields
+    l.add_argument("--dry-run", action="store_true", help="print the runs the grid still needs and run nothing")
+    _executor_args(l)
+    return l
+
+SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "length": _length_args, "report": _report_args, "readme": _readme_args, "index": _index_args, "leaderboard": _leaderboard_args, "card": _card_args, "site": _site_args,
                "reproduce": _reproduce_args,
                "ablations": _ablations_args, "follow-ups": _follow_ups_args, "tuned": _tuned_args,
                "attention-maps": _maps_args, "bench": _bench_args}
@@ -903,7 +920,30 @@ def cmd_bench(args):
     return {}
 
 # %% ../nbs/07_cli.ipynb
-COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "report": cmd_report, "readme": cmd_readme, "index": cmd_index, "leaderboard": cmd_leaderboard, "card": cmd_card, "site": cmd_site, "reproduce": cmd_reproduce,
+def cmd_length(args):
+    "Run the length study's grid (or, with --dry-run, print what it still needs); returns the failures."
+    _check_executor(args)
+    from sparse_attention_repro.length_study import LENGTH, PROFILES, check_request, plan_runs, notebook_task
+    from sparse_attention_repro.length_train import LengthRunConfig
+    if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
+    prof = PROFILES[args.profile]
+    run = config_from_options(LengthRunConfig, {k: getattr(args, k) for k in option_defaults(LengthRunConfig)})
+    tasks, specs = check_request(prof, args.tasks or prof.tasks, args.normalizers or prof.normalizers,
+                                 args.positions or prof.positions, args.test_lengths or prof.test_lengths)
+    runs = plan_runs(args.out, prof, [t.name for t in tasks], [s.name for s in specs], args.positions or prof.positions,
+                     args.rates or prof.rates, _seeds(args.seeds) if args.seeds else prof.seeds, args.test_lengths, **run)
+    todo = [r for r in runs if not r.rows.exists()]
+    if args.dry_run:
+        print(f"length grid in {args.out}: {len(runs)} runs, {len(todo)} still to run")
+        for r in todo: print(f"  {r.key}: {r.cfg.steps} steps, tested at {', '.join(map(str, r.test_lengths))} tokens")
+        return {}
+    threads, note = grid_threads(args.out, LENGTH.name, args.jobs)
+    if note: print(note, file=sys.stderr)
+    options = dict(profile=args.profile, **{k: v for k, v in asdict(runs[0].cfg).items() if k in option_defaults(LengthRunConfig)},
+                   test_examples=prof.test_examples)
+    return run_study(LENGTH, args, [notebook_task(r, threads) for r in runs], options)
+
+COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "length": cmd_length, "report": cmd_report, "readme": cmd_readme, "index": cmd_index, "leaderboard": cmd_leaderboard, "card": cmd_card, "site": cmd_site, "reproduce": cmd_reproduce,
             "ablations": cmd_ablations, "follow-ups": cmd_follow_ups, "tuned": cmd_tuned,
             "attention-maps": cmd_attention_maps, "bench": cmd_bench}
 

@@ -82,4 +82,6 @@ STUDIES = {s.name: s for s in [
           "sparse_attention_repro.train:TrainConfig"),
     Study("crisp", "Crisp", "crisp_runs.csv", ("config", "seed", "split"), "config", CRISP_BASELINE, "crisp.ipynb",
           "sparse_attention_repro.crisp:FinetuneConfig"),
+    Study("length", "length study", "length_runs.csv", ("task", "normalizer", "positions", "lr", "seed", "steps", "split", "step", "length"),
+          "normalizer", BASELINE, "length.ipynb", "sparse_attention_repro.length_train:LengthRunConfig"),
 ]}

@@ -171,7 +171,8 @@ def test_softmax_sink_is_the_papers_formula():
 
 
 def test_stick_breaking_is_the_papers_formula():
-    def sticks(x, valid, i):
+    def sticks(x, valid, r, tq=6):
+        i = len(x) - tq + r                                                       # query r sits at key position Tk - Tq + r
         order = sorted(range(len(x)), key=lambda j: (abs(j - i), j))              # nearest first, i - d before i + d
         out, rest = [0.0] * len(x), 1.0
         for j in order:
@@ -179,17 +180,18 @@ def test_stick_breaking_is_the_papers_formula():
             beta = 1 / (1 + math.exp(-x[j]))
             out[j], rest = beta * rest, rest / (1 + math.exp(x[j]))               # break off beta; 1 - beta = sigmoid(-x) exactly
         return out
-    for tq in (6, 4):                                                             # self-attention, and fewer queries than keys
+    for tq in (6, 4):                                                             # self-attention, and a block of the last queries
         s = torch.randn(2, 3, tq, 6, dtype=torch.float64) * 2
-        torch.testing.assert_close(stick_breaking(s), by_element(sticks, s))
-        torch.testing.assert_close(stick_breaking(s, MASK), by_element(sticks, s, MASK))
+        ref = lambda x, valid, r: sticks(x, valid, r, tq)
+        torch.testing.assert_close(stick_breaking(s), by_element(ref, s))
+        torch.testing.assert_close(stick_breaking(s, MASK), by_element(ref, s, MASK))
     causal = torch.randn(1, 1, 5, 5, dtype=torch.float64)                         # the paper's case: the last query, keys before it
     j = torch.arange(5)
     p = stick_breaking(causal, (j < 4).view(1, 1, 1, 5))[0, 0, 4]
     b = torch.sigmoid(causal[0, 0, 4])
     torch.testing.assert_close(p[:4], torch.stack([b[k] * torch.prod(1 - b[k + 1:4]) for k in range(4)]))
     big = torch.tensor([[[60.0, -60.0, 30.0]]])                                   # float32: log space stays finite and exact
-    torch.testing.assert_close(stick_breaking(big).double(), by_element(sticks, big.double()), rtol=1e-5, atol=1e-30)
+    torch.testing.assert_close(stick_breaking(big).double(), by_element(lambda x, v, r: sticks(x, v, r, 1), big.double()), rtol=1e-5, atol=1e-30)
     assert (stick_breaking(s).sum(-1) < 1).all()
 
 
