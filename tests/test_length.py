@@ -59,3 +59,32 @@ def test_a_task_from_outside_the_library_trains_and_tests(tmp_path, monkeypatch)
     assert record["status"] == "ok" and [r["step"] for r in record["curve"]] == [10, 20]
     rows = evaluate_lengths(cfg, tmp_path / "run", 20, [64, 256], 16)
     assert [r["length"] for r in rows] == [64, 256] and all(0 <= r["accuracy"] <= 1 for r in rows)
+
+
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
+    from conftest import cli
+    out = tmp_path / "out"
+    for args, says in [(["--tasks", "nope"], "unknown task 'nope'"),
+                       (["--tasks", "mqmtar", "--test-lengths", "16"], "test length 16 is below task mqmtar's shortest input"),
+                       (["--normalizers", "nope"], "unknown normalizer 'nope'"),
+                       (["--positions", "alibi"], "unknown position scheme 'alibi'"),
+                       (["--steps", "-3"], "--steps must be positive"),
+                       (["--profile", "huge"], "unknown profile 'huge'")]:
+        res = cli("length", "--out", out, *args)
+        assert res.returncode == 2 and res.stderr.count("\n") == 1 and says in res.stderr, (args, res.stderr)
+        assert not out.exists()
+
+
+def test_length_grid_dry_run_then_run_then_resume(tmp_path):
+    from conftest import cli
+    import pandas as pd
+    out = tmp_path / "out"
+    dry = cli("length", "--out", out, "--dry-run")
+    assert dry.returncode == 0 and "2 runs, 2 still to run" in dry.stdout and not out.exists()
+    res = cli("length", "--out", out, "--jobs", "2")
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = pd.read_csv(out / "length_runs.csv")
+    assert len(rows) == 2 * (2 + 2) and set(rows.split) == {"validation", "test"} and (rows.status == "ok").all()
+    assert set(rows[rows.split == "test"].length) == {64, 128}
+    again = cli("length", "--out", out, "--dry-run")
+    assert "2 runs, 0 still to run" in again.stdout
