@@ -36,7 +36,7 @@ class LengthRunConfig:
     lr: float = 1e-3
     steps: int = option(4000, "training steps of every run (the chosen step is at most this; 0: the profile's)", _positive, unset=0)
     eval_every: int = option(250, "validate at the training lengths, and keep the weights, every this many steps (0: the profile's)", _positive, unset=0)
-    warmup: int = option(200, "linear warm-up steps, then a constant rate (0: the profile's)", _positive, unset=0)
+    warmup: int = option(200, "linear warm-up steps, then inverse square-root decay (0: the profile's)", _positive, unset=0)
     batch_size: int = option(64, "sequences per training batch (0: the profile's)", _positive, unset=0)
     train_lengths: tuple = (32, 64)  # inputs drawn uniformly from this closed range
     val_per_length: int = 8          # validation inputs of each training length
@@ -85,8 +85,9 @@ def eval_batch_size(length: int, budget_tokens: int = 16384) -> int:
 
 # %% ../nbs/03b_length_train.ipynb
 def lr_at(step: int, cfg: LengthRunConfig) -> float:
-    "Linear warm-up over `warmup` steps, then constant."
-    return cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup))
+    "Linear warm-up over `warmup` steps, then inverse square-root decay: lr * min(t / w, sqrt(w / t)), t = step + 1."
+    t, w = step + 1, max(1, cfg.warmup)
+    return cfg.lr * min(t / w, math.sqrt(w / t))
 
 def _save(obj, path: Path):
     "torch.save, atomically."
