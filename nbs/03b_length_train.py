@@ -166,7 +166,9 @@ def train_run(cfg: LengthRunConfig, folder, threads: int | None = 1, progress=No
     if (folder / "state.pt").exists():
         state = torch.load(folder / "state.pt", weights_only=False)
         model.load_state_dict(state["model"]); opt.load_state_dict(state["opt"]); step, record = state["step"], state["record"]
-    if record["status"] != "running": return record
+    if record["status"] == "ok" and step < cfg.steps:                    # a finished run extended: it continues
+        record = dict(record, status="running", config=asdict(cfg))
+    if record["status"] != "running" or step >= cfg.steps: return record
     val = validation_set(task, cfg)
     losses, t0 = [], time.perf_counter()
     while step < cfg.steps:
@@ -202,22 +204,30 @@ c = LengthRunConfig("flip_flop", lr=1e-3, warmup=100)
 test_close([lr_at(s, c) for s in (0, 49, 99, 399, 9999)], [1e-5, 5e-4, 1e-3, 5e-4, 1e-4], eps=1e-12)
 
 # %% [markdown]
-# A small run learns flip-flop at its training lengths in a few hundred steps, and a run killed half-way and resumed
-# ends bit for bit where an uninterrupted one does.
+# A run killed half-way and resumed ends bit for bit where an uninterrupted one does, and so does a finished run
+# **extended** to more steps (the schedule does not depend on the run's length, so a run of 40 steps continued to 60 is
+# a run of 60 steps): the protocol lengthens every arm's runs this way when a chosen step lands near the end of its run.
 
 # %%
 cfg = LengthRunConfig("flip_flop", steps=60, eval_every=20, warmup=10, batch_size=16, width=32, layers=1, heads=2, ffn=64, lr=3e-3)
+cfg40 = LengthRunConfig(**{**asdict(cfg), "steps": 40})
 with tempfile.TemporaryDirectory() as d:
-    full = train_run(cfg, Path(d) / "full")
+    d = Path(d)
+    full = train_run(cfg, d / "full")
     test_eq([r["step"] for r in full["curve"]], [20, 40, 60]); test_eq(full["status"], "ok")
-    half = train_run(LengthRunConfig(**{**asdict(cfg), "steps": 40}), Path(d) / "half")
-    state = torch.load(Path(d) / "half" / "state.pt", weights_only=False)
-    state["record"]["status"] = "running"; state["record"]["config"]["steps"] = 60       # as if killed at step 40
-    _save(state, Path(d) / "half" / "state.pt")
-    resumed = train_run(cfg, Path(d) / "half")
-    test_eq([r["val_accuracy"] for r in resumed["curve"]], [r["val_accuracy"] for r in full["curve"]])
-    w1 = torch.load(Path(d) / "full" / "weights" / "step_60.pt"); w2 = torch.load(Path(d) / "half" / "weights" / "step_60.pt")
-    assert all(torch.equal(w1[k], w2[k]) for k in w1)
+    train_run(cfg40, d / "killed")                                     # a 60-step run killed after keeping step 40 ...
+    state = torch.load(d / "killed" / "state.pt", weights_only=False)
+    state["record"]["status"] = "running"; state["record"]["config"]["steps"] = 60
+    _save(state, d / "killed" / "state.pt")
+    resumed = train_run(cfg, d / "killed")                              # ... and resumed
+    train_run(cfg40, d / "extended")                                    # a finished 40-step run ...
+    extended = train_run(cfg, d / "extended")                           # ... extended to 60
+    for name, run in (("killed", resumed), ("extended", extended)):
+        test_eq([r["val_accuracy"] for r in run["curve"]], [r["val_accuracy"] for r in full["curve"]])
+        test_eq((run["status"], run["config"]["steps"]), ("ok", 60))
+        w1, w2 = torch.load(d / "full" / "weights" / "step_60.pt"), torch.load(d / name / "weights" / "step_60.pt")
+        assert all(torch.equal(w1[k], w2[k]) for k in w1)
+    test_eq(train_run(cfg, d / "extended"), extended)                   # a finished run is not trained again
 
 
 # %% [markdown]

@@ -12,8 +12,9 @@
 # study A's and Crisp's grids (the study is `STUDIES["length"]`). This notebook turns a request into those executions.
 #
 # **Where things go** (under the results folder): the run's kept weights and training state in
-# `runs/<task>/<normalizer>/<positions>/lr<rate>/seed<seed>/`, its rows in the same place under `rows/length/`, its
-# executed notebook under `notebooks/length/`, and every row of the grid in `length_runs.csv`.
+# `runs/<task>/<normalizer>/<positions>/lr<rate>/seed<seed>/` (a run extended to more steps continues there), its rows
+# in the same place under `rows/length/` as `steps<S>.csv` (trained to S steps) or `steps<S>_test<k>.csv` (and tested
+# at step k), its executed notebook likewise under `notebooks/length/`, and every row of the grid in `length_runs.csv`.
 #
 # **Profiles** fix the model's shape and the run's length; a command line may choose tasks, normalizers, positions,
 # rates and seeds within one. `smoke` is tiny (seconds per run, for tests and CI).
@@ -124,9 +125,13 @@ class LengthRun:
     @property
     def folder(self) -> Path: return self.out / "runs" / self.key
     @property
-    def rows(self) -> Path: return LENGTH.rows_dir(self.out) / f"{self.key}/step{self.test_step}.csv"
+    def rows(self) -> Path: return LENGTH.rows_dir(self.out) / f"{self.key}/{self.name}.csv"
     @property
-    def notebook(self) -> Path: return self.out / "notebooks" / "length" / f"{self.key}/step{self.test_step}.ipynb"
+    def notebook(self) -> Path: return self.out / "notebooks" / "length" / f"{self.key}/{self.name}.ipynb"
+    @property
+    def name(self) -> str:
+        "`steps<S>` (trained to S steps, not tested) or `steps<S>_test<k>` (and tested at step k)."
+        return f"steps{self.cfg.steps}" + (f"_test{self.test_step}" if self.test_step else "")
 
 def plan_runs(out, profile: LengthProfile, tasks, normalizers, positions, rates, seeds, test_lengths=None, test_step=None,
               **run_options) -> list:
@@ -142,7 +147,8 @@ def plan_runs(out, profile: LengthProfile, tasks, normalizers, positions, rates,
 runs = plan_runs("out", smoke, ["flip_flop"], ["softmax", "sparsemax"], ["nape"], [1e-3, 3e-3], [0, 1])
 test_eq(len(runs), 8)
 test_eq(runs[1].key, "flip_flop/softmax/nape/lr0.001/seed1")
-test_eq(runs[1].rows.as_posix(), "out/rows/length/flip_flop/softmax/nape/lr0.001/seed1/step20.csv")
+test_eq(runs[1].rows.as_posix(), "out/rows/length/flip_flop/softmax/nape/lr0.001/seed1/steps20_test20.csv")
+test_eq(replace(runs[1], test_step=0).notebook.as_posix(), "out/notebooks/length/flip_flop/softmax/nape/lr0.001/seed1/steps20.ipynb")
 test_eq(runs[0].cfg.width, 16); test_eq(runs[0].test_lengths, (64, 128))
 test_eq(plan_runs("out", smoke, ["reverse"], ["softmax"], ["rope"], [1e-3], [0], steps=40)[0].cfg.steps, 40)
 assert set(ROW_KEYS) == set(LENGTH.keys)                            # the study's row keys are the run rows' keys
@@ -160,7 +166,7 @@ def notebook_task(run: LengthRun, threads: int = 1) -> NotebookTask:
     "The papermill execution of `run` (absolute paths)."
     out = run.out.resolve()
     run = replace(run, out=out)
-    return NotebookTask(f"{run.key}/step{run.test_step}", experiments_dir() / LENGTH.notebook, run.notebook, [run.rows],
+    return NotebookTask(f"{run.key}/{run.name}", experiments_dir() / LENGTH.notebook, run.notebook, [run.rows],
                         dict(run={k: list(v) if isinstance(v, tuple) else v for k, v in asdict(run.cfg).items()},   # papermill passes lists, not tuples
                              run_folder=str(run.folder), test_step=run.test_step,
                              test_lengths=list(run.test_lengths), test_examples=run.test_examples, threads=threads,

@@ -78,9 +78,13 @@ class LengthRun:
     @property
     def folder(self) -> Path: return self.out / "runs" / self.key
     @property
-    def rows(self) -> Path: return LENGTH.rows_dir(self.out) / f"{self.key}/step{self.test_step}.csv"
+    def rows(self) -> Path: return LENGTH.rows_dir(self.out) / f"{self.key}/{self.name}.csv"
     @property
-    def notebook(self) -> Path: return self.out / "notebooks" / "length" / f"{self.key}/step{self.test_step}.ipynb"
+    def notebook(self) -> Path: return self.out / "notebooks" / "length" / f"{self.key}/{self.name}.ipynb"
+    @property
+    def name(self) -> str:
+        "`steps<S>` (trained to S steps, not tested) or `steps<S>_test<k>` (and tested at step k)."
+        return f"steps{self.cfg.steps}" + (f"_test{self.test_step}" if self.test_step else "")
 
 def plan_runs(out, profile: LengthProfile, tasks, normalizers, positions, rates, seeds, test_lengths=None, test_step=None,
               **run_options) -> list:
@@ -99,7 +103,7 @@ def notebook_task(run: LengthRun, threads: int = 1) -> NotebookTask:
     "The papermill execution of `run` (absolute paths)."
     out = run.out.resolve()
     run = replace(run, out=out)
-    return NotebookTask(f"{run.key}/step{run.test_step}", experiments_dir() / LENGTH.notebook, run.notebook, [run.rows],
+    return NotebookTask(f"{run.key}/{run.name}", experiments_dir() / LENGTH.notebook, run.notebook, [run.rows],
                         dict(run={k: list(v) if isinstance(v, tuple) else v for k, v in asdict(run.cfg).items()},   # papermill passes lists, not tuples
                              run_folder=str(run.folder), test_step=run.test_step,
                              test_lengths=list(run.test_lengths), test_examples=run.test_examples, threads=threads,

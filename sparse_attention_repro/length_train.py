@@ -106,7 +106,9 @@ def train_run(cfg: LengthRunConfig, folder, threads: int | None = 1, progress=No
     if (folder / "state.pt").exists():
         state = torch.load(folder / "state.pt", weights_only=False)
         model.load_state_dict(state["model"]); opt.load_state_dict(state["opt"]); step, record = state["step"], state["record"]
-    if record["status"] != "running": return record
+    if record["status"] == "ok" and step < cfg.steps:                    # a finished run extended: it continues
+        record = dict(record, status="running", config=asdict(cfg))
+    if record["status"] != "running" or step >= cfg.steps: return record
     val = validation_set(task, cfg)
     losses, t0 = [], time.perf_counter()
     while step < cfg.steps:

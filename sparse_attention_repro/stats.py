@@ -121,7 +121,8 @@ def holm(df, family_cols=("family",), p_col="p"):
     return df
 
 # %% ../nbs/05_stats.ipynb
-EQUIVALENCE_MARGINS = dict(hae_vs_entmax15=0.005, ablation=0.01, crisp=0.005, recipe=0.01, fast_path=0.005, alpha_start=0.05)
+EQUIVALENCE_MARGINS = dict(hae_vs_entmax15=0.005, ablation=0.01, crisp=0.005, recipe=0.01, fast_path=0.005, alpha_start=0.05,
+                           length=0.05)
 
 def tost_paired(a, b, margin):
     "TOST p-value that the paired mean of `a - b` lies within ±`margin` (pingouin's `tost`; NaN with fewer than 2 pairs)."

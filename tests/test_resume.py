@@ -18,7 +18,7 @@ GRIDS = {
               [f"notebooks/crisp/{c}/seed{s}.ipynb" for c in ("dense", "fixed_080") for s in (0, 1)]),
     "length": (["length", "--profile", "smoke", "--normalizers", "softmax", "entmax15", "--seeds", "0", "1", "--steps", "60", "--jobs", "2"],
                2 * 2 * (6 + 2), ["accuracy", "n", "status"], 10.0,
-               [f"notebooks/length/flip_flop/{n}/nape/lr0.001/seed{s}/step60.ipynb" for n in ("softmax", "entmax15") for s in (0, 1)]),
+               [f"notebooks/length/flip_flop/{n}/nape/lr0.001/seed{s}/steps60_test60.ipynb" for n in ("softmax", "entmax15") for s in (0, 1)]),
 }
 
 def test_every_study_has_a_kill_test():
