@@ -50,7 +50,10 @@ class LengthProfile:
     normalizers: tuple
     positions: tuple = ("nape",)
     rates: tuple = (1e-3,)
-    seeds: tuple = (0,)
+    seeds: tuple = (0,)                          # every seed of a headline arm (the first three select)
+    other_seeds: int = 1                         # how many of `seeds` the other arms get
+    long_lengths: tuple = ()                     # further test lengths of the headline normalizers
+    step_cap: int = 0                            # the longest run an extension may reach (0: the run length, no extension)
 
 PROFILES = {
     "smoke": LengthProfile(dict(steps=20, eval_every=10, warmup=5, batch_size=8, width=16, layers=1, heads=2, ffn=32),
@@ -176,3 +179,107 @@ def notebook_task(run: LengthRun, threads: int = 1) -> NotebookTask:
 t = notebook_task(runs[0])
 test_eq(t.parameters["run"]["normalizer"], "softmax"); test_eq(t.parameters["test_step"], 20); test_eq(t.parameters["run"]["train_lengths"], [32, 64])
 assert t.notebook.name == "length.ipynb" and t.notebook.exists() and Path(t.parameters["rows_path"]).is_absolute()
+
+
+# %% [markdown]
+# ## The protocol's stages
+#
+# The fair comparison runs in three stages, each a grid of the runs above, each resumable:
+#
+# 1. **select** — every arm (task, normalizer, position scheme) at every rate of the profile's ladder on the selection
+#    seeds, trained to the profile's run length, not tested. `length_analysis.choose_recipes` then picks each arm's rate
+#    and step on the validation curves (training lengths only).
+# 2. **complete** — each arm at its chosen rate on all of its seeds (the headline normalizers 10, the others 5), trained
+#    to the same run length and tested at its chosen step at every test length (the headline normalizers also at the
+#    profile's long lengths).
+# 3. **budgets** — the selection seeds at their arm's chosen rate, tested at fixed fractions of the run length, so that
+#    accuracy against length can be read at several step budgets, not only at the chosen one.
+#
+# The run length is the same for every arm of a task. **complete** is refused while an arm of the task chose a step in
+# the last sixth of its run: then every arm of that task is extended (its runs continue to twice the length, and
+# selection is read again), up to the profile's cap, beyond which the edge is kept and stated.
+
+# %%
+#| export
+STAGES = ("select", "complete", "budgets")
+HEADLINE = ("softmax", "entmax15", "headwise_adaptive_entmax", "scalable_softmax", "asentmax", "stick_breaking")
+BUDGET_FRACTIONS = (0.25, 0.5, 1.0)
+
+def seeds_of(normalizer: str, profile: LengthProfile) -> tuple:
+    "All seeds of an arm: the profile's headline seeds for a headline normalizer, its other seeds otherwise."
+    return profile.seeds if normalizer in HEADLINE else profile.seeds[: profile.other_seeds]
+
+def lengths_of(normalizer: str, profile: LengthProfile) -> tuple:
+    "Test lengths of an arm: the profile's, and its long lengths for a headline normalizer."
+    return profile.test_lengths + (profile.long_lengths if normalizer in HEADLINE else ())
+
+# %% [markdown]
+# `stage_runs` turns a stage into its runs, reading the recipes chosen so far from the folder's rows; what it cannot
+# run yet (no recipe, or a task whose runs must first be extended) comes back as one-line notes.
+
+# %%
+#| export
+def _budget_steps(steps: int, eval_every: int) -> list:
+    "Kept steps nearest each budget fraction of a run of `steps`."
+    return sorted({max(eval_every, round(f * steps / eval_every) * eval_every) for f in BUDGET_FRACTIONS})
+
+def stage_runs(stage: str, out, profile: LengthProfile, tasks, normalizers, positions, rows=None, **run_options) -> tuple:
+    "(runs, notes) of `stage` for the arms of tasks x normalizers x positions; `rows`: the folder's `length_runs.csv` so far."
+    from sparse_attention_repro.length_analysis import choose_recipes
+    if stage not in STAGES: raise ValueError(f"unknown stage {stage!r}; choose one of {', '.join(STAGES)}")
+    if stage == "select":
+        return plan_runs(out, profile, tasks, normalizers, positions, profile.rates, profile.seeds[:3], test_step=0, **run_options), []
+    recipes = choose_recipes(rows) if rows is not None and len(rows) else None
+    runs, notes, blocked = [], [], set()
+    for t in tasks:
+        mine = recipes[recipes.task == t] if recipes is not None else None
+        edge = mine[mine.step_edge] if mine is not None else None
+        if edge is not None and len(edge) and 2 * int(mine.steps.max()) <= profile.step_cap:
+            e = edge.iloc[0]
+            notes.append(f"{t}: {e.normalizer} ({e.positions}) chose step {e.step} of {e.steps}, in the last sixth: extend every arm of {t} "
+                         f"with --stage select --steps {2 * int(mine.steps.max())}"); blocked.add(t)
+    for t in tasks:
+        for n in normalizers:
+            for p in positions:
+                if t in blocked: continue
+                r = None if recipes is None else recipes[(recipes.task == t) & (recipes.normalizer == n) & (recipes.positions == p)]
+                if r is None or r.empty: notes.append(f"{t}/{n}/{p}: no recipe yet; run --stage select first"); continue
+                r = r.iloc[0]
+                base = dict(profile.run, **run_options, steps=int(r.steps))
+                if stage == "complete":
+                    runs += [LengthRun(LengthRunConfig(t, n, p, s, float(r.lr), **base), int(r.step), lengths_of(n, profile),
+                                       profile.test_examples, Path(out)) for s in seeds_of(n, profile)]
+                else:
+                    cfg0 = LengthRunConfig(t, n, p, 0, float(r.lr), **base)
+                    runs += [LengthRun(replace(cfg0, seed=s), k, profile.test_lengths, profile.test_examples, Path(out))
+                             for s in profile.seeds[:3] for k in _budget_steps(cfg0.steps, cfg0.eval_every)]
+    return runs, notes
+
+# %% [markdown]
+# A hand-made folder state checks the stages: two normalizers selected on flip-flop (softmax chose step 20 of 40,
+# entmax-1.5 step 40 of 40: the last sixth). With room to extend (a cap of 80), **complete** is refused for the task,
+# with the command that extends it; at the cap it runs, every seed at the chosen rate, tested at the chosen step.
+
+# %%
+import pandas as pd
+def selected(steps_of_best):
+    rows = []
+    for n, best in steps_of_best.items():
+        for s in (0, 1, 2):
+            for k in (10, 20, 30, 40):
+                rows.append(dict(task="flip_flop", normalizer=n, positions="nape", lr=1e-3, seed=s, steps=40, split="validation",
+                                 step=k, length=float("nan"), accuracy=1.0 if k == best else 0.5))
+    return pd.DataFrame(rows)
+
+prof = replace(smoke, run={**smoke.run, "steps": 40}, seeds=tuple(range(10)), other_seeds=5, long_lengths=(256,), step_cap=80)
+folder = selected({"softmax": 20, "entmax15": 40})
+runs, notes = stage_runs("complete", "out", prof, ["flip_flop"], ["softmax", "entmax15"], ["nape"], folder)
+test_eq(runs, []); test_eq(notes, ["flip_flop: entmax15 (nape) chose step 40 of 40, in the last sixth: extend every arm of flip_flop with --stage select --steps 80"])
+runs, notes = stage_runs("complete", "out", replace(prof, step_cap=40), ["flip_flop"], ["softmax", "entmax15", "sparsemax"], ["nape"], folder)
+test_eq(notes, ["flip_flop/sparsemax/nape: no recipe yet; run --stage select first"])
+test_eq([(r.cfg.normalizer, r.cfg.seed, r.test_step) for r in runs][::10], [("softmax", 0, 20), ("entmax15", 0, 40)])
+test_eq(len(runs), 20); test_eq(runs[0].test_lengths, (64, 128, 256))          # headline: 10 seeds and the long lengths
+runs, _ = stage_runs("budgets", "out", replace(prof, step_cap=40), ["flip_flop"], ["softmax"], ["nape"], folder)
+test_eq([(r.cfg.seed, r.test_step) for r in runs][:3], [(0, 10), (0, 20), (0, 40)])
+runs, _ = stage_runs("select", "out", prof, ["flip_flop"], ["softmax"], ["nape"])
+test_eq([(r.cfg.seed, r.test_step, r.cfg.steps) for r in runs], [(0, 0, 40), (1, 0, 40), (2, 0, 40)])

@@ -282,6 +282,9 @@ def _length_args(sub):
     l.add_argument("--test-lengths", nargs="+", type=int, help="input lengths to test every run at (default: the profile's)")
     from sparse_attention_repro.length_train import LengthRunConfig
     add_option_arguments(l, LengthRunConfig)                                   # the run options are LengthRunConfig's own fields
+    l.add_argument("--stage", default=None, help="a stage of the fair protocol: select (rates x selection seeds, validation only), "
+                                                 "complete (every seed at each arm's chosen recipe, tested), budgets (tested at fractions of the run); "
+                                                 "none: the plain grid, each run tested at its last step")
     l.add_argument("--dry-run", action="store_true", help="print the runs the grid still needs and run nothing")
     _executor_args(l)
     return l
@@ -923,19 +926,28 @@ def cmd_bench(args):
 def cmd_length(args):
     "Run the length study's grid (or, with --dry-run, print what it still needs); returns the failures."
     _check_executor(args)
-    from sparse_attention_repro.length_study import LENGTH, PROFILES, check_request, plan_runs, notebook_task
+    from sparse_attention_repro.length_study import LENGTH, PROFILES, check_request, plan_runs, notebook_task, stage_runs
+    import pandas as pd
     from sparse_attention_repro.length_train import LengthRunConfig
     if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
     prof = PROFILES[args.profile]
     run = config_from_options(LengthRunConfig, {k: getattr(args, k) for k in option_defaults(LengthRunConfig)})
     tasks, specs = check_request(prof, args.tasks or prof.tasks, args.normalizers or prof.normalizers,
                                  args.positions or prof.positions, args.test_lengths or prof.test_lengths)
-    runs = plan_runs(args.out, prof, [t.name for t in tasks], [s.name for s in specs], args.positions or prof.positions,
-                     args.rates or prof.rates, _seeds(args.seeds) if args.seeds else prof.seeds, args.test_lengths, **run)
+    names, positions = ([t.name for t in tasks], [s.name for s in specs]), args.positions or prof.positions
+    if args.stage:
+        results = LENGTH.results_path(args.out)
+        runs, notes = stage_runs(args.stage, args.out, prof, *names, positions, pd.read_csv(results) if results.exists() else None, **run)
+        for note in notes: print(note, file=sys.stderr)
+    else:
+        runs = plan_runs(args.out, prof, *names, positions, args.rates or prof.rates, _seeds(args.seeds) if args.seeds else prof.seeds,
+                         args.test_lengths, **run)
+    if not runs: return {}
     todo = [r for r in runs if not r.rows.exists()]
     if args.dry_run:
         print(f"length grid in {args.out}: {len(runs)} runs, {len(todo)} still to run")
-        for r in todo: print(f"  {r.key}: {r.cfg.steps} steps, tested at {', '.join(map(str, r.test_lengths))} tokens")
+        for r in todo: print(f"  {r.key}: {r.cfg.steps} steps, " + (f"tested at step {r.test_step} at {', '.join(map(str, r.test_lengths))} tokens"
+                                                                   if r.test_step else "validation only"))
         return {}
     threads, note = grid_threads(args.out, LENGTH.name, args.jobs)
     if note: print(note, file=sys.stderr)

@@ -20,9 +20,10 @@ SELECTION_SEEDS = (0, 1, 2)
 EDGE_FRACTION = 5 / 6                     # a chosen step beyond this fraction of its run is on an edge
 
 def validation_curves(rows: pd.DataFrame, seeds=SELECTION_SEEDS) -> pd.DataFrame:
-    """Validation accuracy of each run of `seeds` at every kept step of its run (a diverged run's missing steps at 0):
-    columns ARM + lr, seed, steps, step, accuracy."""
+    """Validation accuracy of each run of `seeds` at every kept step of its run (a diverged run's missing steps at 0), each
+    task's runs read at their longest run length: columns ARM + lr, seed, steps, step, accuracy."""
     v = rows[(rows.split == "validation") & rows.seed.isin(seeds)]
+    v = v[v.steps == v.groupby("task").steps.transform("max")]                 # a task's runs at their longest (extended) length
     out = []
     for key, g in v.groupby(list(ARM) + ["lr", "seed", "steps"], sort=False):
         every = int(g.step.min()) if len(g) else 1
