@@ -449,6 +449,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                         'sparse_attention_repro/decoder.py'),
                                                 'sparse_attention_repro.decoder.CausalSelfAttention.__init__': ( 'decoder.html#causalselfattention.__init__',
                                                                                                                  'sparse_attention_repro/decoder.py'),
+                                                'sparse_attention_repro.decoder.CausalSelfAttention._block': ( 'decoder.html#causalselfattention._block',
+                                                                                                               'sparse_attention_repro/decoder.py'),
                                                 'sparse_attention_repro.decoder.CausalSelfAttention._options': ( 'decoder.html#causalselfattention._options',
                                                                                                                  'sparse_attention_repro/decoder.py'),
                                                 'sparse_attention_repro.decoder.CausalSelfAttention.forward': ( 'decoder.html#causalselfattention.forward',

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from .normalizers import resolve_normalizer
 
@@ -74,6 +75,15 @@ class CausalSelfAttention(nn.Module):
         told = {"width": cfg.width} | ({"nope_heads": cfg.heads - cfg.heads // 2} if cfg.positions == "nape" else {})
         return {k: v for k, v in told.items() if k in self.spec.options}
 
+    def _block(self, q, k, v, h, pos, a, b):
+        "The output `[B, H, b - a, d]` of queries a..b-1 against keys 0..b-1."
+        s = q[:, :, a:b] @ k[:, :, :b].transpose(-1, -2)                                          # (B, H, q, b)
+        if self.positions == "nape":
+            s = s + self.slopes.view(-1, 1, 1) * (pos[:b][None, :] - pos[a:b][:, None]).to(s.dtype)   # m_h (j - i)
+        mask = causal_mask(a, b, b, h.device)[None, None]                                        # (1, 1, q, b)
+        ctx = {"hidden": h[:, a:b], "positions": pos[a:b]} if self.spec.query_context else {}
+        return self.normalizer(s, mask, **ctx) @ v[:, :, :b]                                     # (B, H, q, d)
+
     def forward(self, h):
         "h `[B, T, C]` (the block's normalised input) -> `[B, T, C]`."
         B, T, C = h.shape
@@ -81,15 +91,11 @@ class CausalSelfAttention(nn.Module):
         pos = torch.arange(T, device=h.device)
         if self.positions == "rope": q, k = rope(q, pos), rope(k, pos)
         q = q / math.sqrt(self.head_dim)
-        out = torch.empty_like(q)                                                                 # (B, H, T, d)
-        for a in range(0, T, self.block):
-            b = min(a + self.block, T)
-            s = q[:, :, a:b] @ k[:, :, :b].transpose(-1, -2)                                      # (B, H, q, b)
-            if self.positions == "nape":
-                s = s + self.slopes.view(-1, 1, 1) * (pos[:b][None, :] - pos[a:b][:, None]).to(s.dtype)   # m_h (j - i)
-            mask = causal_mask(a, b, b, h.device)[None, None]                                    # (1, 1, q, b)
-            ctx = {"hidden": h[:, a:b], "positions": pos[a:b]} if self.spec.query_context else {}
-            out[:, :, a:b] = self.normalizer(s, mask, **ctx) @ v[:, :, :b]                       # (B, H, q, d)
+        blocks = [(a, min(a + self.block, T)) for a in range(0, T, self.block)]
+        if torch.is_grad_enabled() and len(blocks) > 1:          # backward through long rows: each block recomputed, not kept
+            parts = [checkpoint(self._block, q, k, v, h, pos, a, b, use_reentrant=False) for a, b in blocks]
+        else: parts = [self._block(q, k, v, h, pos, a, b) for a, b in blocks]
+        out = torch.cat(parts, 2)                                                                # (B, H, T, d)
         return self.out(out.transpose(1, 2).reshape(B, T, C))
 
 # %% ../nbs/02b_decoder.ipynb

@@ -13,14 +13,24 @@ NORMALIZERS = [n for n in registered_normalizers() if not n.endswith("_bisect")]
 
 @pytest.mark.parametrize("name", NORMALIZERS)
 def test_query_blocks_and_causality_with_every_normalizer(name):
-    """Blocks of queries give what one block gives, and no query sees a later token: with every registered normalizer
-    (a normalizer that places its queries among its keys, as stick-breaking does, must take a block as the last queries)."""
+    """Blocks of queries give what one block gives, forward and backward (each block recomputed), and no query sees a
+    later token: with every registered normalizer (a normalizer that places its queries among its keys, as
+    stick-breaking does, must take a block as the last queries)."""
     torch.manual_seed(0)
     att = CausalSelfAttention(DecoderConfig(10, width=16, heads=4, normalizer=name, query_block=64)).double()
-    h = torch.randn(2, 21, 16, dtype=torch.float64)
+    h = torch.randn(2, 21, 16, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(2, 21, 16, dtype=torch.float64)
     full = att(h)
-    att.block = 4
-    torch.testing.assert_close(att(h), full, atol=1e-9, rtol=0)
+    (full * g).sum().backward()
+    kept = [h.grad.clone()] + [p.grad.clone() for p in att.parameters()]
+    att.block, h.grad = 4, None
+    att.zero_grad()
+    blocked = att(h)
+    torch.testing.assert_close(blocked, full, atol=1e-9, rtol=0)
+    (blocked * g).sum().backward()                                  # the blocks recomputed in the backward
+    for x, y in zip(kept, [h.grad] + [p.grad for p in att.parameters()]): torch.testing.assert_close(x, y, atol=1e-9, rtol=0)
+    h = h.detach()
+    full = full.detach()
     h2 = h.clone(); h2[:, 13:] = torch.randn(2, 8, 16, dtype=torch.float64)
     torch.testing.assert_close(att(h2)[:, :13], full[:, :13], atol=1e-9, rtol=0)
 
