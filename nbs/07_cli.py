@@ -315,12 +315,13 @@ def _maps_args(sub):
 def _bench_args(sub):
     "`bench`: speed, side by side in one process."
     b = sub.add_parser("bench", help="speed benchmarks: ratios measured side by side in one process")
-    b.add_argument("what", choices=["normalizers", "grid", "fast", "steps", "stack", "profile", "compare", "floor", "fair-cost"],
+    b.add_argument("what", choices=["normalizers", "grid", "fast", "steps", "stack", "profile", "compare", "floor", "fair-cost", "long"],
                    help="normalizers (forward+backward), grid (training epochs), fast (time --fast's lever combinations here, "
                         "as its calibration does, and cache the choice), steps (one training step per attention path, "
                         "the paths alternating step by step), stack (seeds in lock-step vs one stacked model), "
                         "profile (a whole profile on the stacked path, beside one lock-step seed per dataset), "
-                        "compare (two results folders) or floor (a results folder against the machine's matmul rate)")
+                        "compare (two results folders), floor (a results folder against the machine's matmul rate) "
+                        "or long (one causal attention layer at 256-4,096 tokens in query blocks against torch's SDPA, with peak memory)")
     b.add_argument("--results", nargs="+", help="compare: two results folders (e.g. default path vs --plain)")
     b.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 20 for normalizers, 1 for grid)")
     b.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 = as in one grid job per core)")
@@ -331,7 +332,8 @@ def _bench_args(sub):
     b.add_argument("--stack-seeds", type=int, nargs="+", default=[2], help="stack: stack sizes (seeds) to measure")
     b.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="stack, profile: where to train (auto = CUDA when available)")
     b.add_argument("--profile", default="paper", help="profile: the profile to run (its seeds, sizes and epochs)")
-    b.add_argument("--out", default=None, help="profile: a folder for its runs.csv (stacked), lockstep_runs.csv (the anchor's seeds) and times.csv")
+    b.add_argument("--out", default=None, help="profile: a folder for its runs.csv (stacked), lockstep_runs.csv (the anchor's seeds) and times.csv; "
+                                               "long: a folder for long_attention.csv")
     return b
 
 # %%
@@ -1109,6 +1111,15 @@ def _bench_normalizers(args, bench):
     print(bench.normalizer_table(df).to_string())
     print("softmax ms: " + ", ".join(f"{r.shape}: {r.ms:.2f}" for r in df.query("normalizer == 'softmax'").itertuples()))
 
+def _bench_long(args, bench):
+    "bench long: one causal attention layer at long T, each normalizer in query blocks against softmax through torch's SDPA."
+    df = bench.bench_long_attention(repeats=args.repeats)
+    if args.out:
+        from sparse_attention_repro.runner import save_rows
+        from sparse_attention_repro.leaderboard import cpu_name
+        save_rows(df.assign(cpu=cpu_name(), threads=args.threads), Path(args.out) / "long_attention.csv")
+    print(df.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+
 def _bench_steps(args, bench):
     "bench steps: one training step per attention path (torch, fused, fused_block), the paths alternating step by step."
     from sparse_attention_repro.study import PAPER_METHODS
@@ -1190,14 +1201,14 @@ def _bench_grid(args, bench):
     print(proj.round(1).to_string(index=False))
 
 BENCHES = {"steps": _bench_steps, "fair-cost": _bench_fair_cost, "floor": _bench_floor, "compare": _bench_compare, "normalizers": _bench_normalizers,
-           "fast": _bench_fast, "stack": _bench_stack, "profile": _bench_profile, "grid": _bench_grid}
-TIMED_BENCHES = ("normalizers", "fast", "stack", "profile", "grid", "steps")      # these print their thread count and repeats first
+           "fast": _bench_fast, "stack": _bench_stack, "profile": _bench_profile, "grid": _bench_grid, "long": _bench_long}
+TIMED_BENCHES = ("normalizers", "fast", "stack", "profile", "grid", "steps", "long")      # these print their thread count and repeats first
 
 def cmd_bench(args):
     "Print the table of the benchmark `args.what` (see `BENCHES`)."
     import torch
     from sparse_attention_repro import bench
-    if args.repeats is None: args.repeats = {"normalizers": 20, "steps": 60}.get(args.what, 1)
+    if args.repeats is None: args.repeats = {"normalizers": 20, "steps": 60, "long": 3}.get(args.what, 1)
     if args.threads < 1: raise UsageError(f"--threads must be >= 1, got {args.threads}")
     if args.repeats < 1: raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     torch.set_num_threads(args.threads)

@@ -774,3 +774,87 @@ with _tf.TemporaryDirectory() as _d:
     # a re-run of sparsemax (registered name, reached through a `module:attribute` ref) replaces the first: only the latest is charged
     (_g / "notebooks" / "kmnist" / "seed0_resume2.ipynb").write_text(json.dumps({"metadata": {"papermill": {"duration": 60.0, "parameters": {"methods": ["sparse_attention_repro.normalizers:sparsemax"]}}}}))
     test_close(fair_cost(_d).set_index("method").core_hours.to_numpy() * 3600, [50.0, 30.0])
+
+
+# %% [markdown]
+# ## Long sequences in bounded memory
+#
+# The length study tests at up to 4,096 tokens. `bench_long_attention` times one causal attention layer of the length
+# study's decoder (4 heads of 16, width 64, one sequence) at long T, forward alone (a test) and forward + backward, for
+# each normalizer through the decoder's query blocks, against the anchor: softmax through torch's fused
+# `scaled_dot_product_attention` (`is_causal=True`) on the same queries, keys and values. Times are medians of
+# interleaved rounds, each as a ratio to the anchor's in the same round. Peak memory is measured apart, one case per
+# fresh process: the growth of the process's peak resident memory over what it held once its inputs were built.
+
+# %%
+#| export
+LONG_WIDTH, LONG_HEADS = 64, 4
+
+def _long_layer(name, T, block=256, seed=0):
+    "(layer call, input h [1, T, 64]) of one causal attention layer with `name` ('sdpa': softmax through torch's SDPA)."
+    from sparse_attention_repro.decoder import CausalSelfAttention, DecoderConfig
+    torch.manual_seed(seed)
+    att = CausalSelfAttention(DecoderConfig(10, width=LONG_WIDTH, heads=LONG_HEADS, positions="none",
+                                            normalizer="softmax" if name == "sdpa" else name, query_block=block))
+    h = torch.randn(1, T, LONG_WIDTH)
+    if name != "sdpa": return att, h
+    def sdpa(x):
+        q, k, v = att.qkv(x).view(1, T, 3, LONG_HEADS, -1).permute(2, 0, 3, 1, 4)
+        return att.out(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(1, T, -1))
+    return sdpa, h
+
+def _long_seconds(layer, h, backward):
+    x = h.detach().requires_grad_(backward)
+    t0 = time.perf_counter()
+    if backward: layer(x).sum().backward()
+    else:
+        with torch.no_grad(): layer(x)
+    return time.perf_counter() - t0
+
+_PEAK = """
+import resource, sys, torch
+torch.set_num_threads({threads})
+from sparse_attention_repro.bench import _long_layer, _long_seconds
+layer, h = _long_layer({name!r}, {T}, {block})
+_long_seconds(layer, h[:, :8], {backward})                      # the first call's one-off allocations
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+_long_seconds(layer, h, {backward})
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+"""
+
+def long_peak_mb(name, T, backward, block=256, threads=1) -> float:
+    "Growth of peak resident memory (MB) of one forward (+ backward) at T tokens, measured in a fresh process."
+    import subprocess, sys
+    code = _PEAK.format(name=name, T=T, block=block, backward=backward, threads=threads)
+    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()[-1])
+
+def bench_long_attention(lengths=(256, 1024, 4096), methods=("softmax", "sparsemax", "entmax15", "headwise_adaptive_entmax", "topk_softmax_025"),
+                         block=256, repeats=3, memory=True) -> pd.DataFrame:
+    "Per normalizer and T: median forward and forward+backward ms, their ratios to SDPA softmax, and peak memory (MB)."
+    keep_freed_memory()
+    rows = []
+    for T in lengths:
+        layers = {m: _long_layer(m, T, block) for m in ("sdpa",) + tuple(methods)}
+        for backward in (False, True):
+            times = {m: [] for m in layers}
+            for r in range(repeats + 1):                                      # a warm-up round, then interleaved repeats
+                for m, (layer, h) in layers.items():
+                    t = _long_seconds(layer, h, backward)
+                    if r: times[m].append(t)
+            for m, ts in times.items():
+                rows.append(dict(normalizer=m, T=T, pass_="forward+backward" if backward else "forward", ms=statistics.median(ts) * 1e3,
+                                 ratio_to_sdpa=statistics.median(paired_ratios(ts, times["sdpa"])),
+                                 peak_mb=long_peak_mb(m, T, backward, block) if memory else np.nan))
+    return pd.DataFrame(rows).rename(columns={"pass_": "pass"})
+
+# %% [markdown]
+# A small case runs (no timing is asserted): every normalizer's blocked layer gives softmax's SDPA output for softmax,
+# and memory is read from a fresh process.
+
+# %%
+sd, h = _long_layer("sdpa", 300, 64)
+mine, _ = _long_layer("softmax", 300, 64)
+with torch.no_grad(): test_close(sd(h), mine(h), eps=1e-5)
+small = bench_long_attention(lengths=(96,), methods=("softmax", "entmax15"), block=32, repeats=1, memory=False)
+test_eq(set(small["pass"]), {"forward", "forward+backward"}); test_eq(len(small), 6)
+assert long_peak_mb("entmax15", 128, True, block=32) >= 0
