@@ -17,7 +17,8 @@
 # at step k), its executed notebook likewise under `notebooks/length/`, and every row of the grid in `length_runs.csv`.
 #
 # **Profiles** fix the model's shape and the run's length; a command line may choose tasks, normalizers, positions,
-# rates and seeds within one. `smoke` is tiny (seconds per run, for tests and CI).
+# rates and seeds within one. `smoke` is tiny (seconds per run, for tests and CI); `protocol` is the declared protocol
+# below.
 
 # %%
 #| export
@@ -33,7 +34,7 @@ from sparse_attention_repro.decoder import POSITION_SCHEMES, causal_mask
 from sparse_attention_repro.study import STUDIES
 
 # %%
-from fastcore.test import test_eq, test_fail
+from fastcore.test import test_eq, test_fail, test_close
 import tempfile
 
 # %%
@@ -54,11 +55,58 @@ class LengthProfile:
     other_seeds: int = 1                         # how many of `seeds` the other arms get
     long_lengths: tuple = ()                     # further test lengths of the headline normalizers
     step_cap: int = 0                            # the longest run an extension may reach (0: the run length, no extension)
+    long_seeds: int = 0                          # how many of a headline arm's seeds are tested at the long lengths (0: all)
+
+HEADLINE = ("softmax", "entmax15", "headwise_adaptive_entmax", "scalable_softmax", "asentmax", "stick_breaking")
+OTHERS = ("sparsemax", "topk_softmax_025", "sigmoid_attention", "softpick", "softmax_sink", "relu_attention", "normmax",
+          "learned_temperature_softmax")
 
 PROFILES = {
     "smoke": LengthProfile(dict(steps=20, eval_every=10, warmup=5, batch_size=8, width=16, layers=1, heads=2, ffn=32),
                            (64, 128), 16, ("flip_flop",), ("softmax", "sparsemax")),
+    "protocol": LengthProfile(dict(steps=1000, eval_every=50, warmup=100, batch_size=64, width=64, layers=2, heads=4, ffn=256),
+                              (64, 128, 256, 512, 1024), 500, ("flip_flop",), HEADLINE + OTHERS, ("nape",), (3e-4, 1e-3, 3e-3),
+                              tuple(range(10)), 5, (4096,), 8000, long_seeds=5),
 }
+
+# %% [markdown]
+# ## The declared protocol
+#
+# Declared here, and committed, before the runs it governs; a task joins it with its sizes declared before its first
+# run. What the `protocol` profile holds:
+#
+# * **Tasks and sizes.** Flip-flop (`flip_flop`): a decoder of 2 pre-LN blocks, width 64, 4 heads of 16, MLP 256
+#   (about 0.1 M parameters); batches of 64 inputs of one length drawn from 32–64; 1,000 steps, the weights kept and
+#   validated every 50 steps on 264 inputs (8 of each training length), warm-up 100 steps then inverse square-root
+#   decay (a pilot softmax run reached 100 % validation exact match by step 250, and 98 % of 200 test inputs at 1,024
+#   tokens). Multi-query associative recall, reverse and sort are declared with their own sizes once pilots show a size
+#   at which softmax learns them on this machine; a task on which softmax does not reach 95 % exact match at 1× answers
+#   nothing and is reported as such.
+# * **Arms.** 14 normalizers: the headline six (softmax, entmax-1.5, the adaptive α-entmax, Scalable-Softmax, ASEntmax,
+#   stick-breaking) and eight others (sparsemax, top-k 0.25, sigmoid attention, softpick, softmax with a sink, ReLU
+#   attention, normmax, the learned-temperature control), every one under NAPE; the headline six also under RoPE, as a
+#   second family (`--positions rope --normalizers` the six).
+# * **select.** Every arm at learning rates 3·10⁻⁴, 10⁻³ and 3·10⁻³ on seeds 0–2, validation only. Each arm's rate
+#   and step: the highest mean validation exact match over the three seeds (ties: fewer steps, then the smaller rate).
+#   A chosen step in the last sixth of the run extends **every** arm of the task to twice the run length (the runs
+#   continue; selection is read again), up to 8,000 steps. A chosen rate at an end of the ladder gets the next rate
+#   beyond it (10⁻⁴ or 10⁻²) on the selection seeds, once, for that arm alone; an edge left after that is stated
+#   beside the verdict.
+# * **complete.** Each arm at its chosen rate on seeds 0–9 (the headline six) or 0–4 (the others), trained to the
+#   task's run length and tested at the chosen step at 64, 128, 256, 512 and 1,024 tokens (1× to 16× the longest
+#   training input), the headline six on seeds 0–4 also at 4,096 (64×; about a second per input here, so 500 inputs
+#   cost minutes per run); 500 test inputs per length, the same inputs for every run.
+# * **budgets.** The selection seeds at their arm's chosen rate, tested at a quarter, half and all of the run.
+# * **Analysis** (`length_analysis`). Per task, position scheme, length and normalizer: mean exact match over seeds
+#   with a 95 % t-interval; the gain over softmax paired by seed, its 95 % interval, a paired t-test and TOST at
+#   ±5 pt; Holm within each (task, position scheme) family of normalizers × lengths. Words: *better* / *worse* (Holm
+#   p < 0.05), *equivalent* (TOST p < 0.05), *undecided* otherwise. Beside each, the best-of-3-seeds reading (of seeds
+#   0–2, the one with the highest mean test accuracy over the lengths). A run that diverges counts 0 from the step it
+#   failed at, and is reported.
+# * **Deviations from the anchor**, each able to move a verdict: models about a thousand times smaller and runs of
+#   thousands, not hundreds of thousands, of steps (every arm alike); an inverse square-root schedule instead of cosine
+#   decay (so that steps can be chosen from one curve); a batch of one input length; vocabulary and layouts as the task
+#   notebook declares; exact match by teacher forcing, which equals greedy decoding's.
 
 # %% [markdown]
 # ## Checks before anything runs
@@ -202,16 +250,16 @@ assert t.notebook.name == "length.ipynb" and t.notebook.exists() and Path(t.para
 # %%
 #| export
 STAGES = ("select", "complete", "budgets")
-HEADLINE = ("softmax", "entmax15", "headwise_adaptive_entmax", "scalable_softmax", "asentmax", "stick_breaking")
 BUDGET_FRACTIONS = (0.25, 0.5, 1.0)
 
 def seeds_of(normalizer: str, profile: LengthProfile) -> tuple:
     "All seeds of an arm: the profile's headline seeds for a headline normalizer, its other seeds otherwise."
     return profile.seeds if normalizer in HEADLINE else profile.seeds[: profile.other_seeds]
 
-def lengths_of(normalizer: str, profile: LengthProfile) -> tuple:
-    "Test lengths of an arm: the profile's, and its long lengths for a headline normalizer."
-    return profile.test_lengths + (profile.long_lengths if normalizer in HEADLINE else ())
+def lengths_of(normalizer: str, seed: int, profile: LengthProfile) -> tuple:
+    "Test lengths of a run: the profile's, and its long lengths for a headline normalizer's first `long_seeds` seeds."
+    long = normalizer in HEADLINE and (not profile.long_seeds or seed in profile.seeds[: profile.long_seeds])
+    return profile.test_lengths + (profile.long_lengths if long else ())
 
 # %% [markdown]
 # `stage_runs` turns a stage into its runs, reading the recipes chosen so far from the folder's rows; what it cannot
@@ -247,7 +295,7 @@ def stage_runs(stage: str, out, profile: LengthProfile, tasks, normalizers, posi
                 r = r.iloc[0]
                 base = dict(profile.run, **run_options, steps=int(r.steps))
                 if stage == "complete":
-                    runs += [LengthRun(LengthRunConfig(t, n, p, s, float(r.lr), **base), int(r.step), lengths_of(n, profile),
+                    runs += [LengthRun(LengthRunConfig(t, n, p, s, float(r.lr), **base), int(r.step), lengths_of(n, s, profile),
                                        profile.test_examples, Path(out)) for s in seeds_of(n, profile)]
                 else:
                     cfg0 = LengthRunConfig(t, n, p, 0, float(r.lr), **base)
@@ -279,7 +327,52 @@ runs, notes = stage_runs("complete", "out", replace(prof, step_cap=40), ["flip_f
 test_eq(notes, ["flip_flop/sparsemax/nape: no recipe yet; run --stage select first"])
 test_eq([(r.cfg.normalizer, r.cfg.seed, r.test_step) for r in runs][::10], [("softmax", 0, 20), ("entmax15", 0, 40)])
 test_eq(len(runs), 20); test_eq(runs[0].test_lengths, (64, 128, 256))          # headline: 10 seeds and the long lengths
+prof5 = replace(prof, step_cap=40, long_seeds=5)
+runs, _ = stage_runs("complete", "out", prof5, ["flip_flop"], ["softmax"], ["nape"], folder)
+test_eq([len(r.test_lengths) for r in runs], [3] * 5 + [2] * 5)                # the long length on the first five seeds
 runs, _ = stage_runs("budgets", "out", replace(prof, step_cap=40), ["flip_flop"], ["softmax"], ["nape"], folder)
 test_eq([(r.cfg.seed, r.test_step) for r in runs][:3], [(0, 10), (0, 20), (0, 40)])
 runs, _ = stage_runs("select", "out", prof, ["flip_flop"], ["softmax"], ["nape"])
 test_eq([(r.cfg.seed, r.test_step, r.cfg.steps) for r in runs], [(0, 0, 40), (1, 0, 40), (2, 0, 40)])
+
+# %% [markdown]
+# ## What a stage will cost
+#
+# A dry run estimates the core-hours a stage still needs from the folder's own finished runs: seconds per training step
+# of each (task, normalizer), and seconds per test input of each (task, normalizer, length); a run's still-to-train steps
+# are those beyond its last kept step. A run of a (task, normalizer) with nothing measured yet is counted apart, and a
+# test length with no measurement yet is not priced.
+
+# %%
+#| export
+def estimate_core_hours(runs, rows) -> tuple:
+    "(core-hours, unmeasured runs) that `runs` still need, priced from `rows` (a folder's `length_runs.csv`, or None)."
+    import pandas as pd
+    if rows is None or not len(rows): return 0.0, len(runs)
+    val = rows[rows.split == "validation"]
+    per_step = (val.seconds / val.step).groupby([val.task, val.normalizer]).median()
+    test = rows[rows.split == "test"]
+    per_input = (test.seconds / test.n).groupby([test.task, test.normalizer, test.length]).median()
+    done = val.groupby(["task", "normalizer", "positions", "lr", "seed"]).step.max()
+    hours, unmeasured = 0.0, 0
+    for r in runs:
+        c = r.cfg
+        if (c.task, c.normalizer) not in per_step.index: unmeasured += 1; continue
+        kept = done.get((c.task, c.normalizer, c.positions, c.lr, c.seed), 0)
+        sec = max(0, c.steps - kept) * per_step[(c.task, c.normalizer)]
+        if r.test_step:
+            sec += sum(r.test_examples * per_input.get((c.task, c.normalizer, float(L)), per_input.get((c.task, "softmax", float(L)), 0.0))
+                       for L in r.test_lengths)
+        hours += sec / 3600
+    return hours, unmeasured
+
+# %%
+measured = pd.DataFrame([dict(task="flip_flop", normalizer="softmax", positions="nape", lr=1e-3, seed=0, steps=20, split="validation",
+                              step=10, length=float("nan"), accuracy=1.0, n=264, train_loss=0.1, seconds=36.0, status="running"),
+                         dict(task="flip_flop", normalizer="softmax", positions="nape", lr=1e-3, seed=0, steps=20, split="test",
+                              step=10, length=64.0, accuracy=1.0, n=10, train_loss=float("nan"), seconds=7.2, status="running")])
+runs = plan_runs("out", smoke, ["flip_flop"], ["softmax", "sparsemax"], ["nape"], [1e-3], [0, 1])
+hours, unmeasured = estimate_core_hours(runs, measured)
+# softmax: seed 0 has 10 steps left, seed 1 all 20, at 3.6 s a step; each tests 16 inputs at 0.72 s at 64 tokens (128: unmeasured)
+test_close(hours * 3600, (10 * 3.6 + 16 * 0.72) + (20 * 3.6 + 16 * 0.72), eps=1e-9)
+test_eq(unmeasured, 2)

@@ -1230,7 +1230,7 @@ test_eq(set(_choices), set(BENCHES)); assert set(TIMED_BENCHES) <= set(BENCHES) 
 def cmd_length(args):
     "Run the length study's grid (or, with --dry-run, print what it still needs); returns the failures."
     _check_executor(args)
-    from sparse_attention_repro.length_study import LENGTH, PROFILES, check_request, plan_runs, notebook_task, stage_runs
+    from sparse_attention_repro.length_study import LENGTH, PROFILES, check_request, plan_runs, notebook_task, stage_runs, estimate_core_hours
     import pandas as pd
     from sparse_attention_repro.length_train import LengthRunConfig
     if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
@@ -1249,7 +1249,11 @@ def cmd_length(args):
     if not runs: return {}
     todo = [r for r in runs if not r.rows.exists()]
     if args.dry_run:
-        print(f"length grid in {args.out}: {len(runs)} runs, {len(todo)} still to run")
+        results = LENGTH.results_path(args.out)
+        hours, unmeasured = estimate_core_hours(todo, pd.read_csv(results) if results.exists() else None)
+        print(f"length grid in {args.out}: {len(runs)} runs, {len(todo)} still to run; about {hours:.1f} core-hours for the "
+              f"{len(todo) - unmeasured} priced from this folder's runs" + (f", {unmeasured} not priced yet (nothing of their task "
+              "and normalizer measured here)" if unmeasured else ""))
         for r in todo: print(f"  {r.key}: {r.cfg.steps} steps, " + (f"tested at step {r.test_step} at {', '.join(map(str, r.test_lengths))} tokens"
                                                                    if r.test_step else "validation only"))
         return {}

@@ -679,6 +679,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                              'sparse_attention_repro/length_study.py'),
                                                      'sparse_attention_repro.length_study.check_request': ( 'length_study.html#check_request',
                                                                                                             'sparse_attention_repro/length_study.py'),
+                                                     'sparse_attention_repro.length_study.estimate_core_hours': ( 'length_study.html#estimate_core_hours',
+                                                                                                                  'sparse_attention_repro/length_study.py'),
                                                      'sparse_attention_repro.length_study.lengths_of': ( 'length_study.html#lengths_of',
                                                                                                          'sparse_attention_repro/length_study.py'),
                                                      'sparse_attention_repro.length_study.notebook_task': ( 'length_study.html#notebook_task',
