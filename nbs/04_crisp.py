@@ -42,11 +42,12 @@ import torch
 import torch.nn.functional as F
 import transformers
 from transformers import AttentionInterface, AutoModelForSequenceClassification, DistilBertConfig
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from sparse_attention_repro.normalizers import get_normalizer, resolve_normalizer, topk_name, attention_density, keep_count, NormalizerConformanceError
 from sparse_attention_repro.study import CRISP_CONFIGS
+from sparse_attention_repro.hf_attention import key_mask_of, materialised_mask, normalizer_attention
 from sparse_attention_repro.files import atomic_write
 from sparse_attention_repro.options import option, option_defaults, config_from_options, run_options
 from pathlib import Path
@@ -60,42 +61,19 @@ from sparse_attention_repro.data import resolve_data_root, resolve_cache_dir, su
 # in several shapes: DistilBERT's eager path passes the raw `(B, T)` 0/1 tokenizer mask, BERT's eager path an additive
 # float mask `(B, 1, 1, T)` holding 0 or `finfo.min` (`get_extended_attention_mask`), the SDPA paths an additive
 # `(B, 1, Tq, Tk)` mask or `None` when nothing is padded, and models built on `masking_utils` a boolean `(B, 1, Tq, Tk)`.
-# `crisp_key_mask` turns every one of them into a boolean mask broadcastable to the scores `(B, H, Tq, Tk)`.
-# An additive entry counts as masked when it is below half of `finfo.min` — i.e. only the "minus infinity" entries.
-
-# %%
-#| export
-def crisp_key_mask(attention_mask):
-    "Boolean key mask broadcastable to `(B, H, Tq, Tk)` from a 2D 0/1, 4D additive or 4D boolean attention mask (None stays None)."
-    if attention_mask is None: return None
-    m = attention_mask
-    if m.dtype != torch.bool:
-        m = (m != 0) if m.dim() == 2 else (m > torch.finfo(m.dtype).min / 2)   # 2D: 1 = token; 4D: additive 0 / min
-    if m.dim() == 2: m = m[:, None, None, :]                                    # (B, 1, 1, Tk)
-    if m.dim() != 4: raise ValueError(f"attention mask must be 2D or 4D, got shape {tuple(attention_mask.shape)}")
-    return m
-
-
-# %%
-pad = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
-want = pad.bool()[:, None, None, :]
-test_eq(crisp_key_mask(pad), want)
-add = (1.0 - pad[:, None, None, :].float()) * torch.finfo(torch.float32).min  # BERT's extended mask
-test_eq(crisp_key_mask(add), want)
-test_eq(crisp_key_mask(want.expand(2, 1, 4, 4)).shape, (2, 1, 4, 4))
-test_eq(crisp_key_mask(None), None)
-test_eq(crisp_key_mask(torch.zeros(2, 1, 1, 4) - 3.0).all(), True)             # a finite bias is not a mask
-
+# `key_mask_of` (in `hf_attention`, the bridge to transformers that Crisp uses) turns every one of them into a boolean
+# mask broadcastable to the scores `(B, H, Tq, Tk)`. An additive entry counts as masked when it is below half of
+# `finfo.min` — i.e. only the "minus infinity" entries.
 
 # %% [markdown]
 # ## The attention function
 #
 # `crisp_attention` follows the signature of transformers' `AttentionInterface`:
 # `(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs)` with `query`, `key`, `value` of shape
-# `(B, H, T, D)`, returning the output transposed to `(B, T, H, D)` and the attention weights. It computes the scaled scores
-# $S = QK^\top \cdot \text{scaling}$, applies the layer's normalizer (`module.crisp_norm`; softmax when the module has none),
-# then the module's attention dropout exactly as the eager implementations do (dropout on the probabilities, active only in
-# training), and the weighted sum of values. Grouped key/value heads are repeated to match the queries.
+# `(B, H, T, D)`, returning the output transposed to `(B, T, H, D)` and the attention weights. It is `hf_attention`'s
+# `normalizer_attention` with the layer's Crisp normalizer (`module.crisp_norm`; softmax when the module has none): the
+# scaled scores $S = QK^\top \cdot \text{scaling}$, the normalizer, the module's attention dropout exactly as the eager
+# implementations do (on the probabilities, only in training), and the weighted sum of values.
 #
 # When `module.crisp_record` is on it also accumulates, per layer, the number of kept (query, key) pairs among the *valid*
 # pairs (both query and key are real tokens) and the entropy $-\sum_j p_j \log p_j$ of each valid query row. Sparsity is
@@ -128,35 +106,26 @@ def _record(module, p, key_mask):
 
 def crisp_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     "Attention with the module's normalizer (`module.crisp_norm`, softmax if absent); returns `((B, T, H, D) output, weights)`."
-    if key.shape[1] != query.shape[1]:                                         # grouped key/value heads
-        rep = query.shape[1] // key.shape[1]
-        key, value = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
-    if scaling is None: scaling = query.shape[-1] ** -0.5
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling               # (B, H, Tq, Tk)
-    key_mask = crisp_key_mask(attention_mask)                                 # (B, 1, 1|Tq, Tk) bool or None
-    if key_mask is not None: key_mask = key_mask[..., : key.shape[-2]]
-    norm = getattr(module, "crisp_norm", None)
-    p = norm(scores, key_mask) if norm is not None else get_normalizer("softmax")(scores, key_mask)  # (B, H, Tq, Tk)
-    if getattr(module, "crisp_record", False): _record(module, p, key_mask)
-    p = F.dropout(p, p=dropout, training=module.training)                     # (B, H, Tq, Tk)
-    out = torch.matmul(p, value).transpose(1, 2).contiguous()                 # (B, Tq, H, D)
-    return out, p
+    return normalizer_attention(module, query, key, value, attention_mask, scaling, dropout, normalizer=getattr(module, "crisp_norm", None),
+                                record=_record if getattr(module, "crisp_record", False) else None)
 
 
 # %% [markdown]
-# Checked against a hand-written masked softmax attention:
+# Without a Crisp normalizer it is masked softmax attention (checked against a hand-written one in `hf_attention`); with
+# one it uses it, and it records only while recording is on:
 
 # %%
 torch.manual_seed(0)
 q, k, v = torch.randn(3, 2, 2, 5, 4).unbind(0)                               # (B=2, H=2, T=5, D=4)
 am = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
 dummy = torch.nn.Module().eval()
+test_close(crisp_attention(dummy, q, k, v, am, scaling=0.5)[1], normalizer_attention(dummy, q, k, v, am, scaling=0.5)[1])
+dummy.crisp_norm, dummy.crisp_record, dummy.crisp_stats = get_normalizer("sparsemax"), True, dict(kept=0.0, valid=0, entropy_sum=0.0, rows=0)
 out, w = crisp_attention(dummy, q, k, v, am, scaling=0.5)
-ref_p = torch.softmax((q @ k.transpose(-1, -2) * 0.5).masked_fill(~am.bool()[:, None, None, :], -1e9), -1)
-test_close(w, ref_p, eps=1e-6)
-test_close(out, (ref_p @ v).transpose(1, 2), eps=1e-6)
-test_eq(out.shape, (2, 5, 2, 4))
+test_close(w, normalizer_attention(dummy, q, k, v, am, scaling=0.5, normalizer=get_normalizer("sparsemax"))[1])
 test_eq(w[1, :, :, 3:].abs().sum(), 0)                                        # padded keys get exactly zero
+test_eq(dummy.crisp_stats["valid"], 2 * (25 + 9))                             # heads x valid (query, key) pairs
+
 
 # %% [markdown]
 # ## Registering it with transformers
@@ -172,15 +141,10 @@ test_eq(w[1, :, :, 3:].abs().sum(), 0)                                        # 
 #| export
 CRISP_ATTENTION = "crisp"
 
-def crisp_mask(*args, **kwargs):
-    "Boolean `(B, 1, Tq, Tk)` mask (True = attend) for `crisp_attention`: `sdpa_mask` that never skips materialising it."
-    kwargs["allow_is_causal_skip"] = kwargs["allow_is_bidirectional_skip"] = False
-    return sdpa_mask(*args, **kwargs)
-
 def register_crisp_attention(name=CRISP_ATTENTION):
-    "Register `crisp_attention` and `crisp_mask` under `name` in transformers' attention and mask interfaces."
+    "Register `crisp_attention` and `hf_attention.materialised_mask` under `name` in transformers' attention and mask interfaces."
     AttentionInterface.register(name, crisp_attention)
-    AttentionMaskInterface.register(name, crisp_mask)
+    AttentionMaskInterface.register(name, materialised_mask)
     return name
 
 register_crisp_attention()
@@ -202,7 +166,7 @@ with torch.no_grad():
     llama.set_attn_implementation(CRISP_ATTENTION)
     test_eq(llama.config._attn_implementation, CRISP_ATTENTION)
     test_close(llama(ids, attention_mask=am).logits[am.bool()], ref[am.bool()], eps=1e-5)
-test_eq(crisp_mask(batch_size=2, q_length=7, kv_length=7, attention_mask=am.bool()).dtype, torch.bool)
+test_eq(materialised_mask(batch_size=2, q_length=7, kv_length=7, attention_mask=am.bool()).dtype, torch.bool)
 
 # %% [markdown]
 # ## DistilBERT and BERT through the same interface

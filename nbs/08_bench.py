@@ -799,8 +799,9 @@ def _long_layer(name, T, block=256, seed=0):
     h = torch.randn(1, T, LONG_WIDTH)
     if name != "sdpa": return att, h
     def sdpa(x):
-        q, k, v = att.qkv(x).view(1, T, 3, LONG_HEADS, -1).permute(2, 0, 3, 1, 4)
-        return att.out(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(1, T, -1))
+        n = x.shape[1]
+        q, k, v = att.qkv(x).view(1, n, 3, LONG_HEADS, -1).permute(2, 0, 3, 1, 4)
+        return att.out(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(1, n, -1))
     return sdpa, h
 
 def _long_seconds(layer, h, backward):
@@ -826,7 +827,9 @@ def long_peak_mb(name, T, backward, block=256, threads=1) -> float:
     "Growth of peak resident memory (MB) of one forward (+ backward) at T tokens, measured in a fresh process."
     import subprocess, sys
     code = _PEAK.format(name=name, T=T, block=block, backward=backward, threads=threads)
-    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()[-1])
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if res.returncode: raise RuntimeError(f"measuring {name} at T={T} failed: {res.stderr.strip().splitlines()[-1]}")
+    return float(res.stdout.split()[-1])
 
 def bench_long_attention(lengths=(256, 1024, 4096), methods=("softmax", "sparsemax", "entmax15", "headwise_adaptive_entmax", "topk_softmax_025"),
                          block=256, repeats=3, memory=True) -> pd.DataFrame:
@@ -857,4 +860,4 @@ mine, _ = _long_layer("softmax", 300, 64)
 with torch.no_grad(): test_close(sd(h), mine(h), eps=1e-5)
 small = bench_long_attention(lengths=(96,), methods=("softmax", "entmax15"), block=32, repeats=1, memory=False)
 test_eq(set(small["pass"]), {"forward", "forward+backward"}); test_eq(len(small), 6)
-assert long_peak_mb("entmax15", 128, True, block=32) >= 0
+assert long_peak_mb("entmax15", 128, True, block=32) >= 0 and long_peak_mb("sdpa", 128, False, block=32) >= 0

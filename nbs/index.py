@@ -254,7 +254,7 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # | `nbs/02b_decoder.ipynb` | the length study's causal pre-LN decoder: any registered normalizer, NAPE or RoPE positions, attention in blocks of queries (no T × T tensor at 4,096 tokens), exact match in one forward pass |
 # | `nbs/03_train.ipynb` | study A training: protocol optimiser, lock-step training of a seed's methods, stacked training of several seeds, metrics, profiles |
 # | `nbs/03b_length_train.ipynb` | one length-study run: train at 32–64 tokens, validate at those lengths only, keep the weights at every validation, resume after a kill; test kept weights at any length on inputs shared by every run |
-# | `nbs/04a_hf_attention.ipynb` | `use_normalizer(model, name)`: any registered normalizer in every attention layer of a transformers model with an eager path (checked on BERT, GPT-2 and Llama) |
+# | `nbs/03c_hf_attention.ipynb` | `use_normalizer(model, name)`: any registered normalizer in every attention layer of a transformers model with an eager path (checked on BERT, GPT-2 and Llama) |
 # | `nbs/04_crisp.ipynb` | Crisp attention on a transformers encoder; SST-2 fine-tuning |
 # | `nbs/05_stats.ipynb`, `nbs/05_verdicts.ipynb`, `nbs/05a_report.ipynb` | paired tests (pingouin), Holm families, single-seed critique; the verdict rules, the claims table and the reader's tables; the report |
 # | `nbs/05b_tuning.ipynb` | the tuned-recipe protocol: the declared search, the staged selection on validation, bracketing, TOST power, the tuned verdicts and the README's answer |

@@ -13,6 +13,10 @@
 # path does and hands them, with the mask as a boolean **key mask**, to the layer's normalizer. So the causal mask of a
 # decoder reaches a length-aware normalizer as the keys each query may see, and padding is masked in an encoder.
 #
+# The scores, the mask and the dropout are computed as the eager implementations do (dropout on the probabilities, only
+# in training; grouped key/value heads repeated to match the queries). Crisp Attention (study B) is one use of this
+# function: its own normalizer per layer and a recorder of the links it keeps.
+#
 # Which modules are attention layers: the deepest modules whose class name ends in `Attention` (BERT's `BertAttention`
 # wraps `BertSelfAttention`, which does the work), with their head count read from the module or its config. A
 # normalizer that declares `query_context` (ASEntmax) gets the layer's input, caught by a forward pre-hook, and the
@@ -25,7 +29,7 @@ import torch.nn as nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from sparse_attention_repro.normalizers import resolve_normalizer, NormalizerSpec
+from sparse_attention_repro.normalizers import get_normalizer, resolve_normalizer
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
@@ -43,21 +47,24 @@ def key_mask_of(attention_mask):
     if m.dim() != 4: raise ValueError(f"attention mask must be 2D or 4D, got shape {tuple(attention_mask.shape)}")
     return m
 
-def normalizer_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    "The eager attention of `module` with its normalizer `module.lab_normalizer`: `((B, Tq, H, D) output, weights)`."
+def normalizer_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, normalizer=None, record=None, **kwargs):
+    """The eager attention of `module` with a normalizer — `normalizer`, else the module's `lab_normalizer`, else softmax —
+    and, where given, `record(module, weights, key_mask)` called on each batch's weights: `((B, Tq, H, D) output, weights)`."""
     if key.shape[1] != query.shape[1]:                                          # grouped key/value heads
         rep = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
     if scaling is None: scaling = query.shape[-1] ** -0.5
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling                # (B, H, Tq, Tk)
-    mask = key_mask_of(attention_mask)
+    mask = key_mask_of(attention_mask)                                          # (B, 1, 1|Tq, Tk) bool or None
     if mask is not None: mask = mask[..., : key.shape[-2]]
-    norm = module.lab_normalizer
+    norm = normalizer if normalizer is not None else getattr(module, "lab_normalizer", None)
+    if norm is None: norm = get_normalizer("softmax")
     ctx = {}
     if getattr(norm, "lab_context", False):
         tq, tk = scores.shape[-2:]
         ctx = dict(hidden=module.lab_hidden, positions=torch.arange(tk - tq, tk, device=scores.device))
     p = norm(scores, mask, **ctx)                                               # (B, H, Tq, Tk)
+    if record is not None: record(module, p, mask)
     p = nn.functional.dropout(p, p=dropout, training=module.training)
     return torch.matmul(p, value).transpose(1, 2).contiguous(), p
 
@@ -66,6 +73,31 @@ def materialised_mask(*args, **kwargs):
     kwargs["allow_is_causal_skip"] = kwargs["allow_is_bidirectional_skip"] = False
     return sdpa_mask(*args, **kwargs)
 
+# %%
+pad = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+want = pad.bool()[:, None, None, :]
+test_eq(key_mask_of(pad), want)
+add = (1.0 - pad[:, None, None, :].float()) * torch.finfo(torch.float32).min  # BERT's extended mask
+test_eq(key_mask_of(add), want)
+test_eq(key_mask_of(want.expand(2, 1, 4, 4)).shape, (2, 1, 4, 4))
+test_eq(key_mask_of(None), None)
+test_eq(key_mask_of(torch.zeros(2, 1, 1, 4) - 3.0).all(), True)               # a finite bias is not a mask
+
+# %% [markdown]
+# Checked against a hand-written masked softmax attention, and with a recorder:
+
+# %%
+torch.manual_seed(0)
+q, k, v = torch.randn(3, 2, 2, 5, 4).unbind(0)                               # (B=2, H=2, T=5, D=4)
+am = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+seen = []
+out, w = normalizer_attention(nn.Module().eval(), q, k, v, am, scaling=0.5, record=lambda m, p, mask: seen.append(mask))
+ref_p = torch.softmax((q @ k.transpose(-1, -2) * 0.5).masked_fill(~am.bool()[:, None, None, :], -1e9), -1)
+test_close(w, ref_p, eps=1e-6); test_close(out, (ref_p @ v).transpose(1, 2), eps=1e-6)
+test_eq(out.shape, (2, 5, 2, 4)); test_eq(seen[0], am.bool()[:, None, None, :])
+
+# %%
+#| export
 AttentionInterface.register(HF_ATTENTION, normalizer_attention)
 AttentionMaskInterface.register(HF_ATTENTION, materialised_mask)
 
