@@ -49,12 +49,13 @@ def validation_curves(rows: pd.DataFrame, seeds=SELECTION_SEEDS) -> pd.DataFrame
     return pd.concat(out, ignore_index=True)[cols] if out else pd.DataFrame(columns=cols)
 
 def choose_recipes(rows: pd.DataFrame, seeds=SELECTION_SEEDS) -> pd.DataFrame:
-    "Each arm's (lr, step) by mean validation accuracy over `seeds` (ties: fewer steps, then smaller rate), with its edges."
+    """Each arm's (lr, step) by mean validation accuracy over those of `seeds` it has run (ties: fewer steps, then smaller
+    rate), with its edges."""
     cur = validation_curves(rows, seeds)
     out = []
     for arm, g in cur.groupby(list(ARM), sort=False):
         n = g.groupby(["lr", "steps", "step"]).seed.nunique()
-        mean = g.groupby(["lr", "steps", "step"]).accuracy.mean()[n == len(seeds)].reset_index()
+        mean = g.groupby(["lr", "steps", "step"]).accuracy.mean()[n == g.seed.nunique()].reset_index()   # points every seed has
         if mean.empty: continue
         best = mean.sort_values(["accuracy", "step", "lr"], ascending=[False, True, True]).iloc[0]
         rates = sorted(g.lr.unique())
@@ -106,6 +107,8 @@ def _t_interval(x):
     h = sps.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
     return (x.mean() - h, x.mean() + h)
 
+ACCURACY_COLS = list(ARM) + ["length", "seeds", "accuracy", "ci_low", "ci_high", "best_of_3", "best_seed"]
+
 def length_accuracy(rows: pd.DataFrame, recipes: pd.DataFrame, best_of=SELECTION_SEEDS) -> pd.DataFrame:
     "Per arm and test length: seeds, mean exact match, its 95% t-interval, and the best-of-`best_of` seed's accuracy."
     t = tested_at_recipes(rows, recipes)
@@ -118,7 +121,7 @@ def length_accuracy(rows: pd.DataFrame, recipes: pd.DataFrame, best_of=SELECTION
             b = h[h.seed == best_seed].accuracy
             out.append(dict(zip(ARM, arm), length=int(length), seeds=len(h), accuracy=h.accuracy.mean(), ci_low=lo, ci_high=hi,
                             best_of_3=float(b.iloc[0]) if len(b) else np.nan, best_seed=best_seed))
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, columns=ACCURACY_COLS)
 
 # %%
 def toy_tests():
@@ -167,8 +170,10 @@ def length_gains(rows: pd.DataFrame, recipes: pd.DataFrame, baseline: str = BASE
             r = paired_stats(a[common], base[common])
             out.append(dict(task=task, positions=pos, length=int(length), normalizer=norm, baseline=baseline, **r,
                             margin=LENGTH_MARGIN, p_tost=tost_paired(a[common], base[common], LENGTH_MARGIN)))
-    if not out: return pd.DataFrame()
-    return holm(pd.DataFrame(out), family_cols=("task", "positions"))
+    cols = ["task", "positions", "length", "normalizer", "baseline", "n", "mean_delta", "ci_low", "ci_high", "t", "p", "cohen_dz",
+            "margin", "p_tost", "p_holm"]
+    if not out: return pd.DataFrame(columns=cols)
+    return holm(pd.DataFrame(out), family_cols=("task", "positions"))[cols]
 
 # %%
 g = length_gains(rows, rec).set_index(["normalizer", "length"])
@@ -176,3 +181,58 @@ test_close(g.loc[("entmax15", 64), "mean_delta"], 0.104)                 # 0.1 +
 test_eq(g.loc[("entmax15", 64), "n"], 5)
 test_eq(len(g), 2)
 assert (g.p_holm >= g.p).all()
+
+
+# %% [markdown]
+# ## The tables and the figure of a folder
+#
+# `length_tables` writes the analysis of a results folder into its `tables/` (each table declared once here: its file
+# and its producer) and the figure into `figures/`: exact match against test length on a log axis, a panel per task
+# (and position scheme), a line per normalizer with its 95 % band, and the best-of-3-seeds reading dashed.
+
+# %%
+#| export
+LENGTH_TABLES = {"length_recipes.csv": "choose_recipes", "length_accuracy.csv": "length_accuracy", "length_gains.csv": "length_gains"}
+
+def length_tables(folder) -> dict:
+    "Write the length study's tables (`LENGTH_TABLES`) and figure for the results folder `folder`; returns the tables."
+    from pathlib import Path
+    from sparse_attention_repro.runner import save_rows
+    from sparse_attention_repro.study import STUDIES
+    folder = Path(folder)
+    rows = pd.read_csv(STUDIES["length"].results_path(folder))
+    recipes = choose_recipes(rows)
+    tables = {"length_recipes.csv": recipes, "length_accuracy.csv": length_accuracy(rows, recipes),
+              "length_gains.csv": length_gains(rows, recipes)}
+    for name, df in tables.items(): save_rows(df, folder / "tables" / name)
+    if len(tables["length_accuracy.csv"]): accuracy_figure(tables["length_accuracy.csv"], folder / "figures" / "accuracy_vs_length.png")
+    return tables
+
+def accuracy_figure(acc: pd.DataFrame, path):
+    "Exact match against test length (log axis), a panel per (task, positions), mean over seeds with its 95% band, best-of-3 dashed."
+    import matplotlib; matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from sparse_attention_repro.files import atomic_write
+    panels = list(acc.groupby(["task", "positions"], sort=False))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, ((task, pos), g) in zip(axes[0], panels):
+        for i, (norm, h) in enumerate(g.groupby("normalizer", sort=False)):
+            h = h.sort_values("length"); c = f"C{i % 10}"
+            ax.plot(h.length, 100 * h.accuracy, marker="o", color=c, label=f"{norm} ({int(h.seeds.min())} seeds)")
+            ax.fill_between(h.length, 100 * h.ci_low.fillna(h.accuracy), 100 * h.ci_high.fillna(h.accuracy), color=c, alpha=0.15)
+            ax.plot(h.length, 100 * h.best_of_3, ls="--", color=c, alpha=0.6)
+        ax.set_xscale("log", base=2); ax.set_xlabel("test input length (tokens)"); ax.set_ylabel("exact match (%)")
+        ax.set_title(f"{task}, {pos} (dashed: best of 3 seeds)"); ax.set_ylim(-3, 103); ax.legend(fontsize=7)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
+
+# %%
+import tempfile
+from pathlib import Path
+with tempfile.TemporaryDirectory() as d:
+    toy_tests().assign(n=10, train_loss=np.nan, seconds=1.0, status="ok").to_csv(Path(d) / "length_runs.csv", index=False)
+    tabs = length_tables(d)
+    test_eq(sorted(p.name for p in (Path(d) / "tables").iterdir()), sorted(LENGTH_TABLES))
+    assert (Path(d) / "figures" / "accuracy_vs_length.png").stat().st_size > 0
+    test_eq(len(tabs["length_accuracy.csv"]), 4)

@@ -288,6 +288,8 @@ def _length_args(sub):
                                                  "complete (every seed at each arm's chosen recipe, tested), budgets (tested at fractions of the run); "
                                                  "none: the plain grid, each run tested at its last step")
     l.add_argument("--dry-run", action="store_true", help="print the runs the grid still needs and run nothing")
+    l.add_argument("--tables", action="store_true", help="write the analysis of --out (recipes, accuracy against length, gains "
+                                                       "over softmax, the figure) from its rows, and run nothing")
     _executor_args(l)
     return l
 
@@ -940,6 +942,11 @@ def cmd_length(args):
     from sparse_attention_repro.length_study import LENGTH, PROFILES, check_request, plan_runs, notebook_task, stage_runs, estimate_core_hours
     import pandas as pd
     from sparse_attention_repro.length_train import LengthRunConfig
+    if args.tables:
+        if not LENGTH.results_path(args.out).exists(): raise UsageError(f"{args.out} holds no {LENGTH.results}; run `sparse-repro length --out {args.out}` first")
+        from sparse_attention_repro.length_analysis import length_tables
+        for name, df in length_tables(args.out).items(): print(f"{args.out}/tables/{name}: {len(df)} rows")
+        return {}
     if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
     prof = PROFILES[args.profile]
     run = config_from_options(LengthRunConfig, {k: getattr(args, k) for k in option_defaults(LengthRunConfig)})

@@ -98,3 +98,10 @@ def test_length_grid_dry_run_then_run_then_resume(tmp_path):
     assert set(rows[rows.split == "test"].length) == {64, 128}
     again = cli("length", "--out", out, "--dry-run")
     assert "2 runs, 0 still to run" in again.stdout
+    tables = cli("length", "--out", out, "--tables")
+    assert tables.returncode == 0, tables.stderr[-2000:]
+    recipes = pd.read_csv(out / "tables" / "length_recipes.csv")            # one seed: each arm's best validated step
+    assert set(recipes.normalizer) == {"softmax", "sparsemax"} and set(recipes.step) <= {10, 20}
+    acc = pd.read_csv(out / "tables" / "length_accuracy.csv")                # tested at the last step only: read there
+    assert list(acc.columns[:4]) == ["task", "normalizer", "positions", "length"]
+    assert set(acc.normalizer) == set(recipes[recipes.step == 20].normalizer)
