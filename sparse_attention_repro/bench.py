@@ -490,18 +490,20 @@ def _long_seconds(layer, h, backward):
     return time.perf_counter() - t0
 
 _PEAK = """
-import resource, sys, torch
+import torch
 torch.set_num_threads({threads})
 from sparse_attention_repro.bench import _long_layer, _long_seconds
+def status(key): return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key))   # kB
 layer, h = _long_layer({name!r}, {T}, {block})
 _long_seconds(layer, h[:, :8], {backward})                      # the first call's one-off allocations
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+open("/proc/self/clear_refs", "w").write("5")                   # reset the peak resident size to the current one
+before = status("VmRSS:")
 _long_seconds(layer, h, {backward})
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+print((status("VmHWM:") - before) / 1024)
 """
 
 def long_peak_mb(name, T, backward, block=256, threads=1) -> float:
-    "Growth of peak resident memory (MB) of one forward (+ backward) at T tokens, measured in a fresh process."
+    "Growth of peak resident memory (MB) of one forward (+ backward) at T tokens, measured in a fresh process (Linux)."
     import subprocess, sys
     code = _PEAK.format(name=name, T=T, block=block, backward=backward, threads=threads)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
