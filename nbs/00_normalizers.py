@@ -62,13 +62,13 @@ import entmax
 def _mask_scores(scores, key_mask):
     "Scores with masked keys at -inf (rows with no valid key left untouched) and the `[..., 1]` mask of such empty rows."
     if key_mask is None: return scores, None
-    valid = key_mask.to(torch.bool).expand_as(scores)          # (..., H, Tq, Tk)
-    empty = ~valid.any(-1, keepdim=True)                       # (..., H, Tq, 1)
+    valid = key_mask.to(torch.bool)                            # broadcastable to (..., H, Tq, Tk)
+    empty = ~valid.any(-1, keepdim=True)                       # (..., Tq|1, 1): read on the mask, not on its copy per head
     return scores.masked_fill(~(valid | empty), float('-inf')), empty
 
 def _zero_empty_rows(p, empty):
-    "Zero the rows that had no valid key."
-    return p if empty is None else p.masked_fill(empty, 0.)
+    "Zero the rows that had no valid key (no copy of `p` when there is none: `empty` is read on the mask, a small tensor)."
+    return p if empty is None or not empty.any() else p.masked_fill(empty, 0.)
 
 def _finish(p, s, empty, bad=None):
     """Zero the rows with no valid key; make NaN every row whose scores hold a NaN or +inf or no finite value (as softmax
