@@ -262,8 +262,11 @@ def lengths_of(normalizer: str, seed: int, profile: LengthProfile) -> tuple:
     return profile.test_lengths + (profile.long_lengths if long else ())
 
 # %% [markdown]
-# `stage_runs` turns a stage into its runs, reading the recipes chosen so far from the folder's rows; what it cannot
-# run yet (no recipe, or a task whose runs must first be extended) comes back as one-line notes.
+# **Recipes are frozen.** When a select stage has finished, every arm's recipe is chosen from the folder's selection
+# runs and written to `length_recipes.csv` (`freeze_recipes`); complete and budgets read that file, never the rows
+# again. (The kept weights are not committed, so a later stage on another machine trains the selection seeds again; a
+# CPU of another kind may round differently, and a recipe must not move because of it.) `stage_runs` turns a stage into
+# its runs; what it cannot run yet (no recipe, or a task whose runs must first be extended) comes back as one-line notes.
 
 # %%
 #| export
@@ -271,13 +274,33 @@ def _budget_steps(steps: int, eval_every: int) -> list:
     "Kept steps nearest each budget fraction of a run of `steps`."
     return sorted({max(eval_every, round(f * steps / eval_every) * eval_every) for f in BUDGET_FRACTIONS})
 
-def stage_runs(stage: str, out, profile: LengthProfile, tasks, normalizers, positions, rows=None, **run_options) -> tuple:
-    "(runs, notes) of `stage` for the arms of tasks x normalizers x positions; `rows`: the folder's `length_runs.csv` so far."
-    from sparse_attention_repro.length_analysis import choose_recipes
+RECIPES = "length_recipes.csv"          # the recipes chosen at the end of select, in the results folder
+
+def freeze_recipes(out):
+    """Add to `out/length_recipes.csv` the recipe of every arm it does not hold yet, and replace those of arms whose runs
+    were extended (a longer run length), chosen from the folder's selection runs; returns the file's recipes."""
+    import pandas as pd
+    from sparse_attention_repro.length_analysis import choose_recipes, ARM
+    from sparse_attention_repro.runner import save_rows
+    new, old = choose_recipes(pd.read_csv(LENGTH.results_path(out))), read_recipes(out)
+    if old is not None:
+        both = new.merge(old[list(ARM) + ["steps"]], on=list(ARM), how="left", suffixes=("", "_frozen"))
+        keep_new = both.steps_frozen.isna() | (both.steps > both.steps_frozen)          # a new arm, or an extended one
+        kept = old.merge(new.loc[keep_new.values, list(ARM)], on=list(ARM), how="left", indicator=True)
+        new = pd.concat([old[(kept._merge == "left_only").values], new[keep_new.values]], ignore_index=True)
+    save_rows(new, Path(out) / RECIPES)
+    return new
+
+def read_recipes(out):
+    "The recipes written by `freeze_recipes`, or None before select has finished."
+    import pandas as pd
+    return pd.read_csv(Path(out) / RECIPES) if (Path(out) / RECIPES).exists() else None
+
+def stage_runs(stage: str, out, profile: LengthProfile, tasks, normalizers, positions, recipes=None, **run_options) -> tuple:
+    "(runs, notes) of `stage` for the arms of tasks x normalizers x positions; `recipes`: the folder's frozen recipes (or None)."
     if stage not in STAGES: raise ValueError(f"unknown stage {stage!r}; choose one of {', '.join(STAGES)}")
     if stage == "select":
         return plan_runs(out, profile, tasks, normalizers, positions, profile.rates, profile.seeds[:3], test_step=0, **run_options), []
-    recipes = choose_recipes(rows) if rows is not None and len(rows) else None
     runs, notes, blocked = [], [], set()
     for t in tasks:
         mine = recipes[recipes.task == t] if recipes is not None else None
@@ -310,6 +333,7 @@ def stage_runs(stage: str, out, profile: LengthProfile, tasks, normalizers, posi
 
 # %%
 import pandas as pd
+from sparse_attention_repro.length_analysis import choose_recipes
 def selected(steps_of_best):
     rows = []
     for n, best in steps_of_best.items():
@@ -320,7 +344,7 @@ def selected(steps_of_best):
     return pd.DataFrame(rows)
 
 prof = replace(smoke, run={**smoke.run, "steps": 40}, seeds=tuple(range(10)), other_seeds=5, long_lengths=(256,), step_cap=80)
-folder = selected({"softmax": 20, "entmax15": 40})
+folder = choose_recipes(selected({"softmax": 20, "entmax15": 40}))
 runs, notes = stage_runs("complete", "out", prof, ["flip_flop"], ["softmax", "entmax15"], ["nape"], folder)
 test_eq(runs, []); test_eq(notes, ["flip_flop: entmax15 (nape) chose step 40 of 40, in the last sixth: extend every arm of flip_flop with --stage select --steps 80"])
 runs, notes = stage_runs("complete", "out", replace(prof, step_cap=40), ["flip_flop"], ["softmax", "entmax15", "sparsemax"], ["nape"], folder)
@@ -332,6 +356,17 @@ runs, _ = stage_runs("complete", "out", prof5, ["flip_flop"], ["softmax"], ["nap
 test_eq([len(r.test_lengths) for r in runs], [3] * 5 + [2] * 5)                # the long length on the first five seeds
 runs, _ = stage_runs("budgets", "out", replace(prof, step_cap=40), ["flip_flop"], ["softmax"], ["nape"], folder)
 test_eq([(r.cfg.seed, r.test_step) for r in runs][:3], [(0, 10), (0, 20), (0, 40)])
+with tempfile.TemporaryDirectory() as d:                                     # freezing keeps what it froze
+    sel = selected({"softmax": 20})
+    sel.assign(n=264, train_loss=0.1, seconds=1.0, status="ok").to_csv(Path(d) / "length_runs.csv", index=False)
+    test_eq(freeze_recipes(d).step.tolist(), [20])
+    moved = selected({"softmax": 30, "entmax15": 10})                        # the softmax runs re-trained elsewhere, and a new arm
+    moved.assign(n=264, train_loss=0.1, seconds=1.0, status="ok").to_csv(Path(d) / "length_runs.csv", index=False)
+    test_eq(freeze_recipes(d)[["normalizer", "step"]].values.tolist(), [["softmax", 20], ["entmax15", 10]])
+    longer = moved.assign(steps=80)                                          # an extension: the arm's recipe is read again
+    longer.assign(n=264, train_loss=0.1, seconds=1.0, status="ok").to_csv(Path(d) / "length_runs.csv", index=False)
+    test_eq(read_recipes(d) is not None and freeze_recipes(d)[["normalizer", "step", "steps"]].values.tolist(),
+            [["softmax", 30, 80], ["entmax15", 10, 80]])
 runs, _ = stage_runs("select", "out", prof, ["flip_flop"], ["softmax"], ["nape"])
 test_eq([(r.cfg.seed, r.test_step, r.cfg.steps) for r in runs], [(0, 0, 40), (1, 0, 40), (2, 0, 40)])
 

@@ -939,13 +939,15 @@ def cmd_bench(args):
 def cmd_length(args):
     "Run the length study's grid (or, with --dry-run, print what it still needs); returns the failures."
     _check_executor(args)
-    from sparse_attention_repro.length_study import LENGTH, PROFILES, check_request, plan_runs, notebook_task, stage_runs, estimate_core_hours
+    from sparse_attention_repro.length_study import (LENGTH, PROFILES, check_request, plan_runs, notebook_task, stage_runs, estimate_core_hours,
+                                                     read_recipes, freeze_recipes, RECIPES)
     import pandas as pd
     from sparse_attention_repro.length_train import LengthRunConfig
     if args.tables:
         if not LENGTH.results_path(args.out).exists(): raise UsageError(f"{args.out} holds no {LENGTH.results}; run `sparse-repro length --out {args.out}` first")
         from sparse_attention_repro.length_analysis import length_tables
-        for name, df in length_tables(args.out).items(): print(f"{args.out}/tables/{name}: {len(df)} rows")
+        from sparse_attention_repro.length_study import read_recipes
+        for name, df in length_tables(args.out, read_recipes(args.out)).items(): print(f"{args.out}/tables/{name}: {len(df)} rows")
         return {}
     if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
     prof = PROFILES[args.profile]
@@ -954,8 +956,7 @@ def cmd_length(args):
                                  args.positions or prof.positions, args.test_lengths or prof.test_lengths)
     names, positions = ([t.name for t in tasks], [s.name for s in specs]), args.positions or prof.positions
     if args.stage:
-        results = LENGTH.results_path(args.out)
-        runs, notes = stage_runs(args.stage, args.out, prof, *names, positions, pd.read_csv(results) if results.exists() else None, **run)
+        runs, notes = stage_runs(args.stage, args.out, prof, *names, positions, read_recipes(args.out), **run)
         for note in notes: print(note, file=sys.stderr)
     else:
         runs = plan_runs(args.out, prof, *names, positions, args.rates or prof.rates, _seeds(args.seeds) if args.seeds else prof.seeds,
@@ -975,7 +976,10 @@ def cmd_length(args):
     if note: print(note, file=sys.stderr)
     options = dict(profile=args.profile, **{k: v for k, v in asdict(runs[0].cfg).items() if k in option_defaults(LengthRunConfig)},
                    test_examples=prof.test_examples)
-    return run_study(LENGTH, args, [notebook_task(r, threads) for r in runs], options)
+    fails = run_study(LENGTH, args, [notebook_task(r, threads) for r in runs], options)
+    if args.stage == "select" and not fails:
+        print(f"{args.out}/{RECIPES}: {len(freeze_recipes(args.out))} arms' recipes, chosen on the selection seeds' validation curves")
+    return fails
 
 COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "length": cmd_length, "report": cmd_report, "readme": cmd_readme, "index": cmd_index, "leaderboard": cmd_leaderboard, "card": cmd_card, "site": cmd_site, "reproduce": cmd_reproduce,
             "ablations": cmd_ablations, "follow-ups": cmd_follow_ups, "tuned": cmd_tuned,

@@ -101,14 +101,15 @@ def length_gains(rows: pd.DataFrame, recipes: pd.DataFrame, baseline: str = BASE
 # %% ../nbs/05f_length_analysis.ipynb
 LENGTH_TABLES = {"length_recipes.csv": "choose_recipes", "length_accuracy.csv": "length_accuracy", "length_gains.csv": "length_gains"}
 
-def length_tables(folder) -> dict:
-    "Write the length study's tables (`LENGTH_TABLES`) and figure for the results folder `folder`; returns the tables."
+def length_tables(folder, recipes=None) -> dict:
+    """Write the length study's tables (`LENGTH_TABLES`) and figure for the results folder `folder`, at the given
+    (frozen) `recipes`, else at recipes chosen from its rows now; returns the tables."""
     from pathlib import Path
     from sparse_attention_repro.runner import save_rows
     from sparse_attention_repro.study import STUDIES
     folder = Path(folder)
     rows = pd.read_csv(STUDIES["length"].results_path(folder))
-    recipes = choose_recipes(rows)
+    recipes = choose_recipes(rows) if recipes is None else recipes
     tables = {"length_recipes.csv": recipes, "length_accuracy.csv": length_accuracy(rows, recipes),
               "length_gains.csv": length_gains(rows, recipes)}
     for name, df in tables.items(): save_rows(df, folder / "tables" / name)
