@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sparse_attention_repro.decoder import CausalDecoder, DecoderConfig, exact_match
+from sparse_attention_repro.decoder import CausalDecoder, DecoderConfig, exact_match, match_and_loss
 from sparse_attention_repro.files import atomic_write_bytes
 from sparse_attention_repro.length_tasks import get_task, pack
 from sparse_attention_repro.options import option
@@ -112,18 +112,26 @@ test_eq(t1[0], t2[0]); test_eq(t1[0].shape, (3, 200))
 # ## Evaluation
 #
 # Exact match by teacher forcing (one forward pass; the decoder notebook shows it equals greedy decoding's), in batches
-# small enough that a long test stays within memory. `accuracy` returns the fraction right.
+# small enough that a long test stays within memory, and from the same pass the cross-entropy per target token, which
+# still orders checkpoints when exact match saturates (a small validation set of an easy task is often 100 % right at
+# many steps). `evaluate` returns both, `accuracy` the fraction right.
 
 # %%
 #| export
 @torch.no_grad()
+def evaluate(model, batches) -> tuple:
+    "(exact-match accuracy, mean cross-entropy per target token) over (tokens, labels) batches."
+    model.eval()
+    right = total = tokens_seen = 0
+    loss = 0.0
+    for tokens, labels in batches:
+        m, l, k = match_and_loss(model, tokens, labels)
+        right += int(m.sum()); total += len(tokens); loss += l; tokens_seen += k
+    return right / total, loss / max(1, tokens_seen)
+
 def accuracy(model, batches) -> float:
     "Exact-match accuracy over (tokens, labels) batches."
-    model.eval()
-    right = total = 0
-    for tokens, labels in batches:
-        right += int(exact_match(model, tokens, labels).sum()); total += len(tokens)
-    return right / total
+    return evaluate(model, batches)[0]
 
 def chunks(tokens, labels, size: int):
     "(tokens, labels) cut into batches of at most `size` sequences."
@@ -165,6 +173,9 @@ def train_run(cfg: LengthRunConfig, folder, threads: int | None = 1, progress=No
     step = 0
     if (folder / "state.pt").exists():
         state = torch.load(folder / "state.pt", weights_only=False)
+        if (was := {k: v for k, v in state["record"]["config"].items() if k != "steps"}) != {k: v for k, v in asdict(cfg).items() if k != "steps"}:
+            diff = ", ".join(f"{k}={was.get(k)!r} (now {v!r})" for k, v in asdict(cfg).items() if k != "steps" and was.get(k) != v)
+            raise ValueError(f"{folder} holds a run made with {diff}; use another folder")
         model.load_state_dict(state["model"]); opt.load_state_dict(state["opt"]); step, record = state["step"], state["record"]
     if record["status"] == "ok" and step < cfg.steps:                    # a finished run extended: it continues
         record = dict(record, status="running", config=asdict(cfg))
@@ -185,9 +196,10 @@ def train_run(cfg: LengthRunConfig, folder, threads: int | None = 1, progress=No
         opt.step(); losses.append(loss.item()); step += 1
         if step % cfg.eval_every == 0 or step == cfg.steps:
             seconds = time.perf_counter() - t0
-            acc = accuracy(model, val)
+            acc, val_loss = evaluate(model, val)
             record["train_seconds"] += seconds
-            record["curve"].append(dict(step=step, val_accuracy=acc, train_loss=float(np.mean(losses)), seconds=record["train_seconds"]))
+            record["curve"].append(dict(step=step, val_accuracy=acc, val_loss=val_loss, train_loss=float(np.mean(losses)),
+                                        seconds=record["train_seconds"]))
             _save(model.state_dict(), folder / "weights" / f"step_{step}.pt")
             if step == cfg.steps: record["status"] = "ok"
             _save(dict(model=model.state_dict(), opt=opt.state_dict(), step=step, record=record), folder / "state.pt")
@@ -253,9 +265,15 @@ def evaluate_lengths(cfg: LengthRunConfig, folder, step: int, lengths, n: int, t
     for length in lengths:
         t0 = time.perf_counter()
         tokens, labels = shared_test_set(task, length, n)
-        acc = accuracy(model, chunks(tokens, labels, eval_batch_size(tokens.shape[1])))
-        rows.append(dict(length=length, step=step, accuracy=acc, n=n, seconds=time.perf_counter() - t0))
+        acc, loss = evaluate(model, chunks(tokens, labels, eval_batch_size(tokens.shape[1])))
+        rows.append(dict(length=length, step=step, accuracy=acc, loss=loss, n=n, seconds=time.perf_counter() - t0))
     return rows
+
+def test_or_fail(cfg: LengthRunConfig, folder, record: dict, step: int, lengths, n: int, threads: int | None = 1) -> list:
+    "`evaluate_lengths` at `step`, or, where the run diverged before it, rows that count every test input wrong."
+    if record["status"].startswith("failed") and record.get("failed_at_step", 0) < step:
+        return [dict(length=L, step=step, accuracy=0.0, loss=float("nan"), n=n, seconds=0.0) for L in lengths]
+    return evaluate_lengths(cfg, folder, step, lengths, n, threads)
 
 # %%
 with tempfile.TemporaryDirectory() as d:
@@ -272,23 +290,30 @@ with tempfile.TemporaryDirectory() as d:
 # ## A run's rows
 #
 # One schema for everything a run reports: a row per validation (`split` = validation, at the training lengths, so no
-# single `length`) and a row per tested length (`split` = test). The run's identity — task, normalizer, positions,
-# rate, seed and run length — is on every row; `status` says whether the run finished (`ok`) or diverged
-# (`failed_nonfinite_loss`, its curve kept up to the step it failed at).
+# single `length`) and a row per tested length (`split` = test), each with its exact match and its cross-entropy per
+# target token (`loss`). The run's identity — task, normalizer, positions, rate, seed and run length — is on every row;
+# `status` says whether the run finished (`ok`) or diverged (`failed_nonfinite_loss`): a diverged run's curve is kept up
+# to the step it failed at and scores 0 at every later kept step, and a test at a step it never reached counts every
+# input wrong (`test_or_fail`), so that a seed that diverges is counted, not dropped.
 
 # %%
 #| export
 RUN_KEYS = ("task", "normalizer", "positions", "lr", "seed", "steps")
-ROW_COLUMNS = RUN_KEYS + ("split", "step", "length", "accuracy", "n", "train_loss", "seconds", "status")
+ROW_COLUMNS = RUN_KEYS + ("split", "step", "length", "accuracy", "loss", "n", "train_loss", "seconds", "status")
 ROW_KEYS = RUN_KEYS + ("split", "step", "length")
 
 def run_rows(cfg: LengthRunConfig, record: dict, tested=()) -> list:
     "The rows (`ROW_COLUMNS`) of run `cfg`: its validation curve from `record`, then its `tested` rows."
     ident = {k: getattr(cfg, k) for k in RUN_KEYS}
     n_val = cfg.val_per_length * (cfg.train_lengths[1] - cfg.train_lengths[0] + 1)
-    rows = [dict(ident, split="validation", step=r["step"], length=float("nan"), accuracy=r["val_accuracy"], n=n_val,
+    rows = [dict(ident, split="validation", step=r["step"], length=float("nan"), accuracy=r["val_accuracy"], loss=r["val_loss"], n=n_val,
                  train_loss=r["train_loss"], seconds=r["seconds"], status=record["status"]) for r in record["curve"]]
-    rows += [dict(ident, split="test", step=t["step"], length=t["length"], accuracy=t["accuracy"], n=t["n"],
+    if record["status"].startswith("failed"):                         # a diverged run scores 0 at every step it did not reach
+        last = record["curve"][-1]["step"] if record["curve"] else 0
+        rows += [dict(ident, split="validation", step=k, length=float("nan"), accuracy=0.0, loss=float("nan"), n=n_val,
+                      train_loss=float("nan"), seconds=float("nan"), status=record["status"])
+                 for k in range(last + cfg.eval_every, cfg.steps + 1, cfg.eval_every)]
+    rows += [dict(ident, split="test", step=t["step"], length=t["length"], accuracy=t["accuracy"], loss=t["loss"], n=t["n"],
                   train_loss=float("nan"), seconds=t["seconds"], status=record["status"]) for t in tested]
     return [{c: r[c] for c in ROW_COLUMNS} for r in rows]
 
@@ -299,3 +324,8 @@ with tempfile.TemporaryDirectory() as d:
     rows = run_rows(cfg, rec, evaluate_lengths(cfg, d, 20, [64], 8))
     test_eq([(r["split"], r["step"]) for r in rows], [("validation", 10), ("validation", 20), ("test", 20)])
     test_eq(list(rows[0]), list(ROW_COLUMNS)); test_eq(rows[0]["n"], 8 * 33); test_eq(rows[2]["length"], 64)
+    assert rows[0]["loss"] > 0 and rows[2]["loss"] > 0
+    failed = dict(rec, status="failed_nonfinite_loss", failed_at_step=13, curve=rec["curve"][:1])   # as if it diverged at step 13
+    rows = run_rows(cfg, failed, test_or_fail(cfg, d, failed, 20, [64, 128], 8))
+    test_eq([(r["split"], r["step"], r["accuracy"]) for r in rows][1:], [("validation", 20, 0.0), ("test", 20, 0.0), ("test", 20, 0.0)])
+    test_fail(lambda: train_run(LengthRunConfig(**{**asdict(cfg), "width": 32}), d), contains="holds a run made with width=16 (now 32)")

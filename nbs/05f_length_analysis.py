@@ -12,9 +12,11 @@
 #
 # **The recipe of an arm** (a task, a normalizer, a position scheme) is its learning rate and its number of steps, chosen
 # together on the validation curves of the selection seeds, which are measured at the training lengths only: the
-# (rate, step) with the highest mean validation exact match over those seeds; ties go to fewer steps, then to the
-# smaller rate. A run that diverged counts 0 from the step it failed at. The choice is **on an edge** where its step lies
-# in the last sixth of the run (a longer run might do better) or its rate at an end of the rates tried.
+# (rate, step) with the highest mean validation exact match over those seeds; ties — common, since an easy task's
+# validation set is often all right at many steps — go to the lower mean validation cross-entropy, then to fewer steps,
+# then to the smaller rate (means compared to 12 decimals, so that summation order cannot break a tie). A run that
+# diverged counts 0 from the step it failed at. The choice is **on an edge** where its step lies in the last sixth of
+# the run (a longer run might do better) or its rate at an end of the rates tried.
 
 # %%
 #| export
@@ -43,9 +45,9 @@ def validation_curves(rows: pd.DataFrame, seeds=SELECTION_SEEDS) -> pd.DataFrame
     for key, g in v.groupby(list(ARM) + ["lr", "seed", "steps"], sort=False):
         every = int(g.step.min()) if len(g) else 1
         full = pd.DataFrame({"step": np.arange(every, int(key[-1]) + 1, every)})   # the steps a finished run keeps
-        g = full.merge(g[["step", "accuracy"]], on="step", how="left").fillna({"accuracy": 0.0})
+        g = full.merge(g[["step", "accuracy", "loss"]], on="step", how="left").fillna({"accuracy": 0.0})
         out.append(g.assign(**dict(zip(list(ARM) + ["lr", "seed", "steps"], key))))
-    cols = list(ARM) + ["lr", "seed", "steps", "step", "accuracy"]
+    cols = list(ARM) + ["lr", "seed", "steps", "step", "accuracy", "loss"]
     return pd.concat(out, ignore_index=True)[cols] if out else pd.DataFrame(columns=cols)
 
 def choose_recipes(rows: pd.DataFrame, seeds=SELECTION_SEEDS) -> pd.DataFrame:
@@ -54,19 +56,22 @@ def choose_recipes(rows: pd.DataFrame, seeds=SELECTION_SEEDS) -> pd.DataFrame:
     cur = validation_curves(rows, seeds)
     out = []
     for arm, g in cur.groupby(list(ARM), sort=False):
-        n = g.groupby(["lr", "steps", "step"]).seed.nunique()
-        mean = g.groupby(["lr", "steps", "step"]).accuracy.mean()[n == g.seed.nunique()].reset_index()   # points every seed has
+        by = g.groupby(["lr", "steps", "step"])
+        mean = by.agg(accuracy=("accuracy", "mean"), loss=("loss", "mean"), seeds=("seed", "nunique"))
+        mean = mean[mean.seeds == g.seed.nunique()].reset_index()                 # points every seed has
         if mean.empty: continue
-        best = mean.sort_values(["accuracy", "step", "lr"], ascending=[False, True, True]).iloc[0]
+        mean["accuracy"] = mean.accuracy.round(12)
+        best = mean.sort_values(["accuracy", "loss", "step", "lr"], ascending=[False, True, True, True], na_position="last").iloc[0]
         rates = sorted(g.lr.unique())
         out.append(dict(zip(ARM, arm), lr=best.lr, step=int(best.step), steps=int(best.steps), val_accuracy=best.accuracy,
-                        step_edge=bool(best.step > EDGE_FRACTION * best.steps),
+                        val_loss=best.loss, rates=len(rates), step_edge=bool(best.step > EDGE_FRACTION * best.steps),
                         rate_edge=bool(len(rates) > 1 and best.lr in (rates[0], rates[-1]))))
-    return pd.DataFrame(out, columns=list(ARM) + ["lr", "step", "steps", "val_accuracy", "step_edge", "rate_edge"])
+    return pd.DataFrame(out, columns=list(ARM) + ["lr", "step", "steps", "val_accuracy", "val_loss", "rates", "step_edge", "rate_edge"])
 
 # %% [markdown]
 # A hand-made table checks the rule: two rates, three seeds, kept steps 10–40; the mean curve of rate 0.001 peaks at
-# step 20 (0.9) and is matched at step 40 (ties go to fewer steps); rate 0.003 diverges after step 10 (0 from then on).
+# step 20 (0.9) and is matched at step 40, whose loss is lower (the tie goes to it); rate 0.003 diverges after step 10
+# (0 from then on). With equal losses the tie goes to fewer steps.
 
 # %%
 def toy_rows():
@@ -74,14 +79,15 @@ def toy_rows():
     for s in (0, 1, 2):
         for step, acc in zip((10, 20, 30, 40), (0.5, 0.9, 0.8, 0.9)):
             rows.append(dict(task="t", normalizer="softmax", positions="nape", lr=0.001, seed=s, steps=40, split="validation",
-                             step=step, length=np.nan, accuracy=acc + (s - 1) * 0.01))
+                             step=step, length=np.nan, accuracy=acc + (s - 1) * 0.01, loss=1 / step))
         rows.append(dict(task="t", normalizer="softmax", positions="nape", lr=0.003, seed=s, steps=40, split="validation",
-                         step=10, length=np.nan, accuracy=0.4))
+                         step=10, length=np.nan, accuracy=0.4, loss=1.0))
     return pd.DataFrame(rows)
 
 r = choose_recipes(toy_rows())
-test_eq(r[["lr", "step", "step_edge", "rate_edge"]].values.tolist(), [[0.001, 20, False, True]])
+test_eq(r[["lr", "step", "step_edge", "rate_edge", "rates"]].values.tolist(), [[0.001, 40, True, True, 2]])   # step 40 of 40: an edge
 test_close(r.val_accuracy.iloc[0], 0.9)
+test_eq(choose_recipes(toy_rows().assign(loss=0.5)).step.tolist(), [20])
 test_eq(len(validation_curves(toy_rows()).query("lr == 0.003")), 12)      # 4 steps x 3 seeds, 3 of them filled with 0
 
 
@@ -129,15 +135,15 @@ def toy_tests():
     for norm, base in (("softmax", 0.5), ("entmax15", 0.6)):
         for s in range(5):
             for L, drop in ((64, 0.0), (128, 0.2)):
-                rows.append(dict(task="t", normalizer=norm, positions="nape", lr=0.001, seed=s, steps=40, split="test", step=20,
+                rows.append(dict(task="t", normalizer=norm, positions="nape", lr=0.001, seed=s, steps=40, split="test", step=20, loss=0.1,
                                  length=L, accuracy=base - drop + 0.02 * s + (0.01 * (s % 2) if norm == "entmax15" else 0)))
                 if norm == "entmax15" and L == 64:
                     rows.append(dict(task="t", normalizer=norm, positions="nape", lr=0.001, seed=s, steps=40, split="validation",
-                                     step=20, length=np.nan, accuracy=0.9))
+                                     step=20, length=np.nan, accuracy=0.9, loss=0.01))
     return pd.DataFrame(rows)
 
 rows = toy_tests()
-rec = choose_recipes(rows)
+rec = choose_recipes(rows.assign(loss=rows.loss.where(rows.step != 40, 1.0)))     # softmax tested at its step 20: make 40 no better
 test_eq(rec.set_index("normalizer").loc["entmax15", "step"], 20)
 acc = length_accuracy(rows, rec).set_index(["normalizer", "length"])
 test_close(acc.loc[("softmax", 64), "accuracy"], 0.54)                      # 0.5 + 0.02 * mean(0..4)
@@ -151,12 +157,31 @@ test_close(hi - lo, 2 * sps.t.ppf(0.975, 4) * x.std(ddof=1) / np.sqrt(5))
 # ## Gains over softmax
 #
 # At each task, position scheme and length, every normalizer's accuracy minus softmax's, paired by seed (both at their
-# own recipes), with a 95 % interval, a paired t-test, and TOST at the study's margin. Holm runs within a task's family:
-# every normalizer at every length of that task and position scheme.
+# own recipes), with a 95 % t-interval and TOST at the study's margin. The p-value of the difference is an exact
+# **sign-flip permutation test** (every one of the $2^n$ sign patterns of the paired differences; a fixed sample of
+# 100,000 beyond 16 pairs): at long lengths accuracies pile up at 0 and 100 %, where a t-test is unreliable and a
+# constant difference has no t at all, yet ten seeds that all differ the same way are evidence. Holm runs within a task's
+# family: every normalizer at every length of that task and position scheme. The verdict: *better* / *worse* (Holm
+# p < 0.05, by the sign of the mean), else *equivalent* (TOST p < 0.05, not adjusted), else *undecided*.
 
 # %%
 #| export
 LENGTH_MARGIN = EQUIVALENCE_MARGINS["length"]
+
+def sign_flip_p(d, exact_up_to: int = 16, samples: int = 100_000, seed: int = 0) -> float:
+    "Two-sided p of the paired differences `d` under random signs: |mean| at least the observed one (NaN below 2 pairs)."
+    d = np.asarray(d, float)
+    if len(d) < 2: return np.nan
+    if len(d) <= exact_up_to:
+        signs = 1 - 2 * ((np.arange(2 ** len(d))[:, None] >> np.arange(len(d))) & 1)        # every sign pattern
+    else: signs = np.random.default_rng(seed).choice([-1.0, 1.0], (samples, len(d)))
+    return float(np.mean(np.abs(signs @ d) >= abs(d.sum()) - 1e-12))
+
+def verdict(mean_delta: float, p_holm: float, p_tost: float, alpha: float = 0.05) -> str:
+    "better / worse (Holm), equivalent (TOST), undecided."
+    if np.isfinite(p_holm) and p_holm < alpha: return "better" if mean_delta > 0 else "worse"
+    if np.isfinite(p_tost) and p_tost < alpha: return "equivalent"
+    return "undecided"
 
 def length_gains(rows: pd.DataFrame, recipes: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
     "Paired gains over `baseline` per task, positions, length and normalizer; Holm within (task, positions)."
@@ -168,19 +193,65 @@ def length_gains(rows: pd.DataFrame, recipes: pd.DataFrame, baseline: str = BASE
             a = h.set_index("seed").accuracy
             common = a.index.intersection(base.index)
             r = paired_stats(a[common], base[common])
+            r["p"] = sign_flip_p(a[common].to_numpy() - base[common].to_numpy())
             out.append(dict(task=task, positions=pos, length=int(length), normalizer=norm, baseline=baseline, **r,
                             margin=LENGTH_MARGIN, p_tost=tost_paired(a[common], base[common], LENGTH_MARGIN)))
-    cols = ["task", "positions", "length", "normalizer", "baseline", "n", "mean_delta", "ci_low", "ci_high", "t", "p", "cohen_dz",
-            "margin", "p_tost", "p_holm"]
+    cols = ["task", "positions", "length", "normalizer", "baseline", "n", "mean_delta", "ci_low", "ci_high", "p", "cohen_dz",
+            "margin", "p_tost", "p_holm", "verdict"]
     if not out: return pd.DataFrame(columns=cols)
-    return holm(pd.DataFrame(out), family_cols=("task", "positions"))[cols]
+    df = holm(pd.DataFrame(out), family_cols=("task", "positions"))
+    df["verdict"] = [verdict(m, ph, pt) for m, ph, pt in zip(df.mean_delta, df.p_holm, df.p_tost)]
+    return df[cols]
 
 # %%
+test_close(sign_flip_p([1.0] * 10), 2 / 1024)                                  # ten seeds, all one way: 2 of 1,024 patterns
+import itertools
+def brute_sign_flip(d):                                                        # every pattern written out
+    sums = [abs(sum(s * x for s, x in zip(signs, d))) for signs in itertools.product((1, -1), repeat=len(d))]
+    return sum(v >= abs(sum(d)) for v in sums) / len(sums)
+for d in ([1.0, -1.0, 2.0], [3.0, 1.0, 2.0], [0.5, 0.2, -0.1, 0.4, 0.3]):
+    test_close(sign_flip_p(d), brute_sign_flip(d))
+test_close(sign_flip_p(np.ones(20), samples=20000), 0.0, eps=1e-3)           # beyond 16 pairs: sampled
+test_eq(verdict(0.3, 0.01, 0.9), "better"); test_eq(verdict(-0.3, 0.01, 0.9), "worse"); test_eq(verdict(0.0, 0.5, 0.01), "equivalent")
 g = length_gains(rows, rec).set_index(["normalizer", "length"])
 test_close(g.loc[("entmax15", 64), "mean_delta"], 0.104)                 # 0.1 + 0.01 on seeds 1 and 3
 test_eq(g.loc[("entmax15", 64), "n"], 5)
 test_eq(len(g), 2)
 assert (g.p_holm >= g.p).all()
+
+
+# %% [markdown]
+# ## Budgets, and whether the task was learned
+#
+# `length_budgets` reads the selection seeds at their arm's chosen rate at every step they were tested at (the budgets
+# stage tests a quarter, half and all of the run): accuracy against length at several step budgets. `task_learned`
+# applies the protocol's gate: a task (and position scheme) on which softmax does not reach 95 % exact match at the
+# shortest test length answers nothing, and its gains are not read.
+
+# %%
+#| export
+LEARNED_AT = 0.95
+
+def length_budgets(rows: pd.DataFrame, recipes: pd.DataFrame, seeds=SELECTION_SEEDS) -> pd.DataFrame:
+    "Mean exact match of each arm's `seeds` at its chosen rate, per tested step and length."
+    t = rows[(rows.split == "test") & rows.seed.isin(seeds)].merge(recipes[list(ARM) + ["lr", "steps"]], on=list(ARM) + ["lr", "steps"])
+    cols = list(ARM) + ["step", "length", "seeds", "accuracy"]
+    if t.empty: return pd.DataFrame(columns=cols)
+    out = t.groupby(list(ARM) + ["step", "length"]).agg(seeds=("seed", "nunique"), accuracy=("accuracy", "mean")).reset_index()
+    return out[cols]
+
+def task_learned(acc: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+    "Per task and positions: the baseline's mean exact match at its shortest test length, and whether it reaches 95 %."
+    b = acc[acc.normalizer == baseline]
+    if b.empty: return pd.DataFrame(columns=["task", "positions", "length", "accuracy", "learned"])
+    first = b.sort_values("length").groupby(["task", "positions"], sort=False).head(1)
+    return first.assign(learned=first.accuracy >= LEARNED_AT)[["task", "positions", "length", "accuracy", "learned"]]
+
+# %%
+bud = length_budgets(rows, rec)
+test_eq(sorted(set(bud.step)), [20]); test_eq(bud.seeds.max(), 3)
+learned = task_learned(length_accuracy(rows, rec))
+test_eq(learned[["length", "learned"]].values.tolist(), [[64, False]])       # the toy softmax reaches 54 % at 64 tokens
 
 
 # %% [markdown]
@@ -192,7 +263,8 @@ assert (g.p_holm >= g.p).all()
 
 # %%
 #| export
-LENGTH_TABLES = {"length_recipes.csv": "choose_recipes", "length_accuracy.csv": "length_accuracy", "length_gains.csv": "length_gains"}
+LENGTH_TABLES = {"length_recipes.csv": "choose_recipes", "length_accuracy.csv": "length_accuracy", "length_gains.csv": "length_gains",
+                 "length_budgets.csv": "length_budgets", "length_learned.csv": "task_learned"}
 
 def length_tables(folder, recipes=None) -> dict:
     """Write the length study's tables (`LENGTH_TABLES`) and figure for the results folder `folder`, at the given
@@ -203,8 +275,9 @@ def length_tables(folder, recipes=None) -> dict:
     folder = Path(folder)
     rows = pd.read_csv(STUDIES["length"].results_path(folder))
     recipes = choose_recipes(rows) if recipes is None else recipes
-    tables = {"length_recipes.csv": recipes, "length_accuracy.csv": length_accuracy(rows, recipes),
-              "length_gains.csv": length_gains(rows, recipes)}
+    acc = length_accuracy(rows, recipes)
+    tables = {"length_recipes.csv": recipes, "length_accuracy.csv": acc, "length_gains.csv": length_gains(rows, recipes),
+              "length_budgets.csv": length_budgets(rows, recipes), "length_learned.csv": task_learned(acc)}
     for name, df in tables.items(): save_rows(df, folder / "tables" / name)
     if len(tables["length_accuracy.csv"]): accuracy_figure(tables["length_accuracy.csv"], folder / "figures" / "accuracy_vs_length.png")
     return tables
@@ -232,7 +305,7 @@ def accuracy_figure(acc: pd.DataFrame, path):
 import tempfile
 from pathlib import Path
 with tempfile.TemporaryDirectory() as d:
-    toy_tests().assign(n=10, train_loss=np.nan, seconds=1.0, status="ok").to_csv(Path(d) / "length_runs.csv", index=False)
+    rows.assign(n=10, train_loss=np.nan, seconds=1.0, status="ok", loss=rows.loss.where(rows.step != 40, 1.0)).to_csv(Path(d) / "length_runs.csv", index=False)
     tabs = length_tables(d)
     test_eq(sorted(p.name for p in (Path(d) / "tables").iterdir()), sorted(LENGTH_TABLES))
     assert (Path(d) / "figures" / "accuracy_vs_length.png").stat().st_size > 0

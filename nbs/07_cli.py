@@ -1249,7 +1249,7 @@ def cmd_length(args):
                                  args.positions or prof.positions, args.test_lengths or prof.test_lengths)
     names, positions = ([t.name for t in tasks], [s.name for s in specs]), args.positions or prof.positions
     if args.stage:
-        runs, notes = stage_runs(args.stage, args.out, prof, *names, positions, read_recipes(args.out), **run)
+        runs, notes = stage_runs(args.stage, args.out, prof, *names, positions, read_recipes(args.out), args.rates, **run)
         for note in notes: print(note, file=sys.stderr)
     else:
         runs = plan_runs(args.out, prof, *names, positions, args.rates or prof.rates, _seeds(args.seeds) if args.seeds else prof.seeds,

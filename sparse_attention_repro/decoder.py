@@ -4,7 +4,7 @@
 
 # %% auto 0
 __all__ = ['POSITION_SCHEMES', 'IGNORE_INDEX', 'DecoderConfig', 'nape_slopes', 'rope', 'causal_mask', 'CausalSelfAttention',
-           'DecoderBlock', 'CausalDecoder', 'exact_match']
+           'DecoderBlock', 'CausalDecoder', 'exact_match', 'match_and_loss']
 
 # %% ../nbs/02b_decoder.ipynb
 import math
@@ -67,7 +67,8 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=False)
         self.out = nn.Linear(cfg.width, cfg.width, bias=False)
         self.spec = resolve_normalizer(cfg.normalizer)
-        self.normalizer = self.spec.build(num_heads=cfg.heads, **self._options(cfg))
+        with torch.random.fork_rng(devices=[]):          # a normalizer's own draws leave the model's initial weights as every arm's
+            self.normalizer = self.spec.build(num_heads=cfg.heads, **self._options(cfg))
         self.register_buffer("slopes", nape_slopes(cfg.heads) if cfg.positions == "nape" else torch.zeros(cfg.heads), persistent=False)
 
     def _options(self, cfg):
@@ -136,6 +137,13 @@ IGNORE_INDEX = -100
 @torch.no_grad()
 def exact_match(model, tokens, labels) -> torch.Tensor:
     "`[B]` bool: every labelled position's argmax equals its label (labels -100 elsewhere) — greedy decoding's exact match."
-    pred = model(tokens).argmax(-1)                                                               # (B, T)
+    return match_and_loss(model, tokens, labels)[0]
+
+@torch.no_grad()
+def match_and_loss(model, tokens, labels) -> tuple:
+    "(`[B]` exact match, the summed cross-entropy of the labelled tokens, their number) from one forward pass."
+    logits = model(tokens)                                                                        # (B, T, V)
     on = labels != IGNORE_INDEX
-    return ((pred == labels) | ~on).all(-1)
+    match = ((logits.argmax(-1) == labels) | ~on).all(-1)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+    return match, float(loss), int(on.sum())

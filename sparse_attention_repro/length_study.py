@@ -144,14 +144,17 @@ RECIPES = "length_recipes.csv"          # the recipes chosen at the end of selec
 
 def freeze_recipes(out):
     """Add to `out/length_recipes.csv` the recipe of every arm it does not hold yet, and replace those of arms whose runs
-    were extended (a longer run length), chosen from the folder's selection runs; returns the file's recipes."""
+    were extended (a longer run length) or given another rate (beyond an edge), chosen from the folder's selection runs;
+    returns the file's recipes."""
     import pandas as pd
     from sparse_attention_repro.length_analysis import choose_recipes, ARM
     from sparse_attention_repro.runner import save_rows
     new, old = choose_recipes(pd.read_csv(LENGTH.results_path(out))), read_recipes(out)
     if old is not None:
         both = new.merge(old[list(ARM) + ["steps"]], on=list(ARM), how="left", suffixes=("", "_frozen"))
-        keep_new = both.steps_frozen.isna() | (both.steps > both.steps_frozen)          # a new arm, or an extended one
+        both = both.merge(old[list(ARM) + ["rates"]], on=list(ARM), how="left", suffixes=("", "_frozen"))
+        keep_new = (both.steps_frozen.isna() | (both.steps > both.steps_frozen)            # a new arm, an extended one,
+                    | (both.rates > both.rates_frozen))                                     # or one given a rate beyond its edge
         kept = old.merge(new.loc[keep_new.values, list(ARM)], on=list(ARM), how="left", indicator=True)
         new = pd.concat([old[(kept._merge == "left_only").values], new[keep_new.values]], ignore_index=True)
     save_rows(new, Path(out) / RECIPES)
@@ -162,11 +165,12 @@ def read_recipes(out):
     import pandas as pd
     return pd.read_csv(Path(out) / RECIPES) if (Path(out) / RECIPES).exists() else None
 
-def stage_runs(stage: str, out, profile: LengthProfile, tasks, normalizers, positions, recipes=None, **run_options) -> tuple:
-    "(runs, notes) of `stage` for the arms of tasks x normalizers x positions; `recipes`: the folder's frozen recipes (or None)."
+def stage_runs(stage: str, out, profile: LengthProfile, tasks, normalizers, positions, recipes=None, rates=None, **run_options) -> tuple:
+    """(runs, notes) of `stage` for the arms of tasks x normalizers x positions; `recipes`: the folder's frozen recipes (or
+    None); `rates`: select's rates (default the profile's ladder; a rate beyond an arm's edge is given here)."""
     if stage not in STAGES: raise ValueError(f"unknown stage {stage!r}; choose one of {', '.join(STAGES)}")
     if stage == "select":
-        return plan_runs(out, profile, tasks, normalizers, positions, profile.rates, profile.seeds[:3], test_step=0, **run_options), []
+        return plan_runs(out, profile, tasks, normalizers, positions, rates or profile.rates, profile.seeds[:3], test_step=0, **run_options), []
     runs, notes, blocked = [], [], set()
     for t in tasks:
         mine = recipes[recipes.task == t] if recipes is not None else None

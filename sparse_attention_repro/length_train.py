@@ -4,8 +4,8 @@
 
 # %% auto 0
 __all__ = ['TEST_ENTROPY', 'RUN_KEYS', 'ROW_COLUMNS', 'ROW_KEYS', 'LengthRunConfig', 'train_batch', 'validation_set',
-           'shared_test_set', 'accuracy', 'chunks', 'eval_batch_size', 'lr_at', 'train_run', 'load_model',
-           'evaluate_lengths', 'run_rows']
+           'shared_test_set', 'evaluate', 'accuracy', 'chunks', 'eval_batch_size', 'lr_at', 'train_run', 'load_model',
+           'evaluate_lengths', 'test_or_fail', 'run_rows']
 
 # %% ../nbs/03b_length_train.ipynb
 import json, math, time
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .decoder import CausalDecoder, DecoderConfig, exact_match
+from .decoder import CausalDecoder, DecoderConfig, exact_match, match_and_loss
 from .files import atomic_write_bytes
 from .length_tasks import get_task, pack
 from .options import option
@@ -67,13 +67,19 @@ def shared_test_set(task, length: int, n: int):
 
 # %% ../nbs/03b_length_train.ipynb
 @torch.no_grad()
+def evaluate(model, batches) -> tuple:
+    "(exact-match accuracy, mean cross-entropy per target token) over (tokens, labels) batches."
+    model.eval()
+    right = total = tokens_seen = 0
+    loss = 0.0
+    for tokens, labels in batches:
+        m, l, k = match_and_loss(model, tokens, labels)
+        right += int(m.sum()); total += len(tokens); loss += l; tokens_seen += k
+    return right / total, loss / max(1, tokens_seen)
+
 def accuracy(model, batches) -> float:
     "Exact-match accuracy over (tokens, labels) batches."
-    model.eval()
-    right = total = 0
-    for tokens, labels in batches:
-        right += int(exact_match(model, tokens, labels).sum()); total += len(tokens)
-    return right / total
+    return evaluate(model, batches)[0]
 
 def chunks(tokens, labels, size: int):
     "(tokens, labels) cut into batches of at most `size` sequences."
@@ -105,6 +111,9 @@ def train_run(cfg: LengthRunConfig, folder, threads: int | None = 1, progress=No
     step = 0
     if (folder / "state.pt").exists():
         state = torch.load(folder / "state.pt", weights_only=False)
+        if (was := {k: v for k, v in state["record"]["config"].items() if k != "steps"}) != {k: v for k, v in asdict(cfg).items() if k != "steps"}:
+            diff = ", ".join(f"{k}={was.get(k)!r} (now {v!r})" for k, v in asdict(cfg).items() if k != "steps" and was.get(k) != v)
+            raise ValueError(f"{folder} holds a run made with {diff}; use another folder")
         model.load_state_dict(state["model"]); opt.load_state_dict(state["opt"]); step, record = state["step"], state["record"]
     if record["status"] == "ok" and step < cfg.steps:                    # a finished run extended: it continues
         record = dict(record, status="running", config=asdict(cfg))
@@ -125,9 +134,10 @@ def train_run(cfg: LengthRunConfig, folder, threads: int | None = 1, progress=No
         opt.step(); losses.append(loss.item()); step += 1
         if step % cfg.eval_every == 0 or step == cfg.steps:
             seconds = time.perf_counter() - t0
-            acc = accuracy(model, val)
+            acc, val_loss = evaluate(model, val)
             record["train_seconds"] += seconds
-            record["curve"].append(dict(step=step, val_accuracy=acc, train_loss=float(np.mean(losses)), seconds=record["train_seconds"]))
+            record["curve"].append(dict(step=step, val_accuracy=acc, val_loss=val_loss, train_loss=float(np.mean(losses)),
+                                        seconds=record["train_seconds"]))
             _save(model.state_dict(), folder / "weights" / f"step_{step}.pt")
             if step == cfg.steps: record["status"] = "ok"
             _save(dict(model=model.state_dict(), opt=opt.state_dict(), step=step, record=record), folder / "state.pt")
@@ -152,21 +162,32 @@ def evaluate_lengths(cfg: LengthRunConfig, folder, step: int, lengths, n: int, t
     for length in lengths:
         t0 = time.perf_counter()
         tokens, labels = shared_test_set(task, length, n)
-        acc = accuracy(model, chunks(tokens, labels, eval_batch_size(tokens.shape[1])))
-        rows.append(dict(length=length, step=step, accuracy=acc, n=n, seconds=time.perf_counter() - t0))
+        acc, loss = evaluate(model, chunks(tokens, labels, eval_batch_size(tokens.shape[1])))
+        rows.append(dict(length=length, step=step, accuracy=acc, loss=loss, n=n, seconds=time.perf_counter() - t0))
     return rows
+
+def test_or_fail(cfg: LengthRunConfig, folder, record: dict, step: int, lengths, n: int, threads: int | None = 1) -> list:
+    "`evaluate_lengths` at `step`, or, where the run diverged before it, rows that count every test input wrong."
+    if record["status"].startswith("failed") and record.get("failed_at_step", 0) < step:
+        return [dict(length=L, step=step, accuracy=0.0, loss=float("nan"), n=n, seconds=0.0) for L in lengths]
+    return evaluate_lengths(cfg, folder, step, lengths, n, threads)
 
 # %% ../nbs/03b_length_train.ipynb
 RUN_KEYS = ("task", "normalizer", "positions", "lr", "seed", "steps")
-ROW_COLUMNS = RUN_KEYS + ("split", "step", "length", "accuracy", "n", "train_loss", "seconds", "status")
+ROW_COLUMNS = RUN_KEYS + ("split", "step", "length", "accuracy", "loss", "n", "train_loss", "seconds", "status")
 ROW_KEYS = RUN_KEYS + ("split", "step", "length")
 
 def run_rows(cfg: LengthRunConfig, record: dict, tested=()) -> list:
     "The rows (`ROW_COLUMNS`) of run `cfg`: its validation curve from `record`, then its `tested` rows."
     ident = {k: getattr(cfg, k) for k in RUN_KEYS}
     n_val = cfg.val_per_length * (cfg.train_lengths[1] - cfg.train_lengths[0] + 1)
-    rows = [dict(ident, split="validation", step=r["step"], length=float("nan"), accuracy=r["val_accuracy"], n=n_val,
+    rows = [dict(ident, split="validation", step=r["step"], length=float("nan"), accuracy=r["val_accuracy"], loss=r["val_loss"], n=n_val,
                  train_loss=r["train_loss"], seconds=r["seconds"], status=record["status"]) for r in record["curve"]]
-    rows += [dict(ident, split="test", step=t["step"], length=t["length"], accuracy=t["accuracy"], n=t["n"],
+    if record["status"].startswith("failed"):                         # a diverged run scores 0 at every step it did not reach
+        last = record["curve"][-1]["step"] if record["curve"] else 0
+        rows += [dict(ident, split="validation", step=k, length=float("nan"), accuracy=0.0, loss=float("nan"), n=n_val,
+                      train_loss=float("nan"), seconds=float("nan"), status=record["status"])
+                 for k in range(last + cfg.eval_every, cfg.steps + 1, cfg.eval_every)]
+    rows += [dict(ident, split="test", step=t["step"], length=t["length"], accuracy=t["accuracy"], loss=t["loss"], n=t["n"],
                   train_loss=float("nan"), seconds=t["seconds"], status=record["status"]) for t in tested]
     return [{c: r[c] for c in ROW_COLUMNS} for r in rows]

@@ -22,13 +22,13 @@ rows_path: str = "rows.csv"  # the result rows are written here as CSV
 
 # %%
 import pandas as pd
-from sparse_attention_repro.length_train import LengthRunConfig, train_run, evaluate_lengths, run_rows
+from sparse_attention_repro.length_train import LengthRunConfig, train_run, test_or_fail, run_rows
 from sparse_attention_repro.runner import save_rows
 
 # %%
 cfg = LengthRunConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in run.items()})
 record = train_run(cfg, run_folder, threads=threads)
-tested = evaluate_lengths(cfg, run_folder, test_step, test_lengths, test_examples, threads=threads) if test_step else []
+tested = test_or_fail(cfg, run_folder, record, test_step, test_lengths, test_examples, threads=threads) if test_step else []
 rows = run_rows(cfg, record, tested)
 
 # %%
