@@ -183,7 +183,7 @@ def experiments_dir() -> Path:
 
 
 # %%
-test_eq(sorted(p.name for p in experiments_dir().glob("*.ipynb")), ["crisp.ipynb", "report.ipynb", "study_a.ipynb"])
+test_eq(sorted(p.name for p in experiments_dir().glob("*.ipynb")), ["crisp.ipynb", "length.ipynb", "report.ipynb", "study_a.ipynb"])
 
 # %% [markdown]
 # ## One writer per results folder
