@@ -67,13 +67,13 @@ def shared_test_set(task, length: int, n: int):
 
 # %% ../nbs/03b_length_train.ipynb
 @torch.no_grad()
-def evaluate(model, batches) -> tuple:
-    "(exact-match accuracy, mean cross-entropy per target token) over (tokens, labels) batches."
+def evaluate(model, batches, labelled_only: bool = False) -> tuple:
+    "(exact-match accuracy, mean cross-entropy per target token) over (tokens, labels) batches (`labelled_only`: see `match_and_loss`)."
     model.eval()
     right = total = tokens_seen = 0
     loss = 0.0
     for tokens, labels in batches:
-        m, l, k = match_and_loss(model, tokens, labels)
+        m, l, k = match_and_loss(model, tokens, labels, labelled_only)
         right += int(m.sum()); total += len(tokens); loss += l; tokens_seen += k
     return right / total, loss / max(1, tokens_seen)
 
@@ -162,7 +162,7 @@ def evaluate_lengths(cfg: LengthRunConfig, folder, step: int, lengths, n: int, t
     for length in lengths:
         t0 = time.perf_counter()
         tokens, labels = shared_test_set(task, length, n)
-        acc, loss = evaluate(model, chunks(tokens, labels, eval_batch_size(tokens.shape[1])))
+        acc, loss = evaluate(model, chunks(tokens, labels, eval_batch_size(tokens.shape[1])), labelled_only=True)
         rows.append(dict(length=length, step=step, accuracy=acc, loss=loss, n=n, seconds=time.perf_counter() - t0))
     return rows
 
