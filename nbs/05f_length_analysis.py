@@ -255,6 +255,30 @@ test_eq(learned[["length", "learned"]].values.tolist(), [[64, False]])       # t
 
 
 # %% [markdown]
+# ## What the track cost
+#
+# Core-hours per task and normalizer, from the rows: each run's training seconds (its last validation row's, which
+# exclude validation) and its tests' seconds, every run on one thread.
+
+# %%
+#| export
+def length_cost(rows: pd.DataFrame) -> pd.DataFrame:
+    "Runs, training and test core-hours per task and normalizer (one thread per run)."
+    run = ["task", "normalizer", "positions", "lr", "seed", "steps"]
+    v, t = rows[rows.split == "validation"], rows[rows.split == "test"]
+    train = v.groupby(run).seconds.max().groupby(["task", "normalizer"]).agg(["count", "sum"])
+    test = t.groupby(["task", "normalizer"]).seconds.sum()
+    out = pd.DataFrame({"runs": train["count"], "train_core_hours": train["sum"] / 3600,
+                        "test_core_hours": test.reindex(train.index).fillna(0.0) / 3600}).reset_index()
+    return out.assign(core_hours=out.train_core_hours + out.test_core_hours)
+
+# %%
+c = length_cost(rows.assign(seconds=np.where(rows.split == "test", 36.0, rows.step * 3.6)))
+test_eq(c.set_index("normalizer").runs.to_dict(), {"entmax15": 5, "softmax": 6})   # validated runs: 5 seeds; 2 rates x 3 seeds
+test_close(c.set_index("normalizer").loc["entmax15", "train_core_hours"], 5 * 20 * 3.6 / 3600)
+
+
+# %% [markdown]
 # ## The tables and the figure of a folder
 #
 # `length_tables` writes the analysis of a results folder into its `tables/` (each table declared once here: its file
@@ -264,7 +288,7 @@ test_eq(learned[["length", "learned"]].values.tolist(), [[64, False]])       # t
 # %%
 #| export
 LENGTH_TABLES = {"length_recipes.csv": "choose_recipes", "length_accuracy.csv": "length_accuracy", "length_gains.csv": "length_gains",
-                 "length_budgets.csv": "length_budgets", "length_learned.csv": "task_learned"}
+                 "length_budgets.csv": "length_budgets", "length_learned.csv": "task_learned", "length_cost.csv": "length_cost"}
 
 def length_tables(folder, recipes=None) -> dict:
     """Write the length study's tables (`LENGTH_TABLES`) and figure for the results folder `folder`, at the given
@@ -277,7 +301,8 @@ def length_tables(folder, recipes=None) -> dict:
     recipes = choose_recipes(rows) if recipes is None else recipes
     acc = length_accuracy(rows, recipes)
     tables = {"length_recipes.csv": recipes, "length_accuracy.csv": acc, "length_gains.csv": length_gains(rows, recipes),
-              "length_budgets.csv": length_budgets(rows, recipes), "length_learned.csv": task_learned(acc)}
+              "length_budgets.csv": length_budgets(rows, recipes), "length_learned.csv": task_learned(acc),
+              "length_cost.csv": length_cost(rows)}
     for name, df in tables.items(): save_rows(df, folder / "tables" / name)
     if len(tables["length_accuracy.csv"]): accuracy_figure(tables["length_accuracy.csv"], folder / "figures" / "accuracy_vs_length.png")
     return tables

@@ -655,6 +655,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                                     'sparse_attention_repro/length_analysis.py'),
                                                         'sparse_attention_repro.length_analysis.length_budgets': ( 'length_analysis.html#length_budgets',
                                                                                                                    'sparse_attention_repro/length_analysis.py'),
+                                                        'sparse_attention_repro.length_analysis.length_cost': ( 'length_analysis.html#length_cost',
+                                                                                                                'sparse_attention_repro/length_analysis.py'),
                                                         'sparse_attention_repro.length_analysis.length_gains': ( 'length_analysis.html#length_gains',
                                                                                                                  'sparse_attention_repro/length_analysis.py'),
                                                         'sparse_attention_repro.length_analysis.length_tables': ( 'length_analysis.html#length_tables',

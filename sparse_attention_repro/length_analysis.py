@@ -5,7 +5,7 @@
 # %% auto 0
 __all__ = ['ARM', 'SELECTION_SEEDS', 'EDGE_FRACTION', 'ACCURACY_COLS', 'LENGTH_MARGIN', 'LEARNED_AT', 'LENGTH_TABLES',
            'validation_curves', 'choose_recipes', 'tested_at_recipes', 'length_accuracy', 'sign_flip_p', 'verdict',
-           'length_gains', 'length_budgets', 'task_learned', 'length_tables', 'accuracy_figure']
+           'length_gains', 'length_budgets', 'task_learned', 'length_cost', 'length_tables', 'accuracy_figure']
 
 # %% ../nbs/05f_length_analysis.ipynb
 import numpy as np
@@ -138,8 +138,19 @@ def task_learned(acc: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
     return first.assign(learned=first.accuracy >= LEARNED_AT)[["task", "positions", "length", "accuracy", "learned"]]
 
 # %% ../nbs/05f_length_analysis.ipynb
+def length_cost(rows: pd.DataFrame) -> pd.DataFrame:
+    "Runs, training and test core-hours per task and normalizer (one thread per run)."
+    run = ["task", "normalizer", "positions", "lr", "seed", "steps"]
+    v, t = rows[rows.split == "validation"], rows[rows.split == "test"]
+    train = v.groupby(run).seconds.max().groupby(["task", "normalizer"]).agg(["count", "sum"])
+    test = t.groupby(["task", "normalizer"]).seconds.sum()
+    out = pd.DataFrame({"runs": train["count"], "train_core_hours": train["sum"] / 3600,
+                        "test_core_hours": test.reindex(train.index).fillna(0.0) / 3600}).reset_index()
+    return out.assign(core_hours=out.train_core_hours + out.test_core_hours)
+
+# %% ../nbs/05f_length_analysis.ipynb
 LENGTH_TABLES = {"length_recipes.csv": "choose_recipes", "length_accuracy.csv": "length_accuracy", "length_gains.csv": "length_gains",
-                 "length_budgets.csv": "length_budgets", "length_learned.csv": "task_learned"}
+                 "length_budgets.csv": "length_budgets", "length_learned.csv": "task_learned", "length_cost.csv": "length_cost"}
 
 def length_tables(folder, recipes=None) -> dict:
     """Write the length study's tables (`LENGTH_TABLES`) and figure for the results folder `folder`, at the given
@@ -152,7 +163,8 @@ def length_tables(folder, recipes=None) -> dict:
     recipes = choose_recipes(rows) if recipes is None else recipes
     acc = length_accuracy(rows, recipes)
     tables = {"length_recipes.csv": recipes, "length_accuracy.csv": acc, "length_gains.csv": length_gains(rows, recipes),
-              "length_budgets.csv": length_budgets(rows, recipes), "length_learned.csv": task_learned(acc)}
+              "length_budgets.csv": length_budgets(rows, recipes), "length_learned.csv": task_learned(acc),
+              "length_cost.csv": length_cost(rows)}
     for name, df in tables.items(): save_rows(df, folder / "tables" / name)
     if len(tables["length_accuracy.csv"]): accuracy_figure(tables["length_accuracy.csv"], folder / "figures" / "accuracy_vs_length.png")
     return tables
