@@ -1,6 +1,6 @@
 # %% [markdown]
 # # The protocol
-# > What the two studies did, what they left open, how this project fills each gap, and where the data must be.
+# > What the studies did, what they left open, how this project fills each gap, and where the data must be.
 #
 # This page collects, in one place, the facts this reproduction is built on. They come from the two papers — Canay (2026)
 # for study A and Gandhi & Gandhi, *Crisp Attention: Regularizing Transformers via Structured Sparsity* (arXiv 2508.06016,
@@ -175,6 +175,25 @@
 #
 # **A marker task that tests selection** counts as learnable when softmax reaches at least 50 % mean test accuracy
 # (chance 10 %) and the most-frequent-token shortcut stays within 2 pt of chance.
+
+# %% [markdown]
+# ## Study C — length: where the literature says sparse attention wins
+#
+# Every verdict above is at 17 or 97 keys, with the test as long as training. Vasylenko, Pitorro, Martins & Treviso,
+# *Long-Context Generalization with Sparse Attention* (ICLR 2026), claim their gains at **length**: decoders trained on
+# inputs of 32–64 tokens and tested up to 64 times longer (and longer for associative recall), where α-entmax and their
+# ASEntmax (entmax-1.5 with a learned, length-dependent query scale) keep exact-match accuracy that softmax loses — as
+# reported, the single best model of three seeds and several learning rates, with no variance. Their tasks: multi-query
+# multi-token associative recall, copy, sort, reverse and flip-flop, in randomly initialised Gemma-2 decoders of 2–6
+# layers and width 256–512, trained for 78,000–390,000 steps; positions by NAPE (ALiBi on half the heads, none on the
+# other half). Scalable-Softmax (Nakanishi 2025), stick-breaking attention (Tan et al. 2024) and ReLU attention divided
+# by the length were also designed around length.
+#
+# The lab's version asks the same question fairly and over seeds, at sizes this machine can train: every arm's rate and
+# number of steps chosen on validation at the training lengths, 10 seeds for the headline normalizers and 5 for the
+# others, paired tests with Holm within each task. The tasks are in `01b_length_tasks`, the decoder in `02b_decoder`, a
+# run in `03b_length_train`, the declared protocol and its stages in `05e_length_study`, the analysis in
+# `05f_length_analysis`.
 
 # %% [markdown]
 # ## Where the data must be
