@@ -86,6 +86,17 @@ test_eq(method_order(["sigmoid_attention", "topk_softmax_05", "softmax", "entmax
 test_eq(len(PAPER_METHODS), 7); assert BASELINE in PAPER_METHODS and CRISP_BASELINE in CRISP_CONFIGS
 
 # %% [markdown]
+# ## Equivalence margins
+#
+# The margin of every "no difference" claim, fixed before the runs it judges, declared once here; `stats` documents and
+# tests against them, and the catalogue's analyses name them (a fraction of accuracy, or of α for `alpha_start`).
+
+# %%
+#| export
+EQUIVALENCE_MARGINS = dict(hae_vs_entmax15=0.005, ablation=0.01, crisp=0.005, recipe=0.01, fast_path=0.005, alpha_start=0.05,
+                           length=0.05)
+
+# %% [markdown]
 # ## One interface for a study's runs
 #
 # The machinery that runs, resumes and reads a study's grid — the command line's task runner, the results lock and

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-from sparse_attention_repro.study import BASELINE, PAPER_METHODS, CRISP_CONFIGS, STUDIES
+from sparse_attention_repro.study import BASELINE, PAPER_METHODS, CRISP_CONFIGS, STUDIES, EQUIVALENCE_MARGINS
 
 # %%
 from fastcore.test import test_eq, test_fail
@@ -92,30 +92,30 @@ CATALOGUE = {e.name: e for e in [
                "validation_rerun", Design(options=dict(val_fraction=0.25, epoch_eval=True)), Analysis("selection")),
     Experiment("masked_padding", "Does the 20 Newsgroups gain of the sparse methods survive when padding is masked?",
                "ablations/masked_padding", Design(datasets=("twenty_news",), methods=PAPER_METHODS, options=dict(mask_padding=True)),
-               Analysis("ablation", family="ablations", margin=0.01), runner="ablations"),
+               Analysis("ablation", family="ablations", margin=EQUIVALENCE_MARGINS["ablation"]), runner="ablations"),
     Experiment("original_gradient", "Do the entmax-1.5 and adaptive-entmax results depend on the original's approximate gradient?",
                "ablations/original_gradient", Design(datasets=("twenty_news", "fashion_mnist"),
                                                       methods=("entmax15_bisect", "headwise_adaptive_entmax_bisect"),
                                                       rename={"entmax15_bisect": "entmax15",
                                                               "headwise_adaptive_entmax_bisect": "headwise_adaptive_entmax"}),
-               Analysis("ablation", family="ablations", margin=0.01), runner="ablations"),
+               Analysis("ablation", family="ablations", margin=EQUIVALENCE_MARGINS["ablation"]), runner="ablations"),
     Experiment("patch4", "Does top-k's image gain survive with 4×4 patches (T = 50), where top-k is no longer a 3-of-17 gate?",
                "ablations/patch4", Design(datasets=("fashion_mnist",), methods=(BASELINE, "topk_softmax_0125", "topk_softmax_025", "topk_softmax_05"),
-                                          options=dict(patch_size=4)), Analysis("ablation", family="ablations", margin=0.01), runner="ablations"),
+                                          options=dict(patch_size=4)), Analysis("ablation", family="ablations", margin=EQUIVALENCE_MARGINS["ablation"]), runner="ablations"),
     Experiment("learnable_marker", "Does any normalizer find the marker when the task can be learned?",
                "ablations/learnable_marker", Design(datasets=("synthetic_marker",), options=dict(marker_vocab=12)),
-               Analysis("ablation", family="ablations", margin=0.01), runner="ablations"),
+               Analysis("ablation", family="ablations", margin=EQUIVALENCE_MARGINS["ablation"]), runner="ablations"),
     Experiment("jpeg_control", "Does lossy input (JPEG quality 75, as the offline CIFAR-10 copy) change the top-k gains on Fashion-MNIST?",
                "ablations/jpeg_control", Design(datasets=("fashion_mnist",), options=dict(jpeg_quality=75)),
-               Analysis("ablation", family="ablations", margin=0.01), runner="ablations"),
+               Analysis("ablation", family="ablations", margin=EQUIVALENCE_MARGINS["ablation"]), runner="ablations"),
     Experiment("learned_pad_row", "How much does a learned padding embedding change the 20 Newsgroups results?",
                "ablations/learned_pad_row", Design(datasets=("twenty_news",), methods=(BASELINE, "sparsemax", "entmax15", "headwise_adaptive_entmax"),
                                                    options=dict(learned_pad_row=True)),
-               Analysis("ablation", family="ablations", margin=0.01), runner="ablations"),
+               Analysis("ablation", family="ablations", margin=EQUIVALENCE_MARGINS["ablation"]), runner="ablations"),
     Experiment("alpha_start", "Does the learned α settle near 1.51 from any start, or stay where it starts?",
                "follow_ups/alpha_start", Design(datasets=("fashion_mnist", "twenty_news"),
                                                 methods=("headwise_adaptive_entmax_start12", "headwise_adaptive_entmax_start18")),
-               Analysis("alpha_start", margin=0.05), runner="follow-ups"),
+               Analysis("alpha_start", margin=EQUIVALENCE_MARGINS["alpha_start"]), runner="follow-ups"),
     Experiment("selection_marker", "On a marker task whose one informative token must be picked out of 97, does any normalizer find "
                "it faster or better?", "follow_ups/selection_marker",
                Design(datasets=("synthetic_marker",), options=dict(marker_design="label_once", epochs=3, epoch_eval=True, val_fraction=0.25)),
@@ -131,18 +131,18 @@ CATALOGUE = {e.name: e for e in [
     Experiment("recipes", "First round of fair recipes: do entmax-1.5's and one top-k ratio's gains survive when every arm trains longer "
                "at its own learning rate?", "recipes", Design(datasets=("cifar10", "fashion_mnist", "twenty_news"),
                                                                methods=(BASELINE, "entmax15", "topk_softmax_0125", "topk_softmax_025")),
-               Analysis("tuned", family="main and kmnist (the paper's)", margin=0.01, reading="first round"), runner="grid"),
+               Analysis("tuned", family="main and kmnist (the paper's)", margin=EQUIVALENCE_MARGINS["recipe"], reading="first round"), runner="grid"),
     Experiment("tuned", "With every arm at its own learning rate and length chosen on validation, does any sparse gain over softmax persist?",
                "tuned", Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "kmnist")),
-               Analysis("tuned", family="main and kmnist (the paper's)", margin=0.01), runner="tuned"),
+               Analysis("tuned", family="main and kmnist (the paper's)", margin=EQUIVALENCE_MARGINS["recipe"]), runner="tuned"),
     Experiment("attention_maps", "Where does the CLS token look, per method (one seed, a few test items)?", "attention_maps",
                Design(datasets=("fashion_mnist", "cifar10", "twenty_news"), seeds=(0,)), Analysis("record"), runner="attention-maps"),
     Experiment("crisp", "Does percentile masking before the softmax beat dense fine-tuning on SST-2, over seeds, on validation and test?",
-               ".", Design(study="crisp", methods=CRISP_CONFIGS), Analysis("crisp", family="crisp", margin=0.005), runner="crisp"),
+               ".", Design(study="crisp", methods=CRISP_CONFIGS), Analysis("crisp", family="crisp", margin=EQUIVALENCE_MARGINS["crisp"]), runner="crisp"),
     Experiment("crisp_normalizers", "Does any of study A's normalizers, in every layer of the pretrained encoder, beat dense on SST-2?",
-               "crisp_normalizers", Design(study="crisp"), Analysis("crisp", family="crisp normalizers", margin=0.005), runner="crisp"),
+               "crisp_normalizers", Design(study="crisp"), Analysis("crisp", family="crisp normalizers", margin=EQUIVALENCE_MARGINS["crisp"]), runner="crisp"),
     Experiment("crisp_lr_check", "Does Crisp's verdict hold at another learning rate (2e-5)?", "crisp_lr_check",
-               Design(study="crisp", methods=("dense", "adaptive_080"), options=dict(lr=2e-5)), Analysis("crisp", margin=0.005), runner="crisp"),
+               Design(study="crisp", methods=("dense", "adaptive_080"), options=dict(lr=2e-5)), Analysis("crisp", margin=EQUIVALENCE_MARGINS["crisp"]), runner="crisp"),
     Experiment("literature", "Do three normalizers from recent papers (sigmoid attention, Scalable-Softmax, softpick) beat the seven paper "
                "methods, paired by seed with the committed runs under the paper's recipe?", ".",
                Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker", "kmnist"),
@@ -168,29 +168,29 @@ CATALOGUE = {e.name: e for e in [
     *[Experiment(f"fair_{name}", f"At its own learning rate and length, chosen on validation (the tuned-recipe protocol, with "
                  f"halving), does {label} beat softmax and the other paper methods at theirs?", f"fair/{name}",
                  Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "kmnist"), methods=(name,)),
-                 Analysis("fair_verdict", family="each new method's own", margin=0.01), runner="tuned", root="literature")
+                 Analysis("fair_verdict", family="each new method's own", margin=EQUIVALENCE_MARGINS["recipe"]), runner="tuned", root="literature")
       for name, label in (("scalable_softmax", "Scalable-Softmax"), ("sigmoid_attention", "sigmoid attention"), ("softpick", "softpick"),
                           ("relu_attention", "ReLU attention"), ("softmax_sink", "softmax with a sink"),
                           ("stick_breaking", "stick-breaking attention"), ("normmax", "normmax"),
                           ("learned_temperature_softmax", "the learned-temperature softmax (Scalable-Softmax's control)"))],
     Experiment("fashion_mnist_fast", "Does `--fast` (Philox masks, bf16, fused attention) change any Fashion-MNIST gain over softmax, paired "
                "by seed with the default path?", "fashion_mnist_fast", Design(datasets=("fashion_mnist",), options=dict(fast=True)),
-               Analysis("speed_check", margin=0.005), root="speed"),
+               Analysis("speed_check", margin=EQUIVALENCE_MARGINS["fast_path"]), root="speed"),
     Experiment("twenty_news_fast", "Does `--fast` change any 20 Newsgroups gain over softmax, paired by seed with the default path?",
-               "twenty_news_fast", Design(datasets=("twenty_news",), options=dict(fast=True)), Analysis("speed_check", margin=0.005), root="speed"),
+               "twenty_news_fast", Design(datasets=("twenty_news",), options=dict(fast=True)), Analysis("speed_check", margin=EQUIVALENCE_MARGINS["fast_path"]), root="speed"),
     Experiment("fashion_mnist_fused_block", "Does the fused block (C kernels for the residual LayerNorms and GELU beside fused attention) "
                "change any Fashion-MNIST gain over softmax, paired by seed with Philox + bf16 + fused attention?", "fashion_mnist_fused_block",
                Design(datasets=("fashion_mnist",), options=dict(attention="fused_block", dropout_rng="philox", precision="bf16")),
-               Analysis("speed_check", margin=0.005), root="speed"),
+               Analysis("speed_check", margin=EQUIVALENCE_MARGINS["fast_path"]), root="speed"),
     Experiment("fashion_mnist_philox_bf16", "Philox masks with bf16 autocast alone, on Fashion-MNIST: the reference the fused path is paired with",
                "fashion_mnist_philox_bf16", Design(datasets=("fashion_mnist",), options=dict(dropout_rng="philox", precision="bf16")),
-               Analysis("speed_check", margin=0.005), root="speed"),
+               Analysis("speed_check", margin=EQUIVALENCE_MARGINS["fast_path"]), root="speed"),
     Experiment("twenty_news_philox_bf16", "Philox masks with bf16 autocast alone, on 20 Newsgroups: the reference the fused path is paired with",
                "twenty_news_philox_bf16", Design(datasets=("twenty_news",), options=dict(dropout_rng="philox", precision="bf16")),
-               Analysis("speed_check", margin=0.005), root="speed"),
+               Analysis("speed_check", margin=EQUIVALENCE_MARGINS["fast_path"]), root="speed"),
     Experiment("fashion_mnist_philox", "Philox masks alone, on Fashion-MNIST: does the dropout stream move the gains?",
                "fashion_mnist_philox", Design(datasets=("fashion_mnist",), options=dict(dropout_rng="philox")),
-               Analysis("speed_check", margin=0.005), root="speed"),
+               Analysis("speed_check", margin=EQUIVALENCE_MARGINS["fast_path"]), root="speed"),
     Experiment("hae_lanes", "Does the adaptive entmax's lanes kernel give the committed results (Fashion-MNIST and KMNIST, seeds 0–9)?",
                "hae_lanes", Design(datasets=("fashion_mnist", "kmnist"), methods=(BASELINE, "headwise_adaptive_entmax")),
                Analysis("speed_check"), root="speed"),
@@ -204,6 +204,10 @@ CATALOGUE = {e.name: e for e in [
                "quick", Design(), Analysis("record"), runner="reproduce", root="example"),
     Experiment("crisp_learning_curve", "How many SST-2 training sentences does dense need before more stop paying (the budget check)?",
                "crisp_learning_curve", Design(study="crisp", methods=("dense",), seeds=(0,)), Analysis("budget_probe"), runner="crisp"),
+    Experiment("length", "Trained at 32–64 tokens with every arm's rate and steps chosen on validation at those lengths, does any "
+               "normalizer keep more exact match than softmax at 2–64 times the length, over seeds?", ".",
+               Design(study="length", datasets=("flip_flop",)),
+               Analysis("length", family="each task and position scheme", margin=EQUIVALENCE_MARGINS["length"]), runner="length", root="length"),
 ]}
 
 # %% [markdown]
@@ -289,6 +293,14 @@ def verdict_line(e: Experiment, root) -> str:
                 + (f" ({int((~t.complete.astype(bool)).sum())} provisional: not every seed has run)" if (~t.complete.astype(bool)).any() else ""))
     if k == "fair_verdict": return "search in progress: the verdict is written as each dataset's grids finish (rerun its command to resume)"
     if k == "speed_check": return "paired checks in BENCHMARKS.md"
+    if k == "length":
+        gains, recipes = read("length_gains.csv"), Path(root) / "length_recipes.csv"
+        if gains is not None and len(gains):
+            return f"{len(gains)} (task, length, normalizer) gains over softmax: {_count(gains.verdict)} (Holm per task, ±5 pt)"
+        if recipes.exists():
+            return (f"select stage: {len(pd.read_csv(recipes))} arms' recipes chosen on validation; no test yet, so no verdict "
+                    "(the complete stage tests them; rerun its command to resume)")
+        return "select stage in progress (rerun its command to resume)"
     if k == "selection" and (t := read("selection.csv")) is not None:
         return f"validation chose the test-chosen top-k ratio on {int(t.same_choice.sum())} of {len(t)} datasets"
     return "read in the report"
@@ -297,7 +309,8 @@ OUTPUTS_HEADER = """# Committed results
 
 Run results land here and are git-ignored, except the project's findings, which are committed: `paper/` (study A at
 the paper's size, its ablations, follow-ups and recipe grids, the Crisp runs and the report), `literature/`
-(normalizers from recent papers against the baselines of `paper/`), `speed/` (the paired checks of the opt-in fast
+(normalizers from recent papers against the baselines of `paper/`), `length/` (the length study: train short, test
+long; its weights are not committed), `speed/` (the paired checks of the opt-in fast
 paths against the default one) and `example/` (the `quick` profile). `leaderboard.md` (with its `.csv` and `.png`)
 lists every normalizer with committed runs, per dataset, under both recipes (`sparse-repro leaderboard`), and `cards/`
 holds one page per normalizer (`sparse-repro card NAME`). The rendered notebooks are built into `site/` by

@@ -4,7 +4,8 @@
 
 # %% auto 0
 __all__ = ['BASELINE', 'PAPER_METHODS', 'ORIGINAL_GRADIENT_VARIANTS', 'CRISP_BASELINE', 'CRISP_CONFIGS', 'PAPER_MODEL', 'CLAIMS',
-           'PAPER_SOFTMAX_ACCURACY', 'PAPER_CRISP_GAINS', 'PAPER_CRISP_DENSE', 'STUDIES', 'method_order', 'Study']
+           'PAPER_SOFTMAX_ACCURACY', 'PAPER_CRISP_GAINS', 'PAPER_CRISP_DENSE', 'EQUIVALENCE_MARGINS', 'STUDIES',
+           'method_order', 'Study']
 
 # %% ../nbs/00_study.ipynb
 BASELINE = "softmax"
@@ -52,6 +53,10 @@ def method_order(methods) -> list:
     known = PAPER_METHODS + ORIGINAL_GRADIENT_VARIANTS
     methods = list(dict.fromkeys(methods))
     return [m for m in known if m in methods] + sorted(m for m in methods if m not in known)
+
+# %% ../nbs/00_study.ipynb
+EQUIVALENCE_MARGINS = dict(hae_vs_entmax15=0.005, ablation=0.01, crisp=0.005, recipe=0.01, fast_path=0.005, alpha_start=0.05,
+                           length=0.05)
 
 # %% ../nbs/00_study.ipynb
 from dataclasses import dataclass
