@@ -255,6 +255,40 @@ test_eq(learned[["length", "learned"]].values.tolist(), [[64, False]])       # t
 
 
 # %% [markdown]
+# ## The anchor beside us
+#
+# Every number the anchor reports (`study.LENGTH_ANCHOR`), beside ours at the same task, normalizer and ratio of test
+# length to the longest training input: our mean over seeds with its interval, and our best-of-3 reading, which is the
+# one comparable in kind to theirs. A row we have not run says so. The scale differs on every row: see the protocol.
+
+# %%
+#| export
+from sparse_attention_repro.study import LENGTH_ANCHOR, LENGTH_ANCHOR_TRAIN_MAX
+
+def anchor_table(acc: pd.DataFrame, positions: str = "nape") -> pd.DataFrame:
+    "The anchor's reported exact match (%) per task, normalizer and length ratio, beside ours (`length_accuracy` rows) under `positions`."
+    ours = acc[acc.positions == positions].set_index(["task", "normalizer", "length"]) if len(acc) else None
+    out = []
+    for (task, norm), by_ratio in LENGTH_ANCHOR.items():
+        for ratio, theirs in by_ratio.items():
+            L = int(round(ratio * LENGTH_ANCHOR_TRAIN_MAX))
+            r = ours.loc[(task, norm, L)] if ours is not None and (task, norm, L) in ours.index else None
+            out.append(dict(task=task, normalizer=norm, ratio=ratio, length=L, anchor_best_of_3=theirs,
+                            ours_mean=np.nan if r is None else 100 * r.accuracy, ours_ci_low=np.nan if r is None else 100 * r.ci_low,
+                            ours_ci_high=np.nan if r is None else 100 * r.ci_high, ours_best_of_3=np.nan if r is None else 100 * r.best_of_3,
+                            seeds=0 if r is None else int(r.seeds), note="" if r is not None else "not run here yet"))
+    return pd.DataFrame(out)
+
+# %%
+a = anchor_table(pd.DataFrame([dict(task="sort", normalizer="entmax15", positions="nape", length=128, seeds=10, accuracy=0.5,
+                                    ci_low=0.4, ci_high=0.6, best_of_3=0.7, best_seed=1)]))
+row = a[(a.task == "sort") & (a.normalizer == "entmax15") & (a.ratio == 2)].iloc[0]
+test_eq((row.anchor_best_of_3, row.ours_mean, row.ours_best_of_3, row.seeds, row.note), (100.0, 50.0, 70.0, 10, ""))
+test_eq(a[(a.task == "reverse") & (a.ratio == 1.5)].length.unique().tolist(), [96])
+test_eq(len(a), sum(len(v) for v in LENGTH_ANCHOR.values()))
+
+
+# %% [markdown]
 # ## What the track cost
 #
 # Core-hours per task and normalizer, from the rows: each run's training seconds (its last validation row's, which
@@ -288,7 +322,8 @@ test_close(c.set_index("normalizer").loc["entmax15", "train_core_hours"], 5 * 20
 # %%
 #| export
 LENGTH_TABLES = {"length_recipes.csv": "choose_recipes", "length_accuracy.csv": "length_accuracy", "length_gains.csv": "length_gains",
-                 "length_budgets.csv": "length_budgets", "length_learned.csv": "task_learned", "length_cost.csv": "length_cost"}
+                 "length_budgets.csv": "length_budgets", "length_learned.csv": "task_learned", "length_cost.csv": "length_cost",
+                 "length_anchor.csv": "anchor_table"}
 
 def length_tables(folder, recipes=None) -> dict:
     """Write the length study's tables (`LENGTH_TABLES`) and figure for the results folder `folder`, at the given
@@ -302,7 +337,7 @@ def length_tables(folder, recipes=None) -> dict:
     acc = length_accuracy(rows, recipes)
     tables = {"length_recipes.csv": recipes, "length_accuracy.csv": acc, "length_gains.csv": length_gains(rows, recipes),
               "length_budgets.csv": length_budgets(rows, recipes), "length_learned.csv": task_learned(acc),
-              "length_cost.csv": length_cost(rows)}
+              "length_cost.csv": length_cost(rows), "length_anchor.csv": anchor_table(acc)}
     for name, df in tables.items(): save_rows(df, folder / "tables" / name)
     if len(tables["length_accuracy.csv"]): accuracy_figure(tables["length_accuracy.csv"], folder / "figures" / "accuracy_vs_length.png")
     return tables

@@ -649,6 +649,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                                 'sparse_attention_repro/length_analysis.py'),
                                                         'sparse_attention_repro.length_analysis.accuracy_figure': ( 'length_analysis.html#accuracy_figure',
                                                                                                                     'sparse_attention_repro/length_analysis.py'),
+                                                        'sparse_attention_repro.length_analysis.anchor_table': ( 'length_analysis.html#anchor_table',
+                                                                                                                 'sparse_attention_repro/length_analysis.py'),
                                                         'sparse_attention_repro.length_analysis.choose_recipes': ( 'length_analysis.html#choose_recipes',
                                                                                                                    'sparse_attention_repro/length_analysis.py'),
                                                         'sparse_attention_repro.length_analysis.length_accuracy': ( 'length_analysis.html#length_accuracy',

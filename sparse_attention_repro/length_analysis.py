@@ -5,7 +5,8 @@
 # %% auto 0
 __all__ = ['ARM', 'SELECTION_SEEDS', 'EDGE_FRACTION', 'ACCURACY_COLS', 'LENGTH_MARGIN', 'LEARNED_AT', 'LENGTH_TABLES',
            'validation_curves', 'choose_recipes', 'tested_at_recipes', 'length_accuracy', 'sign_flip_p', 'verdict',
-           'length_gains', 'length_budgets', 'task_learned', 'length_cost', 'length_tables', 'accuracy_figure']
+           'length_gains', 'length_budgets', 'task_learned', 'anchor_table', 'length_cost', 'length_tables',
+           'accuracy_figure']
 
 # %% ../nbs/05f_length_analysis.ipynb
 import numpy as np
@@ -138,6 +139,23 @@ def task_learned(acc: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
     return first.assign(learned=first.accuracy >= LEARNED_AT)[["task", "positions", "length", "accuracy", "learned"]]
 
 # %% ../nbs/05f_length_analysis.ipynb
+from .study import LENGTH_ANCHOR, LENGTH_ANCHOR_TRAIN_MAX
+
+def anchor_table(acc: pd.DataFrame, positions: str = "nape") -> pd.DataFrame:
+    "The anchor's reported exact match (%) per task, normalizer and length ratio, beside ours (`length_accuracy` rows) under `positions`."
+    ours = acc[acc.positions == positions].set_index(["task", "normalizer", "length"]) if len(acc) else None
+    out = []
+    for (task, norm), by_ratio in LENGTH_ANCHOR.items():
+        for ratio, theirs in by_ratio.items():
+            L = int(round(ratio * LENGTH_ANCHOR_TRAIN_MAX))
+            r = ours.loc[(task, norm, L)] if ours is not None and (task, norm, L) in ours.index else None
+            out.append(dict(task=task, normalizer=norm, ratio=ratio, length=L, anchor_best_of_3=theirs,
+                            ours_mean=np.nan if r is None else 100 * r.accuracy, ours_ci_low=np.nan if r is None else 100 * r.ci_low,
+                            ours_ci_high=np.nan if r is None else 100 * r.ci_high, ours_best_of_3=np.nan if r is None else 100 * r.best_of_3,
+                            seeds=0 if r is None else int(r.seeds), note="" if r is not None else "not run here yet"))
+    return pd.DataFrame(out)
+
+# %% ../nbs/05f_length_analysis.ipynb
 def length_cost(rows: pd.DataFrame) -> pd.DataFrame:
     "Runs, training and test core-hours per task and normalizer (one thread per run)."
     run = ["task", "normalizer", "positions", "lr", "seed", "steps"]
@@ -150,7 +168,8 @@ def length_cost(rows: pd.DataFrame) -> pd.DataFrame:
 
 # %% ../nbs/05f_length_analysis.ipynb
 LENGTH_TABLES = {"length_recipes.csv": "choose_recipes", "length_accuracy.csv": "length_accuracy", "length_gains.csv": "length_gains",
-                 "length_budgets.csv": "length_budgets", "length_learned.csv": "task_learned", "length_cost.csv": "length_cost"}
+                 "length_budgets.csv": "length_budgets", "length_learned.csv": "task_learned", "length_cost.csv": "length_cost",
+                 "length_anchor.csv": "anchor_table"}
 
 def length_tables(folder, recipes=None) -> dict:
     """Write the length study's tables (`LENGTH_TABLES`) and figure for the results folder `folder`, at the given
@@ -164,7 +183,7 @@ def length_tables(folder, recipes=None) -> dict:
     acc = length_accuracy(rows, recipes)
     tables = {"length_recipes.csv": recipes, "length_accuracy.csv": acc, "length_gains.csv": length_gains(rows, recipes),
               "length_budgets.csv": length_budgets(rows, recipes), "length_learned.csv": task_learned(acc),
-              "length_cost.csv": length_cost(rows)}
+              "length_cost.csv": length_cost(rows), "length_anchor.csv": anchor_table(acc)}
     for name, df in tables.items(): save_rows(df, folder / "tables" / name)
     if len(tables["length_accuracy.csv"]): accuracy_figure(tables["length_accuracy.csv"], folder / "figures" / "accuracy_vs_length.png")
     return tables

@@ -4,8 +4,8 @@
 
 # %% auto 0
 __all__ = ['BASELINE', 'PAPER_METHODS', 'ORIGINAL_GRADIENT_VARIANTS', 'CRISP_BASELINE', 'CRISP_CONFIGS', 'PAPER_MODEL', 'CLAIMS',
-           'PAPER_SOFTMAX_ACCURACY', 'PAPER_CRISP_GAINS', 'PAPER_CRISP_DENSE', 'EQUIVALENCE_MARGINS', 'STUDIES',
-           'method_order', 'Study']
+           'PAPER_SOFTMAX_ACCURACY', 'PAPER_CRISP_GAINS', 'PAPER_CRISP_DENSE', 'LENGTH_ANCHOR',
+           'LENGTH_ANCHOR_TRAIN_MAX', 'EQUIVALENCE_MARGINS', 'STUDIES', 'method_order', 'Study']
 
 # %% ../nbs/00_study.ipynb
 BASELINE = "softmax"
@@ -53,6 +53,23 @@ def method_order(methods) -> list:
     known = PAPER_METHODS + ORIGINAL_GRADIENT_VARIANTS
     methods = list(dict.fromkeys(methods))
     return [m for m in known if m in methods] + sorted(m for m in methods if m not in known)
+
+# %% ../nbs/00_study.ipynb
+LENGTH_ANCHOR = {   # (task, normalizer) -> {ratio: exact match %}
+    ("mqmtar", "softmax"): {16: 99.5, 64: 97.8, 256: 80.2, 1024: 3.0},
+    ("mqmtar", "entmax15"): {16: 99.5, 64: 92.7, 256: 66.8, 1024: 9.3},
+    ("mqmtar", "asentmax"): {16: 99.7, 64: 99.6, 256: 99.0, 1024: 95.3},
+    ("copy", "softmax"): {16: 99.4, 32: 96.1, 64: 85.5},
+    ("copy", "entmax15"): {16: 99.4, 32: 96.3, 64: 0.0},
+    ("copy", "asentmax"): {16: 99.4, 32: 96.3, 64: 86.6},
+    ("sort", "softmax"): {2: 0.0, 4: 0.0, 8: 0.0},
+    ("sort", "entmax15"): {2: 100.0, 4: 57.8, 8: 0.0},
+    ("sort", "asentmax"): {2: 100.0, 4: 79.7, 8: 0.0},
+    ("reverse", "softmax"): {1.5: 36.0, 2: 0.0, 4: 0.0, 8: 0.0},
+    ("reverse", "entmax15"): {1.5: 100.0, 2: 93.5, 4: 28.5, 8: 2.5},
+    ("reverse", "asentmax"): {1.5: 100.0, 2: 99.8, 4: 96.4, 8: 56.7},
+}
+LENGTH_ANCHOR_TRAIN_MAX = 64       # the longest training input, both theirs and ours
 
 # %% ../nbs/00_study.ipynb
 EQUIVALENCE_MARGINS = dict(hae_vs_entmax15=0.005, ablation=0.01, crisp=0.005, recipe=0.01, fast_path=0.005, alpha_start=0.05,
