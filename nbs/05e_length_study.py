@@ -88,8 +88,9 @@ PROFILES = {
 #   second family (`--positions rope --normalizers` the six).
 # * **select.** Every arm at learning rates 3·10⁻⁴, 10⁻³ and 3·10⁻³ on seeds 0–2, validation only. Each arm's rate
 #   and step: the highest mean validation exact match over the three seeds; ties go to the lower mean validation
-#   cross-entropy, then to fewer steps, then to the smaller rate. A chosen step in the last sixth of the run extends
-#   **every** arm of the task to twice the run length (the runs continue; selection is read again), up to 8,000 steps.
+#   cross-entropy, then to fewer steps, then to the smaller rate. An arm whose chosen rate first reached its best mean
+#   exact match in the last sixth of the run (still climbing) extends **every** arm of the task to twice the run length
+#   (the runs continue; selection is read again), up to 8,000 steps.
 #   A chosen rate at an end of the ladder gets the next rate beyond it (10⁻⁴ or 10⁻²) on the selection seeds, once,
 #   for that arm alone (`--stage select --rates … --normalizers …`); an edge left after that is stated beside the
 #   verdict. The recipes are frozen when select finishes (`length_recipes.csv`).
@@ -111,7 +112,10 @@ PROFILES = {
 #   0 and 100 % defeat a t-test; it also found that a diverged seed was dropped at test and that ASEntmax's own
 #   parameters shifted the model's initial weights. The 24 selection runs made by then (which recorded no validation
 #   cross-entropy) were discarded, and the rules above, the counting of diverged seeds, and an initialisation shared by
-#   every arm took their place before any run kept in `outputs/length/`.
+#   every arm took their place before any run kept in `outputs/length/`. With losses breaking ties, the chosen step of
+#   an arm whose exact match saturates is the last one (the loss falls for as long as it trains), so the edge rule, first
+#   written on the chosen step, would have lengthened every flip-flop arm to the cap on the loss alone; it was re-read,
+#   after the headline six's selection runs and before any test, as above: an edge is an exact match still climbing.
 # * **Deviations from the anchor**, each able to move a verdict: models about a thousand times smaller and runs of
 #   thousands, not hundreds of thousands, of steps (every arm alike); an inverse square-root schedule instead of cosine
 #   decay (so that steps can be chosen from one curve); a batch of one input length; vocabulary and layouts as the task

@@ -15,8 +15,11 @@
 # (rate, step) with the highest mean validation exact match over those seeds; ties — common, since an easy task's
 # validation set is often all right at many steps — go to the lower mean validation cross-entropy, then to fewer steps,
 # then to the smaller rate (means compared to 12 decimals, so that summation order cannot break a tie). A run that
-# diverged counts 0 from the step it failed at. The choice is **on an edge** where its step lies in the last sixth of
-# the run (a longer run might do better) or its rate at an end of the rates tried.
+# diverged counts 0 from the step it failed at. The choice is **on an edge** where its rate first reached its best mean
+# exact match in the last sixth of the run (the curve was still climbing: a longer run might do better), or where its
+# rate is at an end of the rates tried. Once exact match has stopped climbing, the loss keeps falling for as long as the
+# model trains, so an arm whose exact match saturated early is read near the end of its run — at the same maturity as
+# every other such arm — without being an edge.
 
 # %%
 #| export
@@ -62,11 +65,14 @@ def choose_recipes(rows: pd.DataFrame, seeds=SELECTION_SEEDS) -> pd.DataFrame:
         if mean.empty: continue
         mean["accuracy"] = mean.accuracy.round(12)
         best = mean.sort_values(["accuracy", "loss", "step", "lr"], ascending=[False, True, True, True], na_position="last").iloc[0]
+        first_best = int(mean[(mean.lr == best.lr) & (mean.accuracy == best.accuracy)].step.min())   # when that rate first got there
         rates = sorted(g.lr.unique())
         out.append(dict(zip(ARM, arm), lr=best.lr, step=int(best.step), steps=int(best.steps), val_accuracy=best.accuracy,
-                        val_loss=best.loss, rates=len(rates), step_edge=bool(best.step > EDGE_FRACTION * best.steps),
+                        val_loss=best.loss, first_best_step=first_best, rates=len(rates),
+                        step_edge=bool(first_best > EDGE_FRACTION * best.steps),
                         rate_edge=bool(len(rates) > 1 and best.lr in (rates[0], rates[-1]))))
-    return pd.DataFrame(out, columns=list(ARM) + ["lr", "step", "steps", "val_accuracy", "val_loss", "rates", "step_edge", "rate_edge"])
+    return pd.DataFrame(out, columns=list(ARM) + ["lr", "step", "steps", "val_accuracy", "val_loss", "first_best_step", "rates",
+                                                  "step_edge", "rate_edge"])
 
 # %% [markdown]
 # A hand-made table checks the rule: two rates, three seeds, kept steps 10–40; the mean curve of rate 0.001 peaks at
@@ -85,7 +91,9 @@ def toy_rows():
     return pd.DataFrame(rows)
 
 r = choose_recipes(toy_rows())
-test_eq(r[["lr", "step", "step_edge", "rate_edge", "rates"]].values.tolist(), [[0.001, 40, True, True, 2]])   # step 40 of 40: an edge
+test_eq(r[["lr", "step", "first_best_step", "step_edge", "rate_edge", "rates"]].values.tolist(), [[0.001, 40, 20, False, True, 2]])
+late = toy_rows().assign(accuracy=lambda d: np.where(d.step == 40, 0.95, d.accuracy))    # still climbing at the end
+test_eq(choose_recipes(late)[["step", "first_best_step", "step_edge"]].values.tolist(), [[40, 40, True]])
 test_close(r.val_accuracy.iloc[0], 0.9)
 test_eq(choose_recipes(toy_rows().assign(loss=0.5)).step.tolist(), [20])
 test_eq(len(validation_curves(toy_rows()).query("lr == 0.003")), 12)      # 4 steps x 3 seeds, 3 of them filled with 0

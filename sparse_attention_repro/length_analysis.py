@@ -47,11 +47,14 @@ def choose_recipes(rows: pd.DataFrame, seeds=SELECTION_SEEDS) -> pd.DataFrame:
         if mean.empty: continue
         mean["accuracy"] = mean.accuracy.round(12)
         best = mean.sort_values(["accuracy", "loss", "step", "lr"], ascending=[False, True, True, True], na_position="last").iloc[0]
+        first_best = int(mean[(mean.lr == best.lr) & (mean.accuracy == best.accuracy)].step.min())   # when that rate first got there
         rates = sorted(g.lr.unique())
         out.append(dict(zip(ARM, arm), lr=best.lr, step=int(best.step), steps=int(best.steps), val_accuracy=best.accuracy,
-                        val_loss=best.loss, rates=len(rates), step_edge=bool(best.step > EDGE_FRACTION * best.steps),
+                        val_loss=best.loss, first_best_step=first_best, rates=len(rates),
+                        step_edge=bool(first_best > EDGE_FRACTION * best.steps),
                         rate_edge=bool(len(rates) > 1 and best.lr in (rates[0], rates[-1]))))
-    return pd.DataFrame(out, columns=list(ARM) + ["lr", "step", "steps", "val_accuracy", "val_loss", "rates", "step_edge", "rate_edge"])
+    return pd.DataFrame(out, columns=list(ARM) + ["lr", "step", "steps", "val_accuracy", "val_loss", "first_best_step", "rates",
+                                                  "step_edge", "rate_edge"])
 
 # %% ../nbs/05f_length_analysis.ipynb
 def tested_at_recipes(rows: pd.DataFrame, recipes: pd.DataFrame) -> pd.DataFrame:
