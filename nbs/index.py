@@ -75,9 +75,11 @@
 # **Length.** Every verdict above is at ≤ 97 keys with test length equal to training length, where nobody claims a
 # sparse gain. The literature's claims are about length (Vasylenko et al., *Long-Context Generalization with Sparse
 # Attention*, ICLR 2026, report single-best-of-3-seeds gains of tens of points). The lab's length study trains a small
-# causal decoder at 32–64 tokens and tests it many times longer: its tasks, decoder, runs and ASEntmax (in the example
-# package, tested against the reference code's formula) are in place (`nbs/01b_length_tasks.ipynb`,
-# `nbs/02b_decoder.ipynb`, `nbs/03b_length_train.ipynb`); its runs and verdicts are not committed yet.
+# causal decoder at 32–64 tokens, chooses every arm's learning rate and steps on validation at those lengths, and tests
+# 1× to 64× longer over seeds (protocol in [`nbs/05e_length_study.ipynb`](05e_length_study.ipynb), declared before
+# its runs; ASEntmax is in the example package, tested against the reference code's formula). Its first selection
+# stage, flip-flop, is committed in [`outputs/length/`](../outputs/length); no length verdict yet: no run has been
+# tested at length under the protocol.
 #
 # **The leaderboard** of every normalizer with committed runs — per dataset its gain over softmax under the paper's
 # recipe and at a tuned recipe, and in the pretrained encoder, with CIs and Holm verdicts, its density and cost — is
