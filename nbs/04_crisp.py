@@ -47,7 +47,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from sparse_attention_repro.normalizers import get_normalizer, resolve_normalizer, topk_name, attention_density, keep_count, NormalizerConformanceError
 from sparse_attention_repro.study import CRISP_CONFIGS
-from sparse_attention_repro.hf_attention import key_mask_of, materialised_mask, normalizer_attention
+from sparse_attention_repro.hf_attention import key_mask_of, materialised_mask, normalizer_attention, num_heads
 from sparse_attention_repro.files import atomic_write
 from sparse_attention_repro.options import option, option_defaults, config_from_options, run_options
 from pathlib import Path
@@ -382,12 +382,6 @@ test_eq(crisp_keep_ratios("dense", 2), [None, None])
 
 # %%
 #| export
-def _num_heads(module):
-    "Attention heads of a DistilBERT or BERT self-attention module."
-    for k in ("n_heads", "num_attention_heads"):                      # DistilBERT's, BERT's
-        if isinstance(getattr(module, k, None), int): return getattr(module, k)
-    raise TypeError(f"{type(module).__name__}: cannot tell its number of heads")
-
 def apply_crisp(model, config, scope="row", lengths=None, spread=0.2, name=CRISP_ATTENTION):
     "Give every self-attention layer of `model` its Crisp normalizer for `config` and route attention through `name`."
     if scope not in ("row", "head"): raise ValueError(f"scope must be 'row' or 'head', got {scope!r}")
@@ -397,7 +391,7 @@ def apply_crisp(model, config, scope="row", lengths=None, spread=0.2, name=CRISP
     ratios = crisp_keep_ratios(config, len(mods), lengths, spread)
     spec = crisp_normalizer(config)                                   # a registered normalizer in every layer, or the paper's rule
     for l, (m, s, r) in enumerate(zip(mods, nominal, ratios)):
-        if spec is not None: m.crisp_norm = spec.build(num_heads=_num_heads(m))
+        if spec is not None: m.crisp_norm = spec.build(num_heads=num_heads(m))
         else: m.crisp_norm = get_normalizer("softmax") if r is None else get_normalizer(topk_name(r), scope=scope)
         m.crisp_layer, m.crisp_nominal, m.crisp_keep_ratio = l, s, r
     model.crisp_setup = dict(config=config, scope=scope, spread=spread, nominal_sparsity=nominal, keep_ratios=ratios,
@@ -481,7 +475,7 @@ hook.remove()
 (scores_, mask_), out_ = seen[0]
 test_close(out_, entmax15(scores_, mask_), eps=1e-6)                                   # the layer's weights are entmax-1.5's
 h = apply_crisp(tiny_model(tiny_db_cfg), "headwise_adaptive_entmax")
-test_eq(sum(p.numel() for n, p in h.named_parameters() if "crisp_norm" in n), len(attention_modules(h)) * _num_heads(attention_modules(h)[0]))
+test_eq(sum(p.numel() for n, p in h.named_parameters() if "crisp_norm" in n), len(attention_modules(h)) * num_heads(attention_modules(h)[0]))
 test_fail(lambda: apply_crisp(tiny_model(tiny_db_cfg), "entmax_2"), contains="unknown Crisp config")
 
 # %% [markdown]

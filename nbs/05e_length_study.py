@@ -403,7 +403,6 @@ test_eq([(r.cfg.seed, r.test_step, r.cfg.steps) for r in runs], [(0, 0, 40), (1,
 #| export
 def estimate_core_hours(runs, rows) -> tuple:
     "(core-hours, unmeasured runs) that `runs` still need, priced from `rows` (a folder's `length_runs.csv`, or None)."
-    import pandas as pd
     if rows is None or not len(rows): return 0.0, len(runs)
     val = rows[rows.split == "validation"]
     per_step = (val.seconds / val.step).groupby([val.task, val.normalizer]).median()

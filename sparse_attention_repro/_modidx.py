@@ -239,8 +239,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                          'sparse_attention_repro/cli.py')},
             'sparse_attention_repro.crisp': { 'sparse_attention_repro.crisp.FinetuneConfig': ( 'crisp.html#finetuneconfig',
                                                                                                'sparse_attention_repro/crisp.py'),
-                                              'sparse_attention_repro.crisp._num_heads': ( 'crisp.html#_num_heads',
-                                                                                           'sparse_attention_repro/crisp.py'),
                                               'sparse_attention_repro.crisp._param_groups': ( 'crisp.html#_param_groups',
                                                                                               'sparse_attention_repro/crisp.py'),
                                               'sparse_attention_repro.crisp._query_mask': ( 'crisp.html#_query_mask',

@@ -25,7 +25,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .normalizers import get_normalizer, resolve_normalizer, topk_name, attention_density, keep_count, NormalizerConformanceError
 from .study import CRISP_CONFIGS
-from .hf_attention import key_mask_of, materialised_mask, normalizer_attention
+from .hf_attention import key_mask_of, materialised_mask, normalizer_attention, num_heads
 from .files import atomic_write
 from .options import option, option_defaults, config_from_options, run_options
 from pathlib import Path
@@ -138,12 +138,6 @@ def crisp_keep_ratios(config, num_layers, lengths=None, spread=0.2):
     return [round(1 - s, 6) for s in nominal]
 
 # %% ../nbs/04_crisp.ipynb
-def _num_heads(module):
-    "Attention heads of a DistilBERT or BERT self-attention module."
-    for k in ("n_heads", "num_attention_heads"):                      # DistilBERT's, BERT's
-        if isinstance(getattr(module, k, None), int): return getattr(module, k)
-    raise TypeError(f"{type(module).__name__}: cannot tell its number of heads")
-
 def apply_crisp(model, config, scope="row", lengths=None, spread=0.2, name=CRISP_ATTENTION):
     "Give every self-attention layer of `model` its Crisp normalizer for `config` and route attention through `name`."
     if scope not in ("row", "head"): raise ValueError(f"scope must be 'row' or 'head', got {scope!r}")
@@ -153,7 +147,7 @@ def apply_crisp(model, config, scope="row", lengths=None, spread=0.2, name=CRISP
     ratios = crisp_keep_ratios(config, len(mods), lengths, spread)
     spec = crisp_normalizer(config)                                   # a registered normalizer in every layer, or the paper's rule
     for l, (m, s, r) in enumerate(zip(mods, nominal, ratios)):
-        if spec is not None: m.crisp_norm = spec.build(num_heads=_num_heads(m))
+        if spec is not None: m.crisp_norm = spec.build(num_heads=num_heads(m))
         else: m.crisp_norm = get_normalizer("softmax") if r is None else get_normalizer(topk_name(r), scope=scope)
         m.crisp_layer, m.crisp_nominal, m.crisp_keep_ratio = l, s, r
     model.crisp_setup = dict(config=config, scope=scope, spread=spread, nominal_sparsity=nominal, keep_ratios=ratios,

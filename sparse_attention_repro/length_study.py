@@ -199,7 +199,6 @@ def stage_runs(stage: str, out, profile: LengthProfile, tasks, normalizers, posi
 # %% ../nbs/05e_length_study.ipynb
 def estimate_core_hours(runs, rows) -> tuple:
     "(core-hours, unmeasured runs) that `runs` still need, priced from `rows` (a folder's `length_runs.csv`, or None)."
-    import pandas as pd
     if rows is None or not len(rows): return 0.0, len(runs)
     val = rows[rows.split == "validation"]
     per_step = (val.seconds / val.step).groupby([val.task, val.normalizer]).median()
