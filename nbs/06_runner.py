@@ -238,6 +238,11 @@ with results_lock(lock_dir): pass                                     # a killed
 # skips finished tasks, executes the rest (in parallel threads — each papermill execution runs in its own kernel process),
 # refreshes the tidy CSV after each one and returns one line per failure.
 
+# %% [markdown]
+# A kernel can die before it answers: each kernel's ports are chosen free and bound a moment later by the kernel, and
+# another process can take one in between (`Address already in use`). No cell has run then, so the task starts a fresh
+# kernel, up to `KERNEL_START_TRIES` times; any other failure is the notebook's own and is reported at once.
+
 # %%
 #| export
 @dataclass
@@ -258,17 +263,26 @@ def _error_line(exc):
     if ename: return f"{ename}: {str(evalue).splitlines()[0] if evalue else ''}"
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
+KERNEL_START_TRIES = 3
+
+def _kernel_never_started(exc):
+    "The kernel died before it answered: no cell ran, so starting it again is safe."
+    return isinstance(exc, RuntimeError) and "Kernel died before replying to kernel_info" in str(exc)
+
 def execute_task(task: NotebookTask, kernel_name="python3"):
     "Execute one task with papermill; returns None on success, else a one-line error."
     import papermill as pm
     Path(task.output).parent.mkdir(parents=True, exist_ok=True)                  # task paths are absolute (see the CLI)
-    try:
+    for attempt in range(KERNEL_START_TRIES):
+        try:
             # no `cwd=`: papermill would os.chdir the whole process, which races between parallel tasks
-        pm.execute_notebook(str(task.notebook), str(task.output), kernel_name=kernel_name, language="python",
-                            progress_bar=False, parameters=task.parameters,
-                            extra_arguments=["--IPKernelApp.log_level=CRITICAL"])   # no kernel log noise (TCP warning, shutdown)
-    except Exception as e:
-        return _error_line(e)
+            pm.execute_notebook(str(task.notebook), str(task.output), kernel_name=kernel_name, language="python",
+                                progress_bar=False, parameters=task.parameters,
+                                extra_arguments=["--IPKernelApp.log_level=CRITICAL"])   # no kernel log noise
+            break
+        except Exception as e:
+            if _kernel_never_started(e) and attempt + 1 < KERNEL_START_TRIES: continue
+            return _error_line(e)
     if not task.done: return "notebook finished without writing its rows"
     return None
 
@@ -423,6 +437,33 @@ _o = [TaskGroup([NotebookTask(f"x{x}", d / "square.ipynb", d / f"o{k}" / f"x{x}.
 test_eq(run_task_groups(_o, jobs=1, progress=False, order=lambda t: -t.parameters["x"]), {})
 _mt = {x: (d / f"o{k}" / "rows" / f"x{x}.csv").stat().st_mtime_ns for k, xs in enumerate([(7, 8), (9,)]) for x in xs}
 assert _mt[9] < _mt[8] < _mt[7], _mt
+
+# %% [markdown]
+# A kernel that dies before it answers is started again. The kernel below is a real ipykernel behind a launcher that
+# exits at once on its first start, as a kernel does when its port was taken.
+
+# %%
+import json, sys
+_kdir = d / "jupyter" / "kernels" / "dies_once"; _kdir.mkdir(parents=True)
+(_kdir / "launch.py").write_text(
+    "import pathlib, runpy, sys\n"
+    f"marker = pathlib.Path({str(d / 'died')!r})\n"
+    "if not marker.exists(): marker.touch(); sys.exit(1)\n"
+    "sys.argv = ['ipykernel_launcher'] + sys.argv[1:]\n"
+    "runpy.run_module('ipykernel_launcher', run_name='__main__')\n")
+(_kdir / "kernel.json").write_text(json.dumps(dict(argv=[sys.executable, str(_kdir / "launch.py"), "-f", "{connection_file}"],
+                                                    display_name="dies once", language="python")))
+_old_path = os.environ.get("JUPYTER_PATH")
+os.environ["JUPYTER_PATH"] = str(d / "jupyter")
+try:
+    _t = NotebookTask("x11", d / "square.ipynb", d / "nbs" / "x11.ipynb", [d / "rows2" / "x11.csv"],
+                      dict(x=11, rows_path=str(d / "rows2" / "x11.csv")))
+    test_eq(execute_task(_t, kernel_name="dies_once"), None)
+    assert (d / "died").exists()                                      # the first start did die
+    test_eq(pd.read_csv(d / "rows2" / "x11.csv").values.tolist(), [[11, 121]])
+finally:
+    if _old_path is None: os.environ.pop("JUPYTER_PATH")
+    else: os.environ["JUPYTER_PATH"] = _old_path
 
 # %% [markdown]
 # For executors on other machines (dask), a task runs in a private temporary folder and sends its executed notebook and
