@@ -33,6 +33,7 @@ import pandas as pd
 import torch
 from sparse_attention_repro.study import BASELINE, method_order
 from sparse_attention_repro.data import DATASETS
+from sparse_attention_repro.catalogue import CATALOGUE
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
@@ -48,7 +49,8 @@ def same_recipe(folder, main_folder, study="study_a") -> bool:
     a, b = read(folder), read(main_folder)
     return all(a[k] == b[k] for k in a.keys() & b.keys())
 
-LEADERBOARD_COLS = ["normalizer", "dataset", "reading", "gain", "ci_low", "ci_high", "p_holm", "verdict", "n", "margin", "p_tost", "source"]
+LEADERBOARD_COLS = ["normalizer", "dataset", "reading", "gain", "ci_low", "ci_high", "p_holm", "verdict", "n", "margin", "p_tost", "source",
+                   "test_length"]
 
 def _word(gain, p_holm, alpha=0.05) -> str:
     "The verdict word of a paired comparison; `untested` where no test ran (one seed: no p-value)."
@@ -60,11 +62,24 @@ def _provisional(t):
     done = _flag(t.complete) if "complete" in t else pd.Series(True, index=t.index)
     return t.assign(verdict=[v if c else f"{v}, provisional ({int(n)} seeds)" for v, c, n in zip(t.verdict, done, t.n)])
 
-def _rows(t, reading, source, method="method", gain="mean_delta", verdict=None):
-    nan = pd.Series(np.nan, index=t.index)                               # a table without an equivalence test
-    return pd.DataFrame(dict(normalizer=t[method], dataset=t.dataset, reading=reading, gain=t[gain], ci_low=t.ci_low, ci_high=t.ci_high,
+def _rows(t, reading, source, method="method", gain="mean_delta", verdict=None, dataset="dataset"):
+    nan = pd.Series(np.nan, index=t.index)                               # a table without an equivalence test (or no test length)
+    return pd.DataFrame(dict(normalizer=t[method], dataset=t[dataset], reading=reading, gain=t[gain], ci_low=t.ci_low, ci_high=t.ci_high,
                              p_holm=t.p_holm, n=t.n, margin=t.get("margin", nan), p_tost=t.get("p_tost", nan), source=source,
+                             test_length=t.get("length", nan),
                              verdict=t[verdict] if verdict else [_word(g, p) for g, p in zip(t[gain], t.p_holm)]))
+
+LENGTH_ROOT, LENGTH_POSITIONS = CATALOGUE["length"].root, "nape"
+
+def length_leaderboard_rows(outputs, baseline=BASELINE, positions=LENGTH_POSITIONS) -> pd.DataFrame:
+    """The length study's rows: per task, each normalizer's exact-match gain over `baseline` at the longest test length
+    that every normalizer of the task was tested at, under the study's primary position scheme."""
+    f = Path(outputs) / LENGTH_ROOT / "tables" / "length_gains.csv"
+    if not f.exists(): return pd.DataFrame(columns=LEADERBOARD_COLS)
+    t = pd.read_csv(f).query("positions == @positions and baseline == @baseline")
+    shared = t.groupby(["task", "normalizer"]).length.max().groupby("task").min()   # the longest length every normalizer reached
+    t = t[t.length == t.task.map(shared)]
+    return _rows(t, "length", f.relative_to(outputs).as_posix(), method="normalizer", verdict="verdict", dataset="task")
 
 def leaderboard_rows(outputs, main="paper", baseline=BASELINE) -> pd.DataFrame:
     """The long leaderboard of the committed results under `outputs`: one row per (normalizer, dataset, reading), each
@@ -93,6 +108,7 @@ def leaderboard_rows(outputs, main="paper", baseline=BASELINE) -> pd.DataFrame:
         t = pd.read_csv(f); t = t[t.family.str.endswith("_test")].assign(dataset="sst2_encoder")
         r = _rows(t, "pretrained encoder", f"{main}/tables/crisp_normalizer_tests.csv")   # fewer seeds than the column's most: provisional
         parts.append(r.assign(verdict=[v if n >= r.n.max() else f"{v}, provisional ({int(n)} seeds)" for v, n in zip(r.verdict, r.n)]))
+    parts.append(length_leaderboard_rows(outputs, baseline))
     parts = [p for p in parts if len(p)]
     return pd.concat(parts, ignore_index=True)[LEADERBOARD_COLS] if parts else pd.DataFrame(columns=LEADERBOARD_COLS)
 
@@ -194,6 +210,10 @@ def leaderboard_table(rows, extra=None, steps=None) -> pd.DataFrame:
             if len(g): out[f"{ds}: {label}"] = [(_cell(g.loc[n]) if n in g.index else "") for n in out.index]
     enc = rows[rows.reading == "pretrained encoder"].drop_duplicates("normalizer").set_index("normalizer")
     out["encoder (SST-2 test)"] = [(_cell(enc.loc[n]) if n in enc.index else "") for n in out.index]
+    long = rows[rows.reading == "length"]
+    for (task, length), g in (long.groupby(["dataset", "test_length"], sort=False) if len(long) else []):
+        g = g.drop_duplicates("normalizer").set_index("normalizer")
+        out[f"length: {task} at {int(length):,} tokens"] = [(_cell(g.loc[n]) if n in g.index else "") for n in out.index]
     if extra is not None and len(extra):
         learn = [d for d in order if d in set(rows[rows.reading == "tuned"].dataset)] or order   # the datasets searched, else all
         dens = {n: g for n, g in extra[extra.dataset.isin(learn)].dropna(subset=["density"]).groupby("normalizer")}
@@ -259,6 +279,23 @@ _steps = pd.DataFrame(dict(normalizer=["sparsemax", "newcomer"], **{"T=17": [1.5
 _tab2 = leaderboard_table(_lb, steps=_steps).set_index("normalizer")
 test_eq(_tab2.loc["sparsemax", "step cost vs softmax (T=17 / 97)"], "1.50× / 1.25×")
 test_eq((_tab2.loc["newcomer", "cifar10: paper"], _tab2.loc["newcomer", "step cost vs softmax (T=17 / 97)"]), ("", "2.00× / 3.00×"))  # measured, not run: a row
+
+# %% [markdown]
+# The length column reads the length study's gains at the longest test length every normalizer of the task reached
+# (the headline normalizers also run at 4,096 tokens; the rest stop at 1,024), under the primary position scheme only.
+
+# %%
+_L = Path(tempfile.mkdtemp()); (_L / LENGTH_ROOT / "tables").mkdir(parents=True)
+pd.DataFrame([dict(task="flip_flop", positions=pos, length=L, normalizer=n, baseline="softmax", n=10, mean_delta=g, ci_low=g - 0.05,
+                   ci_high=g + 0.05, p=0.01, cohen_dz=1.0, margin=0.05, p_tost=0.5, p_holm=0.02, verdict=v)
+              for pos, L, n, g, v in [("nape", 1024, "entmax15", 0.30, "better"), ("nape", 4096, "entmax15", 0.50, "better"),
+                                      ("nape", 1024, "sparsemax", -0.20, "worse"), ("rope", 1024, "sparsemax", 0.40, "better")]]
+             ).to_csv(_L / LENGTH_ROOT / "tables" / "length_gains.csv", index=False)
+_lr = leaderboard_rows(_L)
+test_eq(sorted(zip(_lr.normalizer, _lr.test_length, _lr.gain)), [("entmax15", 1024, 0.30), ("sparsemax", 1024, -0.20)])
+test_eq(leaderboard_table(_lr).set_index("normalizer")["length: flip_flop at 1,024 tokens"].to_dict(),
+        {"entmax15": "+30.0 (+25.0, +35.0) better", "sparsemax": "-20.0 (-25.0, -15.0) worse"})
+test_eq(len(leaderboard_rows(_L, baseline="entmax15")), 0)                # gains over softmax only
 
 # %% [markdown]
 # ## What the leaderboard says
@@ -546,6 +583,31 @@ test_fail(lambda: write_leaderboard(_o, readme=_o / "bare.md"), contains="has no
 assert not (_o / "leaderboard.md").exists()                              # refused before anything was written
 
 # %% [markdown]
+# ## A normalizer's exact match against test length
+#
+# Where the length study has tested a normalizer, its card shows the curve behind its length column: mean exact match over
+# seeds with its 95 % CI at each test length, beside softmax's, under the primary position scheme.
+
+# %%
+#| export
+def length_curve(outputs, name, positions=LENGTH_POSITIONS) -> pd.DataFrame:
+    "`name`'s and softmax's rows of the length study's accuracy table under `positions` (empty where it has no test)."
+    f = Path(outputs) / LENGTH_ROOT / "tables" / "length_accuracy.csv"
+    acc = pd.read_csv(f) if f.exists() else pd.DataFrame(columns=["task", "normalizer", "positions"])
+    acc = acc[(acc.positions == positions) & acc.task.isin(set(acc[acc.normalizer == name].task))]
+    return acc[acc.normalizer.isin([BASELINE, name])].reset_index(drop=True)
+
+# %%
+_acc = pd.DataFrame([dict(task="flip_flop", normalizer=n, positions=pos, lr=1e-3, step=1000, steps=1000, length=L, seeds=10,
+                          accuracy=a, ci_low=a - 0.1, ci_high=a + 0.1, best_of_3=a, best_seed=0)
+                     for n, pos, L, a in [("softmax", "nape", 64, 1.0), ("softmax", "nape", 1024, 0.5), ("sparsemax", "nape", 64, 1.0),
+                                          ("sparsemax", "rope", 64, 0.9), ("entmax15", "nape", 64, 0.9)]])
+_acc.to_csv(_L / LENGTH_ROOT / "tables" / "length_accuracy.csv", index=False)
+test_eq(sorted(zip(length_curve(_L, "sparsemax").normalizer, length_curve(_L, "sparsemax").length)),
+        [("softmax", 64), ("softmax", 1024), ("sparsemax", 64)])
+test_eq(len(length_curve(_L, "relu_attention")), 0)                       # not tested: no curve, not softmax's alone
+
+# %% [markdown]
 # ## A normalizer's gain against training length
 #
 # The tuned verdict reads one (learning rate, epoch) per arm. The curve behind it says whether a gain is an early-training
@@ -679,6 +741,13 @@ def normalizer_card(outputs, name, main="paper", cost_repeats=30) -> Path:
         lines += ["## Gain against training length", "", "At each length the normalizer and softmax each take their best learning rate for "
                   "that many epochs (on validation); mean paired test gain over softmax with its 95% CI; dotted: the paper's length.", "",
                   f"![{name}: gain over softmax against epochs]({name}.png)", ""]
+    if name != BASELINE and len(lc := length_curve(outputs, name)):
+        from sparse_attention_repro.length_analysis import accuracy_figure
+        accuracy_figure(lc, outputs / "cards" / f"{name}_length.png")
+        lines += ["## Exact match against test length (the length study)", "", "Trained at 32–64 tokens at its own recipe chosen on "
+                  f"validation; mean exact match over seeds with its 95% CI at each test length, beside softmax's ({LENGTH_POSITIONS} "
+                  f"positions; `{LENGTH_ROOT}/tables/length_accuracy.csv`).", "", f"![{name}: exact match against test length]({name}_length.png)", "",
+                  lc[["task", "normalizer", "length", "seeds", "accuracy", "ci_low", "ci_high", "best_of_3"]].round(3).to_markdown(index=False), ""]
     dc = density_and_cost(outputs, main).pipe(lambda t: t[t.normalizer == name])
     if len(dc): lines += ["## Density (paper recipe)", "", dc[["dataset", "density"]].round(3).to_markdown(index=False), ""]
     threads = torch.get_num_threads(); torch.set_num_threads(1)        # one thread, as a grid job per core (and `bench normalizers`)
