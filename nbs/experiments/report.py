@@ -626,6 +626,46 @@ else:
     md("_No leaderboard beside this results folder: `sparse-repro leaderboard --outputs <folder of results roots>` writes one._")
 
 # %% [markdown]
+# ## Study C: length — trained short, tested long
+#
+# The length study trains a small causal decoder at 32–64 tokens, with each normalizer at its own learning rate and
+# number of steps chosen on validation at those lengths, and tests exact match at up to 16× (every normalizer) and 64×
+# (the headline ones) the longest training length. Each gain over softmax is paired by seed, with an exact sign-flip test,
+# Holm within each (task, position scheme), and TOST at the declared margin; *best of 3* is the best of the three
+# selection seeds, the way the literature reports. Shown from the length study's committed tables
+# (`sparse-repro length --tables`) when they sit beside this results folder.
+
+# %%
+LEN = LAB / L.LENGTH_ROOT / "tables"
+if (LEN / "length_accuracy.csv").exists():
+    l_acc, l_gain = pd.read_csv(LEN / "length_accuracy.csv"), pd.read_csv(LEN / "length_gains.csv")
+    l_rec, l_learn = pd.read_csv(LEN / "length_recipes.csv"), pd.read_csv(LEN / "length_learned.csv")
+    md("**Is each task learned at all?** Softmax's mean exact match at the shortest test length: " + "; ".join(
+        f"{r.task} ({r.positions}) {100 * r.accuracy:.1f} % at {r.length} tokens — " + ("learned" if r.learned else "**not learned**: its verdicts answer nothing")
+        for r in l_learn.itertuples()) + ".")
+    md("**Recipes chosen on validation** (at 32–64 tokens; a chosen step or rate on the edge of what was tried is flagged):")
+    table(l_rec[["task", "positions", "normalizer", "lr", "step", "steps", "val_accuracy", "step_edge", "rate_edge"]])
+    if (fig_path := LAB / L.LENGTH_ROOT / "figures" / "accuracy_vs_length.png").exists(): display(Image(filename=str(fig_path)))
+    g = l_gain.assign(cell=[f"{100 * m:+.1f} ({100 * a:+.1f}, {100 * b:+.1f}) {v}" for m, a, b, v in zip(l_gain.mean_delta, l_gain.ci_low, l_gain.ci_high, l_gain.verdict)])
+    md("**Gain over softmax in exact match** (points; 95 % CI over paired seeds; verdict after Holm in the task's family, "
+       f"*equivalent* by TOST at ±{100 * l_gain.margin.iloc[0]:g} pt), per test length:" if len(l_gain) else "No paired gain yet.")
+    if len(g): table(g.pivot_table(index=["task", "positions", "normalizer"], columns="length", values="cell", aggfunc="first").reset_index())
+    inflate = l_acc.assign(**{"mean (%)": 100 * l_acc.accuracy, "best of 3 (%)": 100 * l_acc.best_of_3,
+                              "best of 3 − mean (pt)": 100 * (l_acc.best_of_3 - l_acc.accuracy)})
+    md("**What a best-of-3-seeds report inflates:** the best selection seed against the mean over every seed, per normalizer "
+       "and test length.")
+    table(inflate[["task", "positions", "normalizer", "length", "seeds", "mean (%)", "best of 3 (%)", "best of 3 − mean (pt)"]], floatfmt=".1f")
+    if (LEN / "length_anchor.csv").exists():
+        md("**The anchor's numbers beside ours** (its single best model of 3 seeds and several rates; ours at the same length "
+           "ratio to the longest training length; our models are smaller, trained for fewer steps, on a smaller vocabulary):")
+        table(pd.read_csv(LEN / "length_anchor.csv"), floatfmt=".1f")
+    if (LEN / "length_cost.csv").exists():
+        md("**Compute:** core-hours per normalizer for training and for the long tests (one thread per run).")
+        table(pd.read_csv(LEN / "length_cost.csv"), floatfmt=".3g")
+else:
+    md("_No length study beside this results folder: `sparse-repro length --tables --out <folder>/length` writes its tables._")
+
+# %% [markdown]
 # ## Study B: Crisp Attention on SST-2
 #
 # ### The training budget first: a learning curve of the dense model
