@@ -617,7 +617,7 @@ test_close(projected_cost(_cr.assign(continued=_cr.epochs == 54), _done, None, _
 #| export
 TUNED_TEST_COLS = ["family", "dataset", "method", "baseline", "recipe", "baseline_recipe", "complete", "bracketed", "n",
                    "accuracy", "baseline_accuracy", "gain", "ci_low", "ci_high", "sd", "p", "p_holm", "margin", "p_tost",
-                   "equivalence", "verdict", "gain_paper_recipe", "baseline_accuracy_paper_recipe", "seeds_for_power"]
+                   "equivalence", "verdict", "gain_paper_recipe", "baseline_accuracy_paper_recipe", "seeds_for_power", "baseline_lift"]
 
 def _test_at(curves, ds, m, lr, ep):
     g = curves[(curves.dataset == ds) & (curves.method == m) & np.isclose(curves.lr, lr) & (curves.epoch == ep)]
@@ -648,7 +648,8 @@ def tuned_comparison(curves, rec, ds, m, b, family, margin, paper=None) -> dict:
                 ci_high=st["ci_high"], sd=sd, p=st["p"], margin=margin, p_tost=tost_paired(t.a, t.b, margin),
                 gain_paper_recipe=float((paper.pa - paper.pb).mean()) if len(paper) else np.nan,
                 baseline_accuracy_paper_recipe=float((lifted if len(lifted) else paper.pb).mean()) if len(paper) else np.nan,
-                seeds_for_power=seeds_for_tost_power(sd, margin))
+                seeds_for_power=seeds_for_tost_power(sd, margin),
+                baseline_lift=float((t.b.reindex(lifted.index) - lifted).mean()) if len(lifted) else np.nan)   # paired by seed
 
 def _verdicts(out, baseline=BASELINE):
     "The equivalence and verdict words of Holm-adjusted comparisons."
@@ -738,6 +739,8 @@ _mr_acc = _mr[_mr.dataset == "cifar10"].set_index(["method", "seed"]).accuracy  
 test_close(_tt2.set_index("method").loc["topk_softmax_025", "gain_paper_recipe"],
            (_mr_acc["topk_softmax_025"] - _mr_acc["softmax"]).mean(), eps=1e-12)
 test_close(_tt2.baseline_accuracy_paper_recipe.iloc[0], _mr_acc["softmax"][list(range(5))].mean(), eps=1e-12)   # softmax's, on the 5 tuned seeds
+_b5 = _full5[(_full5.dataset == "cifar10") & (_full5.method == "softmax") & np.isclose(_full5.lr, 1e-3) & (_full5.epoch == 30)].set_index("seed").test_accuracy
+test_close(_tt2.baseline_lift.iloc[0], (_b5 - _mr_acc["softmax"]).dropna().mean(), eps=1e-12)   # tuned minus paper softmax, seed by seed
 
 # %% [markdown]
 # ## Seeds for power
@@ -1279,8 +1282,9 @@ def readable_tuned(tests, paper_tests=None) -> pd.DataFrame:
                          "seeds for 80% power": t.seeds_for_power.map(lambda v: "–" if not np.isfinite(v) else f"{int(v)}"),
                          "reading": [note(r) for r in t.itertuples()]}).reset_index(drop=True)
 
-def answer_lines(tests, paper_tests=None, reach=None, matched=None) -> list:
-    "At most five sentences: the paper-recipe gains, the tuned verdicts, softmax's gain from tuning, what the early lead buys, what is open."
+def answer_lines(tests, paper_tests=None, reach=None, matched=None, sensitivity=None) -> list:
+    """At most five sentences: the paper-recipe gains, the tuned verdicts (with `sensitivity`, a `sensitivity.label_sensitivity`
+    table, the labels that survive every reanalysis first), softmax's gain from tuning, what the early lead buys, what is open."""
     vs = tests[tests.baseline == BASELINE]
     if not len(vs): return ["No tuned-recipe runs in this folder yet: every verdict below is under the paper's recipe only."]
     pairs = set(zip(vs.dataset, vs.method))
@@ -1291,12 +1295,20 @@ def answer_lines(tests, paper_tests=None, reach=None, matched=None) -> list:
         lines.append(f"**Under the paper's recipe** (AdamW at 10⁻³ for 6–8 epochs) {won} of the {len(pp)} sparse-vs-softmax "
                      f"comparisons below show a significant gain after Holm (mean gain of all {len(pp)}: {_pt(pp.mean_delta.mean())} pt).")
     counts = vs.verdict.str.split(",").str[0].value_counts()
-    lines.append(f"**With every arm at its own learning rate and length, chosen on validation,** "
-                 f"{counts.get('persists', 0)} persist, {counts.get('gone', 0)} are gone (equivalent to zero within ±1 pt), "
+    committed = (f"{counts.get('persists', 0)} persist, {counts.get('gone', 0)} are gone (equivalent to zero within ±1 pt), "
                  f"{counts.get('reversed', 0)} are reversed and {counts.get('undecided', 0)} are undecided "
-                 f"(tuned gains {_pt(vs.gain.min())} to {_pt(vs.gain.max())} pt).")
+                 f"(tuned gains {_pt(vs.gain.min())} to {_pt(vs.gain.max())} pt)")
+    if sensitivity is not None and len(sensitivity):
+        kept = sensitivity[_flag(sensitivity.robust)].committed.value_counts()
+        words = ", ".join(f"{n} {w}" for w, n in kept.items()) or "none"
+        lines.append(f"**With every arm at its own learning rate and length, chosen on validation,** {int(kept.sum())} of the "
+                     f"{len(sensitivity)} labels survive every reanalysis (every arm capped at the declared length, Holm over the "
+                     f"equivalence tests, one Holm family): {words}; the other {len(sensitivity) - int(kept.sum())} are fragile. "
+                     f"As committed, {committed}.")
+    else:
+        lines.append(f"**With every arm at its own learning rate and length, chosen on validation,** {committed}.")
     base = vs.drop_duplicates("dataset")
-    lift = (base.baseline_accuracy - base.baseline_accuracy_paper_recipe).dropna()
+    lift = (base.baseline_lift if "baseline_lift" in base else base.baseline_accuracy - base.baseline_accuracy_paper_recipe).dropna()
     if len(lift): lines.append(f"Tuning lifts softmax itself by {_pt(lift.min())} to {_pt(lift.max())} pt"
                                + (": no paper-recipe gain survives as a significant gain; those gains are consistent with faster "
                                   "early learning against an under-trained baseline (figure)." if not counts.get("persists", 0) else "."))
@@ -1325,7 +1337,8 @@ def answer_lines(tests, paper_tests=None, reach=None, matched=None) -> list:
     prov, edge = int((~_flag(vs.complete)).sum()), int((~_flag(vs.bracketed)).sum())
     total = len(SPARSE) * len(TUNED_SEARCH)
     if len(vs) < total or first or prov or edge:
-        lines.append(f"Read so far: {len(vs)} of the {total} comparisons of the four learnable datasets"
+        lines.append((f"Read so far: {len(vs)} of the {total} comparisons of the four learnable datasets" if len(vs) < total
+                      else f"All {total} comparisons of the four learnable datasets are read")
                      + (f"; {first} from the first round's three-method grid" if first else "")
                      + (f"; {prov} provisional (not every seed has run at the chosen recipes)" if prov else "")
                      + (f"; {edge} comparisons with a recipe on the edge of its search (each axis extended at most once, decided on the selection seeds)" if edge else "") + "."
@@ -1339,7 +1352,7 @@ assert _lines[0].startswith("**With every arm") and f"{_v.get('persists', 0)} pe
 _pt_tab = pd.DataFrame([dict(dataset="cifar10", method="topk_softmax_025", baseline="softmax", mean_delta=0.02, p_holm=0.01)])
 _l2 = answer_lines(_tt.reset_index().assign(source="tuned"), _pt_tab)
 assert _l2[0].startswith("**Under the paper's recipe**") and "1 of the 1 sparse-vs-softmax comparisons below" in _l2[0]
-_lift = 100 * (_tt.baseline_accuracy.iloc[0] - _tt.baseline_accuracy_paper_recipe.iloc[0])
+_lift = 100 * _tt.baseline_lift.iloc[0]
 assert f"{_lift:+.1f} to {_lift:+.1f} pt" in _l2[2] and _l2[1] == _lines[0]
 _l3 = answer_lines(_tt.reset_index().assign(source="tuned"), _pt_tab, _tr.reset_index())
 assert "1 of 2 reach softmax's best" in _l3[3] and "1 never reach it" in _l3[3] and len(_l3) <= 5
@@ -1360,6 +1373,10 @@ _r0 = _tt.reset_index().iloc[0]
 _pp = pd.DataFrame([dict(dataset=_r0.dataset, method=_r0.method, baseline=_r0.baseline, metric="accuracy", mean_delta=0.0123)])
 test_eq(readable_tuned(_tt.reset_index(), _pp)["gain, paper's recipe (pt)"].iloc[0], "+1.2")
 test_eq(answer_lines(_tt.reset_index().iloc[:0]), ["No tuned-recipe runs in this folder yet: every verdict below is under the paper's recipe only."])
+_sens = pd.DataFrame(dict(committed=["gone", "reversed", "undecided"], robust=["False", "True", "True"]))   # as read back from a CSV
+_ls = answer_lines(_tt.reset_index().assign(source="tuned"), sensitivity=_sens)[0]
+assert "2 of the 3 labels survive every reanalysis" in _ls and ": 1 reversed, 1 undecided; the other 1 are fragile." in _ls, _ls
+assert _ls.endswith(_lines[0].split("chosen on validation,** ")[1]), _ls                   # the committed counts follow
 
 # %% [markdown]
 # ## A new normalizer's fair verdict
@@ -1483,7 +1500,8 @@ def answer_markdown(results_dir, figure="figures/gain_vs_epochs.png", relative_t
     paper = pd.read_csv(tab / "paired_tests.csv") if (tab / "paired_tests.csv").exists() else None
     reach = pd.read_csv(tab / "time_to_reach.csv") if (tab / "time_to_reach.csv").exists() else None
     matched = pd.read_csv(tab / "compute_matched.csv") if (tab / "compute_matched.csv").exists() else None
-    parts = ["\n".join(f"{i}. {line}" for i, line in enumerate(answer_lines(tests, paper, reach, matched), 1))]   # at most five, one a line
+    sens = pd.read_csv(tab / "label_sensitivity.csv") if (tab / "label_sensitivity.csv").exists() else None
+    parts = ["\n".join(f"{i}. {line}" for i, line in enumerate(answer_lines(tests, paper, reach, matched, sens), 1))]   # at most five, one a line
     if (Path(results_dir) / figure).exists():
         parts.append(f"![Gain over softmax against training length]({Path(os.path.relpath(Path(results_dir) / figure, relative_to)).as_posix()})")
     if len(tests):
