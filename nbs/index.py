@@ -65,7 +65,9 @@
 # task, the single-seed critique of Crisp Attention and its runs — is in the report,
 # [`outputs/paper/report.html`](../outputs/paper/report.html). How the studies were run and which choices we made is in
 # [`nbs/protocol.ipynb`](protocol.ipynb); the tuned-recipe protocol behind "tuned" is declared in
-# [`nbs/05b_tuning.ipynb`](05b_tuning.ipynb), before its runs. Seven normalizers from recent papers, in the example
+# [`nbs/05b_tuning.ipynb`](05b_tuning.ipynb), committed 13 minutes after its first two runs had started, its extension
+# rule and power stage after two Fashion-MNIST selection seeds had finished (checked against the run records by
+# `tests/test_preregistration.py`). Seven normalizers from recent papers, in the example
 # package and each tested against its paper's formula (sigmoid attention, Scalable-Softmax, softpick, softmax with a
 # sink, ReLU attention, stick-breaking, normmax), were run against the committed baselines under the paper's recipe
 # (`outputs/literature/`), with a learned-temperature softmax as Scalable-Softmax's control and runs with padding
