@@ -1198,8 +1198,11 @@ assert f"cifar10 {_ag.spearman_rho:.2f} / {_ag.gain_rho:.2f}, {100 * _ag.val_min
 
 # %%
 #| export
+RELAXED_TARGET = 0.005     # softmax's best is its own noisy peak: the reading again with a target this far below it
+
 def time_to_reach(curves, recipes, runs=None, seeds=TUNED_SEEDS, baseline=BASELINE) -> pd.DataFrame:
-    "Per (dataset, method): epochs (and seconds) at its chosen rate until its mean validation reaches softmax's best, beside softmax's own."
+    """Per (dataset, method): epochs (and seconds) at its chosen rate until its mean validation reaches softmax's best,
+    beside softmax's own; the `_relaxed` columns with a target `RELAXED_TARGET` below softmax's best."""
     rows = []
     rec = recipes.set_index(["dataset", "method"])
     ratios = epoch_cost_ratios(runs, baseline) if runs is not None and len(runs) else pd.Series(dtype=float)
@@ -1212,14 +1215,15 @@ def time_to_reach(curves, recipes, runs=None, seeds=TUNED_SEEDS, baseline=BASELI
             r = rec.loc[(ds, m)]
             g = curves[(curves.dataset == ds) & (curves.method == m) & np.isclose(curves.lr, r.lr)]
             curve, _ = _mean_curve(g, seeds)
-            hit = curve[curve >= target - 1e-12]
-            ep = int(hit.index.min()) if len(hit) else np.nan
+            first = lambda t: (int(hit.index.min()) if len(hit := curve[curve >= t - 1e-12]) else np.nan)
+            ep, ep_relaxed = first(target), first(target - RELAXED_TARGET)
             ratio = float(ratios.get((ds, m), np.nan))
+            seconds = lambda e: e * ratio * base_spe if np.isfinite(e) else np.nan
             rows.append(dict(dataset=ds, method=m, lr=r.lr, target=target, epochs_to_reach=ep, cost_ratio=ratio,
-                             seconds_per_epoch=ratio * base_spe, seconds_to_reach=ep * ratio * base_spe if np.isfinite(ep) else np.nan,
-                             best_val=float(curve.max())))
+                             seconds_per_epoch=ratio * base_spe, seconds_to_reach=seconds(ep), best_val=float(curve.max()),
+                             epochs_to_reach_relaxed=ep_relaxed, seconds_to_reach_relaxed=seconds(ep_relaxed)))
     return pd.DataFrame(rows, columns=["dataset", "method", "lr", "target", "epochs_to_reach", "cost_ratio", "seconds_per_epoch",
-                                       "seconds_to_reach", "best_val"])
+                                       "seconds_to_reach", "best_val", "epochs_to_reach_relaxed", "seconds_to_reach_relaxed"])
 
 # %%
 _runs = pd.DataFrame([dict(dataset="cifar10", method=m, lr=1e-3, seed=0, epochs=36, train_seconds=36 * k)   # one lock-step notebook
@@ -1282,6 +1286,14 @@ def readable_tuned(tests, paper_tests=None) -> pd.DataFrame:
                          "seeds for 80% power": t.seeds_for_power.map(lambda v: "–" if not np.isfinite(v) else f"{int(v)}"),
                          "reading": [note(r) for r in t.itertuples()]}).reset_index(drop=True)
 
+def _relaxed_reach(reach) -> str:
+    "The reach counts again with softmax's target lowered by `RELAXED_TARGET` (its best is a noisy peak)."
+    r = reach[reach.method != BASELINE].merge(reach[reach.method == BASELINE][["dataset", "seconds_to_reach_relaxed"]], on="dataset",
+                                              suffixes=("", "_softmax"))
+    fast = int((r.seconds_to_reach_relaxed < r.seconds_to_reach_relaxed_softmax).sum()); never = int(r.seconds_to_reach_relaxed.isna().sum())
+    return (f" (with the target {100 * RELAXED_TARGET:g} pt below softmax's best, which is its own noisy peak: {fast} faster, "
+            f"{len(r) - fast - never} slower, {never} never)")
+
 def answer_lines(tests, paper_tests=None, reach=None, matched=None, sensitivity=None) -> list:
     """At most five sentences: the paper-recipe gains, the tuned verdicts (with `sensitivity`, a `sensitivity.label_sensitivity`
     table, the labels that survive every reanalysis first), softmax's gain from tuning, what the early lead buys, what is open."""
@@ -1319,8 +1331,12 @@ def answer_lines(tests, paper_tests=None, reach=None, matched=None, sensitivity=
         led = int((mt.lead_budgets.fillna("").astype(str).str.len() > 0).sum())
         read = mt[~_flag(mt.short_softmax_budget)]
         ahead, behind, short = int((read.ci_low_softmax_budget > 0).sum()), int((read.ci_high_softmax_budget < 0).sum()), len(mt) - len(read)
-        buys.append(f"at equal training seconds (each arm stopping at its best epoch within the budget), {early} of {len(mt)} sparse "
-                    f"arms lead softmax within the paper's budget and {led} within at least one budget (95 % CIs, not corrected "
+        few = int((mt.n_paper_equal_time <= len(SELECTION_SEEDS)).sum()) if "n_paper_equal_time" in mt else 0
+        buys.append(f"at equal training seconds (each arm stopping at its best epoch within the budget, cost ratios measured on "
+                    f"the CPU that ran the grids, which another CPU can reorder), {early} of {len(mt)} sparse "
+                    f"arms lead softmax within the paper's budget"
+                    + (f" ({few} of these {len(mt)} readings pair only the {len(SELECTION_SEEDS)} selection seeds)" if few else "")
+                    + f" and {led} within at least one budget (95 % CIs, not corrected "
                     f"across budgets); within the budget softmax's own tuned recipe uses, {ahead} lead and {behind} trail"
                     + (f" ({short} not read: their runs end before that budget with their best epoch near the end)" if short else ""))
     if reach is not None and len(reach):
@@ -1331,7 +1347,8 @@ def answer_lines(tests, paper_tests=None, reach=None, matched=None, sensitivity=
         never = int(r.seconds_to_reach.isna().sum())
         buys.append(f"{len(fast)} of {len(r)} reach softmax's best validation accuracy in fewer training seconds than softmax needs"
                     + (f" ({100 * saved.min():.0f}–{100 * saved.max():.0f} % fewer)" if len(fast) else "")
-                    + f" and {never} never reach it within the run")
+                    + f", {len(r) - len(fast) - never} in more, and {never} never reach it within the run"
+                    + (_relaxed_reach(reach) if "seconds_to_reach_relaxed" in reach else ""))
     if buys: lines.append("**What the early lead buys:** " + "; ".join(buys) + ".")
     first = int((vs.get("source", pd.Series("tuned", index=vs.index)) == "first round").sum())
     prov, edge = int((~_flag(vs.complete)).sum()), int((~_flag(vs.bracketed)).sum())
@@ -1356,10 +1373,15 @@ _lift = 100 * _tt.baseline_lift.iloc[0]
 assert f"{_lift:+.1f} to {_lift:+.1f} pt" in _l2[2] and _l2[1] == _lines[0]
 _l3 = answer_lines(_tt.reset_index().assign(source="tuned"), _pt_tab, _tr.reset_index())
 assert "1 of 2 reach softmax's best" in _l3[3] and "1 never reach it" in _l3[3] and len(_l3) <= 5
+_rr = pd.DataFrame(dict(dataset="d", method=["softmax", "a", "b", "c"], seconds_to_reach_relaxed=[10.0, 5.0, 20.0, np.nan]))
+assert ": 1 faster, 1 slower, 1 never)" in _relaxed_reach(_rr), _relaxed_reach(_rr)
+assert "with the target 0.5 pt below" in answer_lines(_tt.reset_index().assign(source="tuned"), _pt_tab, _tr.reset_index())[3]
 _hm2 = pd.concat([_hm.to_frame().T, _hm.to_frame().T.assign(method="entmax15", lead_budgets="", ci_low_paper_equal_time=-0.01,
                                                               ci_high_softmax_budget=0.01, short_softmax_budget=True)])
 _l4 = answer_lines(_tt.reset_index().assign(source="tuned"), _pt_tab, _tr.reset_index(), _hm2)
 assert "1 of 2 sparse arms lead softmax within the paper's budget and 1 within at least one budget" in _l4[3], _l4[3]
+assert "(1 of these 2 readings pair only the 3 selection seeds)" in answer_lines(
+    _tt.reset_index().assign(source="tuned"), _pt_tab, _tr.reset_index(), _hm2.assign(n_paper_equal_time=[10, 3]))[3]
 assert "0 lead and 1 trail (1 not read" in _l4[3] and "1 of 2 reach" in _l4[3] and len(_l4) <= 5 and _l4[:3] == _l3[:3]
 _saved = 1 - _tr.loc["topk_softmax_025", "seconds_to_reach"] / _tr.loc["softmax", "seconds_to_reach"]
 assert f"({100 * _saved:.0f}–{100 * _saved:.0f} % fewer)" in _l3[3]

@@ -1349,6 +1349,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                           'sparse_attention_repro/tuning.py'),
                                                'sparse_attention_repro.tuning._recipe_words': ( 'tuning.html#_recipe_words',
                                                                                                 'sparse_attention_repro/tuning.py'),
+                                               'sparse_attention_repro.tuning._relaxed_reach': ( 'tuning.html#_relaxed_reach',
+                                                                                                 'sparse_attention_repro/tuning.py'),
                                                'sparse_attention_repro.tuning._test_at': ( 'tuning.html#_test_at',
                                                                                            'sparse_attention_repro/tuning.py'),
                                                'sparse_attention_repro.tuning._untuned_family_members': ( 'tuning.html#_untuned_family_members',
