@@ -718,8 +718,10 @@ def card_gain_tables(rows, vs_entmax, name) -> list:
               else "No committed comparison yet.")
     return lines + ["## Against entmax-1.5", "", fmt(vs_ent) if len(vs_ent) else absent, ""]
 
-def normalizer_card(outputs, name, main="paper", cost_repeats=30) -> Path:
-    "Write `<outputs>/cards/<name>.md`: the normalizer's gains, recipes, density and cost measured here; returns its path."
+def normalizer_card(outputs, name, main="paper", cost_repeats=30, measure=False) -> Path:
+    """Write `<outputs>/cards/<name>.md`: the normalizer's gains, recipes, density and step cost; returns its path. The cost
+    is the committed measurement (`cards/step_costs.csv`, with the CPU and load it was taken at); it is measured here, and
+    kept, only where none is committed or with `measure`."""
     from sparse_attention_repro.bench import bench_normalizers
     from sparse_attention_repro.files import atomic_write
     from sparse_attention_repro.normalizers import resolve_normalizer
@@ -750,19 +752,23 @@ def normalizer_card(outputs, name, main="paper", cost_repeats=30) -> Path:
                   lc[["task", "normalizer", "length", "seeds", "accuracy", "ci_low", "ci_high", "best_of_3"]].round(3).to_markdown(index=False), ""]
     dc = density_and_cost(outputs, main).pipe(lambda t: t[t.normalizer == name])
     if len(dc): lines += ["## Density (paper recipe)", "", dc[["dataset", "density"]].round(3).to_markdown(index=False), ""]
-    threads = torch.get_num_threads(); torch.set_num_threads(1)        # one thread, as a grid job per core (and `bench normalizers`)
-    try: cost = bench_normalizers(repeats=cost_repeats, methods=tuple(dict.fromkeys([BASELINE, name])))
-    finally: torch.set_num_threads(threads)
-    cost = cost[(cost.implementation == "kernels") & (cost.normalizer == name)]
-    keep_step_costs(outputs, name, cost, cost_repeats)
+    f = outputs / STEP_COSTS
+    kept = pd.read_csv(f).query("normalizer == @name") if f.exists() else pd.DataFrame()
+    if measure or not len(kept):
+        threads = torch.get_num_threads(); torch.set_num_threads(1)    # one thread, as a grid job per core (and `bench normalizers`)
+        try: cost = bench_normalizers(repeats=cost_repeats, methods=tuple(dict.fromkeys([BASELINE, name])))
+        finally: torch.set_num_threads(threads)
+        keep_step_costs(outputs, name, cost[(cost.implementation == "kernels") & (cost.normalizer == name)], cost_repeats)
+        kept = pd.read_csv(f).query("normalizer == @name")
+    m = kept.iloc[0]
     lines += ["## Cost, measured side by side with softmax in one process", "",
               f"Forward + backward of the normalizer alone, one thread, over softmax's in the same round, with freed memory kept by the "
-              f"allocator (`bench.keep_freed_memory`: no round pays fresh page faults another process history would not): the median of {cost_repeats} "
+              f"allocator (`bench.keep_freed_memory`: no round pays fresh page faults another process history would not): the median of {int(m.repeats)} "
               "interleaved rounds' ratios, with their quartiles; a wide range means the rounds disagreed, so read that ratio as rough. "
-              f"This machine: {os.cpu_count()} cores ({cpu_name()}), load average {os.getloadavg()[0]:.1f} when measured; a load above the "
-              "core count lengthens the slower normalizers' calls most, so read such ratios as upper bounds; on another CPU the ratios "
-              "can differ (`cards/step_costs.csv` records the CPU of each row).", "",
-              cost[["shape", "ms", "ratio_to_softmax", "ratio_q25", "ratio_q75"]].round(3).to_markdown(index=False), ""]
+              f"Measured on {int(m.cpus)} cores ({m.cpu}), load average {m.load_1min:.1f} when measured (`{STEP_COSTS}`; `sparse-repro "
+              "card --measure` measures it again on this machine); a load above the core count lengthens the slower normalizers' calls "
+              "most, so read such ratios as upper bounds; on another CPU the ratios can differ.", "",
+              kept[["shape", "ms", "ratio_to_softmax", "ratio_q25", "ratio_q75"]].round(3).to_markdown(index=False), ""]
     out = outputs / "cards" / f"{name}.md"; out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, lambda tmp: Path(tmp).write_text("\n".join(lines), encoding="utf-8"))
     return out
@@ -783,6 +789,13 @@ _rec = pd.DataFrame([dict(dataset="kmnist", method="sparsemax", lr=1e-3, epoch=3
 _rec.to_csv(_fr / "paper" / "tables" / "tuned_recipes.csv", index=False)
 for _f in ("a", "b"): _rec.drop(columns="source").to_csv(_fr / _f / "fair_recipes.csv", index=False)   # a fair search repeats the baselines'
 _rc = normalizer_card(_fr, "sparsemax", cost_repeats=1).read_text()
+_before = (_o / STEP_COSTS).read_bytes()
+test_eq(normalizer_card(_o, "sparsemax", cost_repeats=2).read_text(), _card)   # a committed cost is read, not measured again
+test_eq((_o / STEP_COSTS).read_bytes(), _before)
+_again = pd.read_csv(_o / STEP_COSTS).assign(ms=-1.0); _again.to_csv(_o / STEP_COSTS, index=False)
+assert "|   -1 |" in normalizer_card(_o, "sparsemax").read_text()               # the card shows the kept numbers, whatever they are
+_m = normalizer_card(_o, "sparsemax", cost_repeats=1, measure=True).read_text()
+assert "|   -1 |" not in _m and (pd.read_csv(_o / STEP_COSTS).ms > 0).all()      # `measure` measures again and keeps it
 test_eq(_rc.count("| kmnist    | sparsemax |"), 1)                    # each recipe once
 _sc = step_costs(_o).set_index("normalizer")
 test_eq(list(_sc.index), ["sparsemax"]); assert _sc.loc["sparsemax", "T=17"] > 0 and _sc.loc["sparsemax", "T=97"] > 0

@@ -227,10 +227,12 @@ def _leaderboard_args(sub):
 
 def _card_args(sub):
     "`card`: one normalizer's page."
-    c = sub.add_parser("card", help="write <outputs>/cards/<name>.md: a normalizer's gains under both recipes, recipes, density, and its cost measured here")
+    c = sub.add_parser("card", help="write <outputs>/cards/<name>.md: a normalizer's gains under both recipes, recipes, density, length curve and step cost")
     c.add_argument("names", nargs="+", help="normalizers (by name, module:name or entry point)")
     c.add_argument("--outputs", default="outputs", help="the outputs folder: the results read, and where cards/ is written")
     c.add_argument("--main", default="paper", help="the main results folder inside --outputs (its tuned grids are the baselines)")
+    c.add_argument("--measure", action="store_true", help="measure the step cost again on this machine (default: read the committed "
+                   "cards/step_costs.csv; measured only where it holds no row for the normalizer)")
     c.add_argument("--repeats", type=int, default=None, help="interleaved repeats of the cost measurement (default: normalizer_card's)")
     return c
 
@@ -801,7 +803,7 @@ def cmd_card(args):
         except (KeyError, ValueError, ImportError) as e: raise UsageError(str(e).splitlines()[0]) from None
     if args.repeats is not None and args.repeats < 1: raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     repeats = {} if args.repeats is None else {"cost_repeats": args.repeats}
-    for n in _split(args.names): print(f"card: {normalizer_card(args.outputs, n, args.main, **repeats)}")   # as given: the card's command reruns
+    for n in _split(args.names): print(f"card: {normalizer_card(args.outputs, n, args.main, measure=args.measure, **repeats)}")   # as given: the card's command reruns
     return {}
 
 def cmd_readme(args):

@@ -438,8 +438,10 @@ def card_gain_tables(rows, vs_entmax, name) -> list:
               else "No committed comparison yet.")
     return lines + ["## Against entmax-1.5", "", fmt(vs_ent) if len(vs_ent) else absent, ""]
 
-def normalizer_card(outputs, name, main="paper", cost_repeats=30) -> Path:
-    "Write `<outputs>/cards/<name>.md`: the normalizer's gains, recipes, density and cost measured here; returns its path."
+def normalizer_card(outputs, name, main="paper", cost_repeats=30, measure=False) -> Path:
+    """Write `<outputs>/cards/<name>.md`: the normalizer's gains, recipes, density and step cost; returns its path. The cost
+    is the committed measurement (`cards/step_costs.csv`, with the CPU and load it was taken at); it is measured here, and
+    kept, only where none is committed or with `measure`."""
     from sparse_attention_repro.bench import bench_normalizers
     from sparse_attention_repro.files import atomic_write
     from sparse_attention_repro.normalizers import resolve_normalizer
@@ -470,19 +472,23 @@ def normalizer_card(outputs, name, main="paper", cost_repeats=30) -> Path:
                   lc[["task", "normalizer", "length", "seeds", "accuracy", "ci_low", "ci_high", "best_of_3"]].round(3).to_markdown(index=False), ""]
     dc = density_and_cost(outputs, main).pipe(lambda t: t[t.normalizer == name])
     if len(dc): lines += ["## Density (paper recipe)", "", dc[["dataset", "density"]].round(3).to_markdown(index=False), ""]
-    threads = torch.get_num_threads(); torch.set_num_threads(1)        # one thread, as a grid job per core (and `bench normalizers`)
-    try: cost = bench_normalizers(repeats=cost_repeats, methods=tuple(dict.fromkeys([BASELINE, name])))
-    finally: torch.set_num_threads(threads)
-    cost = cost[(cost.implementation == "kernels") & (cost.normalizer == name)]
-    keep_step_costs(outputs, name, cost, cost_repeats)
+    f = outputs / STEP_COSTS
+    kept = pd.read_csv(f).query("normalizer == @name") if f.exists() else pd.DataFrame()
+    if measure or not len(kept):
+        threads = torch.get_num_threads(); torch.set_num_threads(1)    # one thread, as a grid job per core (and `bench normalizers`)
+        try: cost = bench_normalizers(repeats=cost_repeats, methods=tuple(dict.fromkeys([BASELINE, name])))
+        finally: torch.set_num_threads(threads)
+        keep_step_costs(outputs, name, cost[(cost.implementation == "kernels") & (cost.normalizer == name)], cost_repeats)
+        kept = pd.read_csv(f).query("normalizer == @name")
+    m = kept.iloc[0]
     lines += ["## Cost, measured side by side with softmax in one process", "",
               f"Forward + backward of the normalizer alone, one thread, over softmax's in the same round, with freed memory kept by the "
-              f"allocator (`bench.keep_freed_memory`: no round pays fresh page faults another process history would not): the median of {cost_repeats} "
+              f"allocator (`bench.keep_freed_memory`: no round pays fresh page faults another process history would not): the median of {int(m.repeats)} "
               "interleaved rounds' ratios, with their quartiles; a wide range means the rounds disagreed, so read that ratio as rough. "
-              f"This machine: {os.cpu_count()} cores ({cpu_name()}), load average {os.getloadavg()[0]:.1f} when measured; a load above the "
-              "core count lengthens the slower normalizers' calls most, so read such ratios as upper bounds; on another CPU the ratios "
-              "can differ (`cards/step_costs.csv` records the CPU of each row).", "",
-              cost[["shape", "ms", "ratio_to_softmax", "ratio_q25", "ratio_q75"]].round(3).to_markdown(index=False), ""]
+              f"Measured on {int(m.cpus)} cores ({m.cpu}), load average {m.load_1min:.1f} when measured (`{STEP_COSTS}`; `sparse-repro "
+              "card --measure` measures it again on this machine); a load above the core count lengthens the slower normalizers' calls "
+              "most, so read such ratios as upper bounds; on another CPU the ratios can differ.", "",
+              kept[["shape", "ms", "ratio_to_softmax", "ratio_q25", "ratio_q75"]].round(3).to_markdown(index=False), ""]
     out = outputs / "cards" / f"{name}.md"; out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, lambda tmp: Path(tmp).write_text("\n".join(lines), encoding="utf-8"))
     return out
