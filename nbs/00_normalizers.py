@@ -873,6 +873,7 @@ class NormalizerSpec:
     learned: tuple = ()               # module attributes recorded per epoch (any name, any shape)
     stackable: bool = False           # accepts num_models (one parameter set per model of a stack)
     kernel: bool = False              # a C row kernel serves it on the CPU
+    fused: Callable | None = None     # fused(module) -> the C attention kernel's arguments that compute a built module, or None
     exact_gradient: bool = True       # False: a declared approximate backward
     options: tuple = ()               # keyword options the factory accepts
     query_context: bool = False       # forward also takes hidden=[B, Tq, C] (the layer input at the queries) and positions=[Tq]
@@ -1129,19 +1130,35 @@ class HeadwiseAdaptiveEntmax(nn.Module):
         if self.bisect: return entmax_bisect(scores, a, key_mask)                         # the original's gradient
         return entmax_alpha(scores, a, key_mask, self.n_iter)
 
-register_normalizer("softmax", softmax, stackable=True)
-register_normalizer("sparsemax", sparsemax, stackable=True, kernel=True)
-register_normalizer("entmax15", entmax15, stackable=True, kernel=True)
-register_normalizer("headwise_adaptive_entmax", HeadwiseAdaptiveEntmax, learned=("alpha",), stackable=True, kernel=True, options=("n_iter",))
+def fused_row(kind: str):
+    """A `fused` declaration: the C attention kernel computes a module of this normalizer as its row normalizer `kind`
+    (softmax, sparsemax, entmax15 or topk_softmax, with the module's top-k `ratio`), per query row only."""
+    def args(norm):
+        kw = getattr(norm, "kwargs", {})
+        if not set(kw) <= {"ratio", "scope"} or kw.get("scope", "row") != "row": return None
+        return dict(kind=kind, ratio=kw.get("ratio", 1.0), alpha=None, max_iter=K.ENTMAX15_ITERS)
+    return args
+
+def _fused_adaptive(norm):
+    "The head-wise adaptive entmax in the kernel: one model (not a stack), the Newton solver (not the original's bisection)."
+    if norm.bisect or norm.alpha_logit.dim() != 1: return None
+    return dict(kind="entmax_alpha", ratio=1.0, alpha=norm.alpha, max_iter=norm.n_iter)
+
+register_normalizer("softmax", softmax, stackable=True, fused=fused_row("softmax"))
+register_normalizer("sparsemax", sparsemax, stackable=True, kernel=True, fused=fused_row("sparsemax"))
+register_normalizer("entmax15", entmax15, stackable=True, kernel=True, fused=fused_row("entmax15"))
+register_normalizer("headwise_adaptive_entmax", HeadwiseAdaptiveEntmax, learned=("alpha",), stackable=True, kernel=True, options=("n_iter",),
+                    fused=_fused_adaptive)
 register_normalizer("entmax15_bisect", factory=_function_factory("entmax15_bisect", entmax_bisect, alpha=1.5), stackable=True,
                     exact_gradient=False)
 register_normalizer("headwise_adaptive_entmax_bisect", factory=partial(HeadwiseAdaptiveEntmax, bisect=True), learned=("alpha",),
                     stackable=True, exact_gradient=False)
 register_normalizer_family("topk_softmax_", lambda name: NormalizerSpec(
-    name, _function_factory(name, topk_softmax, ratio=parse_topk_ratio(name)), stackable=True, kernel=True, options=("scope",)))
+    name, _function_factory(name, topk_softmax, ratio=parse_topk_ratio(name)), stackable=True, kernel=True, options=("scope",),
+    fused=fused_row("topk_softmax")))
 register_normalizer_family("headwise_adaptive_entmax_start", lambda name: NormalizerSpec(
     name, partial(HeadwiseAdaptiveEntmax, alpha_start=parse_alpha_start(name)), learned=("alpha",), stackable=True, kernel=True,
-    options=("n_iter",)))
+    options=("n_iter",), fused=_fused_adaptive))
 _LIBRARY_NAMES, _LIBRARY_FAMILIES = frozenset(_REGISTRY), dict(_FAMILIES)     # the conformance tests below cover these
 
 # %%
@@ -1177,23 +1194,17 @@ test_fail(lambda: get_normalizer("topk_softmax_025", scope="matrix")(x), contain
 # %% [markdown]
 # **The fused attention kernel.** The paper's normalizers also have a C kernel that runs a whole attention core — scores,
 # normalizer, weighted values, forward and backward — for one head at a time (`kernels.attention_fwd`, used by the
-# model's opt-in fused path). `fused_kernel_args` says how that kernel computes a built normalizer module, or `None`
-# where it cannot (an outside normalizer, the original's bisection, a stack of models, top-k over the whole head):
-# the model then refuses the fused path rather than run the arms of one experiment on different paths.
+# model's opt-in fused path). Which normalizers it serves is a capability each spec declares (`fused`, above): a
+# function saying how the kernel computes a built module of it, or `None` where it cannot (the original's bisection, a
+# stack of models, top-k over the whole head). An outside normalizer whose rows are one of the kernel's normalizers
+# declares it the same way (`fused=fused_row("softmax")`). Without a declaration the model refuses the fused path
+# rather than run the arms of one experiment on different paths.
 
 # %%
 #| export
-_FUSED_FUNCTIONS = {softmax: "softmax", sparsemax: "sparsemax", entmax15: "entmax15", topk_softmax: "topk_softmax"}
-
-def fused_kernel_args(norm) -> dict | None:
-    "Arguments of `kernels.attention_fwd` that compute the normalizer module `norm` (kind, ratio, alpha, max_iter), or None."
-    if isinstance(norm, HeadwiseAdaptiveEntmax):
-        if norm.bisect or norm.alpha_logit.dim() != 1: return None
-        return dict(kind="entmax_alpha", ratio=1.0, alpha=norm.alpha, max_iter=norm.n_iter)
-    if isinstance(norm, Normalizer) and norm.fn in _FUSED_FUNCTIONS and set(norm.kwargs) <= {"ratio", "scope"}:
-        if norm.kwargs.get("scope", "row") != "row": return None
-        return dict(kind=_FUSED_FUNCTIONS[norm.fn], ratio=norm.kwargs.get("ratio", 1.0), alpha=None, max_iter=K.ENTMAX15_ITERS)
-    return None
+def fused_kernel_args(spec: NormalizerSpec, norm) -> dict | None:
+    "Arguments of `kernels.attention_fwd` (kind, ratio, alpha, max_iter) that compute `norm`, a module built from `spec`, or None."
+    return spec.fused(norm) if spec.fused is not None else None
 
 def fused_refusal(methods, device="cpu", stacked=False) -> str | None:
     """Why the fused attention kernel cannot serve every one of `methods` (specs or names; all arms of a grid run on one
@@ -1202,7 +1213,7 @@ def fused_refusal(methods, device="cpu", stacked=False) -> str | None:
     if stacked: return "a stack of models (--stack-seeds) runs the torch path"
     if K.kernels() is None: return "the C kernels are unavailable here"
     specs = [m if isinstance(m, NormalizerSpec) else resolve_normalizer(m) for m in methods]
-    if none := [s.name for s in specs if fused_kernel_args(s.build()) is None]: return f"{', '.join(none)} has no fused kernel"
+    if none := [s.name for s in specs if fused_kernel_args(s, s.build()) is None]: return f"{', '.join(none)} has no fused kernel"
     return None
 
 
@@ -1214,13 +1225,19 @@ test_eq(fused_refusal(["softmax", "sparsemax", "entmax15", "headwise_adaptive_en
         None if K.kernels() is not None else "the C kernels are unavailable here")
 
 # %%
-test_eq([fused_kernel_args(get_normalizer(n, num_heads=4))["kind"] for n in PAPER_METHODS],
+_fka = lambda n, **kw: fused_kernel_args(resolve_normalizer(n), get_normalizer(n, num_heads=4, **kw))
+test_eq([_fka(n)["kind"] for n in PAPER_METHODS],
         ["softmax", "sparsemax", "entmax15", "entmax_alpha", "topk_softmax", "topk_softmax", "topk_softmax"])
-test_eq(fused_kernel_args(get_normalizer("topk_softmax_025"))["ratio"], 0.25)
+test_eq(_fka("topk_softmax_025")["ratio"], 0.25)
 for n, kw in [("entmax15_bisect", {}), ("headwise_adaptive_entmax_bisect", {}), ("topk_softmax_025", dict(scope="head"))]:
-    test_eq(fused_kernel_args(get_normalizer(n, num_heads=4, **kw)), None)
-test_eq(fused_kernel_args(Normalizer("outside", lambda s, key_mask=None: softmax(s, key_mask))), None)   # an outside function
-test_eq(fused_kernel_args(get_normalizer("headwise_adaptive_entmax", num_heads=4, num_models=2)), None)
+    test_eq(_fka(n, **kw), None)
+test_eq(_fka("headwise_adaptive_entmax", num_models=2), None)
+test_eq(_fka("headwise_adaptive_entmax_start12")["kind"], "entmax_alpha")
+_outside = NormalizerSpec("outside", _function_factory("outside", lambda s, key_mask=None: softmax(s, key_mask)))
+test_eq(fused_kernel_args(_outside, _outside.build()), None)                # undeclared: no fused path
+_declared = NormalizerSpec("outside_declared", _outside.factory, fused=fused_row("softmax"))
+test_eq(fused_kernel_args(_declared, _declared.build())["kind"], "softmax")   # an outside normalizer can declare it
+test_eq(fused_refusal([_declared]), None if K.kernels() is not None else "the C kernels are unavailable here")
 
 # %% [markdown]
 # Capabilities are what the specs declare; a name that is taken, a bad name or an unknown capability is refused, and a

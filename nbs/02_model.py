@@ -112,12 +112,13 @@ class SelfAttention(nn.Module):
         self.num_heads, self.head_dim = cfg.num_heads, cfg.embed_dim // cfg.num_heads
         self.qkv = nn.Linear(cfg.embed_dim, 3 * cfg.embed_dim)
         self.out = nn.Linear(cfg.embed_dim, cfg.embed_dim)
-        self.normalizer = resolve_normalizer(cfg.normalizer).build_for_keys(cfg.num_heads, cfg.seq_len + 1)   # the sequence + CLS
+        self.spec = resolve_normalizer(cfg.normalizer)
+        self.normalizer = self.spec.build_for_keys(cfg.num_heads, cfg.seq_len + 1)   # the sequence + CLS
         self.record, self.last_density, self.scale_queries = False, None, True
         if cfg.attention not in ATTENTION_PATHS: raise ValueError(f"unknown attention path {cfg.attention!r}; choose one of {', '.join(ATTENTION_PATHS)}")
         self.fused = cfg.attention in FUSED_PATHS
-        if self.fused and fused_kernel_args(self.normalizer) is None:
-            raise ValueError(f"normalizer {resolve_normalizer(cfg.normalizer).name!r} has no fused attention kernel; use attention='torch' (drop --attention fused)")
+        if self.fused and fused_kernel_args(self.spec, self.normalizer) is None:
+            raise ValueError(f"normalizer {self.spec.name!r} has no fused attention kernel; use attention='torch' (drop --attention fused)")
         if self.fused and self.head_dim > K.ATTENTION_MAX_HEAD:
             raise ValueError(f"fused attention takes heads of at most {K.ATTENTION_MAX_HEAD} values, got {self.head_dim}; use attention='torch'")
         if self.fused and K.kernels() is None: raise RuntimeError("fused attention needs the C kernels, which are unavailable here (see the warning above); use attention='torch'")
@@ -146,7 +147,7 @@ class SelfAttention(nn.Module):
         "The attention core in the C kernel: scores, normalizer and weighted values of each head in one pass, in float32."
         if x.device.type != "cpu" or x.dim() != 3:
             raise RuntimeError("fused attention runs one model on the CPU; use attention='torch' on a GPU or for a stack of models")
-        a = fused_kernel_args(self.normalizer)
+        a = fused_kernel_args(self.spec, self.normalizer)
         o, p = FusedAttentionFunction.apply(self.qkv(x).float(), a["alpha"], key_mask, self.num_heads, a["kind"],
                                             1 / math.sqrt(self.head_dim), a["ratio"], a["max_iter"])
         if self.record: self._record(p)
