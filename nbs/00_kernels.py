@@ -100,14 +100,23 @@ def _header_ints(pattern) -> dict:
 # %%
 #| export
 CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
-_SIGNATURES = {  # name: argument types (P = pointer, L = long, F = float, D = double)
-    "sparsemax_fwd": "PPPLL", "sparsemax_bwd": "PPPPLL", "entmax15_fwd": "PPPLLLF", "entmax_alpha_fwd": "PPPPPLLLF",
-    "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPPLLD", "softmax_bwd": "PPPPLL",
-    "philox_bits": "PLLLL", "philox_dropout": "PLLLLLF", "mt_bernoulli": "PLPDF",
-    "attention_fwd": "PPPPPPLLLLLFLDLF", "attention_bwd": "PPPPPPPLLLLLFL", "attention_scratch": "LL",
-    "gelu_dropout_fwd": "PPPL", "gelu_dropout_bwd": "PPPPL", "residual_layernorm_fwd": "PPPPPPPPLLF",
-    "residual_layernorm_bwd": "PPPPPPPPPLL"}
-_RETURNS = {"attention_scratch": "L"}     # the rest return nothing
+_CTYPE_OF = {"long": "L", "float": "F", "double": "D", "void": ""}   # a scalar's letter; any pointer is P
+
+def header_signatures(header: str) -> tuple:
+    """The ctypes signatures declared in `header` (the text of `kernels.h`): ({name: argument letters}, {name: return
+    letter} for the functions that return a value), with P = pointer, L = long, F = float, D = double."""
+    args, returns = {}, {}
+    for ret, name, params in re.findall(r"^(\w+)\s+(\w+)\(([^)]*)\);", header, re.M):
+        letters = []
+        for param in " ".join(params.split()).split(","):
+            kind = param.rsplit(" ", 1)[0].replace("const ", "").strip()
+            if "*" in param: letters.append("P")
+            elif kind in _CTYPE_OF and _CTYPE_OF[kind]: letters.append(_CTYPE_OF[kind])
+            else: raise ValueError(f"kernels.h: {name} takes a {param.strip()!r}, which has no ctypes letter; add it to _CTYPE_OF")
+        args[name] = "".join(letters)
+        if ret != "void": returns[name] = _CTYPE_OF[ret]
+    return args, returns
+
 _CTYPES = {"P": ctypes.c_void_p, "L": ctypes.c_long, "F": ctypes.c_float, "D": ctypes.c_double}
 _state = {"lib": None, "tried": False, "enabled": True, "calls": 0}
 
@@ -152,8 +161,9 @@ def kernels():
         _state["tried"] = True
         try:
             lib = ctypes.CDLL(str(build_kernels()))
-            for name, sig in _SIGNATURES.items(): getattr(lib, name).argtypes = [_CTYPES[c] for c in sig]
-            for name, r in _RETURNS.items(): getattr(lib, name).restype = _CTYPES[r]
+            signatures, returns = header_signatures(kernel_files()["kernels.h"])     # declared once, in the header
+            for name, sig in signatures.items(): getattr(lib, name).argtypes = [_CTYPES[c] for c in sig]
+            for name, r in returns.items(): getattr(lib, name).restype = _CTYPES[r]
             _state["lib"] = lib
         except Exception as e:
             warnings.warn(f"sparse_attention_repro: C kernels unavailable ({e}); using the slower torch path")
@@ -172,13 +182,28 @@ def usable(x) -> bool:
 
 
 # %% [markdown]
+# The ctypes signatures are read from `kernels.h`, so a parameter added in C cannot be missed in Python. Checked against
+# the table that was written by hand before (each letter one parameter), and on the header's continuation lines:
+
+# %%
+_sigs, _rets = header_signatures(kernel_files()["kernels.h"])
+test_eq(_sigs, {"sparsemax_fwd": "PPPLL", "sparsemax_bwd": "PPPPLL", "entmax15_fwd": "PPPLLLF", "entmax_alpha_fwd": "PPPPPLLLF",
+                "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPPLLD", "softmax_bwd": "PPPPLL", "philox_bits": "PLLLL",
+                "philox_dropout": "PLLLLLF", "mt_bernoulli": "PLPDF", "attention_fwd": "PPPPPPLLLLLFLDLF",
+                "attention_bwd": "PPPPPPPLLLLLFL", "attention_scratch": "LL", "gelu_dropout_fwd": "PPPL",
+                "gelu_dropout_bwd": "PPPPL", "residual_layernorm_fwd": "PPPPPPPPLLF", "residual_layernorm_bwd": "PPPPPPPPPLL"})
+test_eq(_rets, {"attention_scratch": "L"})
+test_eq(header_signatures("void f(const float* X,\n       long n, double r);\nlong g(long T);"), ({"f": "PLD", "g": "L"}, {"g": "L"}))
+test_fail(lambda: header_signatures("void f(short n);"), contains="has no ctypes letter")
+
+# %% [markdown]
 # Every function the Python side calls is declared in `kernels.h` and defined in one `.c` file, both with as many
 # parameters as its ctypes signature says:
 
 # %%
 _files = kernel_files()
-for name, sig in _SIGNATURES.items():
-    want = ("long" if name in _RETURNS else "void", len(sig))
+for name, sig in _sigs.items():
+    want = ("long" if name in _rets else "void", len(sig))
     decl = re.search(rf"^(void|long) {name}\(([^)]*)\);", _files["kernels.h"], re.M)
     defs = [m for f, t in _files.items() if f.endswith(".c") for m in re.finditer(rf"^(void|long) {name}\(([^)]*)\) {{", t, re.M)]
     assert decl and len(defs) == 1, f"{name}: declared {bool(decl)}, defined {len(defs)} times"

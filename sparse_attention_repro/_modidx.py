@@ -547,6 +547,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                      'sparse_attention_repro/kernels.py'),
                                                 'sparse_attention_repro.kernels.gelu_dropout_fwd': ( 'kernels.html#gelu_dropout_fwd',
                                                                                                      'sparse_attention_repro/kernels.py'),
+                                                'sparse_attention_repro.kernels.header_signatures': ( 'kernels.html#header_signatures',
+                                                                                                      'sparse_attention_repro/kernels.py'),
                                                 'sparse_attention_repro.kernels.kernel_dir': ( 'kernels.html#kernel_dir',
                                                                                                'sparse_attention_repro/kernels.py'),
                                                 'sparse_attention_repro.kernels.kernel_files': ( 'kernels.html#kernel_files',

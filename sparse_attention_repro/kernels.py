@@ -4,10 +4,10 @@
 
 # %% auto 0
 __all__ = ['CFLAGS', 'ENTMAX15_ITERS', 'ATTENTION_KINDS', 'ATTENTION_MAX_HEAD', 'kernel_folder', 'kernel_files', 'kernel_source',
-           'kernel_dir', 'build_kernels', 'kernels', 'use_kernels', 'usable', 'sparsemax_fwd', 'sparsemax_bwd',
-           'entmax15_fwd', 'entmax_alpha_fwd', 'entmax_bwd', 'topk_softmax_fwd', 'softmax_bwd', 'attention_fwd',
-           'attention_bwd', 'gelu_dropout_fwd', 'gelu_dropout_bwd', 'residual_layernorm_fwd', 'residual_layernorm_bwd',
-           'philox_bits', 'philox_dropout', 'mt_kernel_matches_torch', 'bernoulli_mask']
+           'header_signatures', 'kernel_dir', 'build_kernels', 'kernels', 'use_kernels', 'usable', 'sparsemax_fwd',
+           'sparsemax_bwd', 'entmax15_fwd', 'entmax_alpha_fwd', 'entmax_bwd', 'topk_softmax_fwd', 'softmax_bwd',
+           'attention_fwd', 'attention_bwd', 'gelu_dropout_fwd', 'gelu_dropout_bwd', 'residual_layernorm_fwd',
+           'residual_layernorm_bwd', 'philox_bits', 'philox_dropout', 'mt_kernel_matches_torch', 'bernoulli_mask']
 
 # %% ../nbs/00_kernels.ipynb
 import ctypes, fcntl, functools, hashlib, os, platform, re, shutil, subprocess, tempfile, warnings
@@ -49,14 +49,23 @@ def _header_ints(pattern) -> dict:
 
 # %% ../nbs/00_kernels.ipynb
 CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
-_SIGNATURES = {  # name: argument types (P = pointer, L = long, F = float, D = double)
-    "sparsemax_fwd": "PPPLL", "sparsemax_bwd": "PPPPLL", "entmax15_fwd": "PPPLLLF", "entmax_alpha_fwd": "PPPPPLLLF",
-    "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPPLLD", "softmax_bwd": "PPPPLL",
-    "philox_bits": "PLLLL", "philox_dropout": "PLLLLLF", "mt_bernoulli": "PLPDF",
-    "attention_fwd": "PPPPPPLLLLLFLDLF", "attention_bwd": "PPPPPPPLLLLLFL", "attention_scratch": "LL",
-    "gelu_dropout_fwd": "PPPL", "gelu_dropout_bwd": "PPPPL", "residual_layernorm_fwd": "PPPPPPPPLLF",
-    "residual_layernorm_bwd": "PPPPPPPPPLL"}
-_RETURNS = {"attention_scratch": "L"}     # the rest return nothing
+_CTYPE_OF = {"long": "L", "float": "F", "double": "D", "void": ""}   # a scalar's letter; any pointer is P
+
+def header_signatures(header: str) -> tuple:
+    """The ctypes signatures declared in `header` (the text of `kernels.h`): ({name: argument letters}, {name: return
+    letter} for the functions that return a value), with P = pointer, L = long, F = float, D = double."""
+    args, returns = {}, {}
+    for ret, name, params in re.findall(r"^(\w+)\s+(\w+)\(([^)]*)\);", header, re.M):
+        letters = []
+        for param in " ".join(params.split()).split(","):
+            kind = param.rsplit(" ", 1)[0].replace("const ", "").strip()
+            if "*" in param: letters.append("P")
+            elif kind in _CTYPE_OF and _CTYPE_OF[kind]: letters.append(_CTYPE_OF[kind])
+            else: raise ValueError(f"kernels.h: {name} takes a {param.strip()!r}, which has no ctypes letter; add it to _CTYPE_OF")
+        args[name] = "".join(letters)
+        if ret != "void": returns[name] = _CTYPE_OF[ret]
+    return args, returns
+
 _CTYPES = {"P": ctypes.c_void_p, "L": ctypes.c_long, "F": ctypes.c_float, "D": ctypes.c_double}
 _state = {"lib": None, "tried": False, "enabled": True, "calls": 0}
 
@@ -101,8 +110,9 @@ def kernels():
         _state["tried"] = True
         try:
             lib = ctypes.CDLL(str(build_kernels()))
-            for name, sig in _SIGNATURES.items(): getattr(lib, name).argtypes = [_CTYPES[c] for c in sig]
-            for name, r in _RETURNS.items(): getattr(lib, name).restype = _CTYPES[r]
+            signatures, returns = header_signatures(kernel_files()["kernels.h"])     # declared once, in the header
+            for name, sig in signatures.items(): getattr(lib, name).argtypes = [_CTYPES[c] for c in sig]
+            for name, r in returns.items(): getattr(lib, name).restype = _CTYPES[r]
             _state["lib"] = lib
         except Exception as e:
             warnings.warn(f"sparse_attention_repro: C kernels unavailable ({e}); using the slower torch path")
