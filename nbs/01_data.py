@@ -918,10 +918,30 @@ def register_dataset(spec: DatasetSpec) -> DatasetSpec:
     DATASET_REGISTRY[spec.name] = spec
     return spec
 
+DATASET_ENTRY_POINT_GROUP = "sparse_attention_repro.datasets"
+
+def _dataset_entry_points() -> dict:
+    import importlib.metadata
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=DATASET_ENTRY_POINT_GROUP)}
+
 def get_dataset(name: str) -> DatasetSpec:
-    "The registered `DatasetSpec` of `name`, or a one-line error naming the valid ones."
-    if name not in DATASET_REGISTRY: raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_REGISTRY)}")
-    return DATASET_REGISTRY[name]
+    """The `DatasetSpec` that `name` names: a registered name, `package.module:name` of a `DatasetSpec`, or an entry point
+    of the group `sparse_attention_repro.datasets` (registered on first use); else a one-line error naming the valid ones."""
+    if name in DATASET_REGISTRY: return DATASET_REGISTRY[name]
+    if ":" in name:
+        import importlib
+        module, _, attr = name.partition(":")
+        try: obj = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"cannot load dataset {name!r} ({type(e).__name__}: {e}); give package.module:name of a DatasetSpec") from None
+        if not isinstance(obj, DatasetSpec): raise ValueError(f"{name} is {type(obj).__name__}, not a DatasetSpec")
+        return DATASET_REGISTRY.get(obj.name) or register_dataset(obj)
+    if (ep := _dataset_entry_points().get(name)) is not None:
+        obj = ep.load()
+        if not isinstance(obj, DatasetSpec): raise ValueError(f"entry point {name} ({ep.value}) is not a DatasetSpec")
+        return register_dataset(obj)
+    raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(list(DATASET_REGISTRY) + sorted(_dataset_entry_points()))} "
+                     f"(or package.module:name, or an entry point of {DATASET_ENTRY_POINT_GROUP})")
 
 class _Names(Sequence):
     "The registered dataset names (of a family), in registry order, read live."
@@ -966,6 +986,33 @@ assert "kmnist" in DATASETS and "mnist" not in DATASETS and list(DATASETS)[-1] =
 test_fail(lambda: get_dataset("mnist"), contains="valid names: cifar10, fashion_mnist")
 test_fail(lambda: register_dataset(DatasetSpec("x", "image", 10, 1, 1, 1, offline=cifar_jpeg_sources)), contains="needs a patch size")
 test_fail(lambda: register_dataset(DatasetSpec("x", "tokens", 2, 1, 1, 1)), contains="declares no source")
+
+# %% [markdown]
+# A dataset from outside the library is a `DatasetSpec` in any module: `package.module:name` resolves it (and registers it
+# under its own name), and a package's entry point in the group `sparse_attention_repro.datasets` makes it resolvable by
+# its bare name, in the command line and in the run notebooks (the example package's `digits` is one).
+
+# %%
+import sys, textwrap
+_dmod = Path(tempfile.mkdtemp()); (_dmod / "my_data.py").write_text(textwrap.dedent("""
+    import numpy as np
+    from sparse_attention_repro.data import DatasetSpec
+    def _arrays():
+        x = (np.arange(40 * 4 * 4) % 256).astype(np.uint8).reshape(40, 4, 4); y = np.arange(40) % 2
+        return dict(train_x=x[:30], train_y=y[:30], test_x=x[30:], test_y=y[30:])
+    tiny = DatasetSpec("tiny_outside", "image", 2, 1, 20, 10, patch=2, offline=lambda root, cache: [("mine", "my arrays", [], _arrays)])
+    not_a_spec = 3
+"""))
+sys.path.insert(0, str(_dmod))
+from sparse_attention_repro import data as _lib                         # the exported module: the class the outside module imports
+test_eq(_lib.get_dataset("my_data:tiny").name, "tiny_outside")
+assert "tiny_outside" in _lib.DATASETS and _lib.get_dataset("tiny_outside") is _lib.get_dataset("my_data:tiny")   # registered under its name
+_b = _lib.load_dataset("tiny_outside", 0, 20, 10, cache_dir=_dmod / "cache")
+test_eq((tuple(_b.train.x.shape), tuple(_b.test.x.shape)), ((20, 4, 4), (10, 4, 4)))
+test_fail(lambda: _lib.get_dataset("my_data:not_a_spec"), contains="is int, not a DatasetSpec")
+test_fail(lambda: _lib.get_dataset("my_data:missing"), contains="give package.module:name of a DatasetSpec")
+test_fail(lambda: get_dataset("no_such_data"), contains="or an entry point of sparse_attention_repro.datasets")
+del _lib.DATASET_REGISTRY["tiny_outside"]; sys.path.remove(str(_dmod))          # the registry as the library declares it
 
 # %%
 #| export

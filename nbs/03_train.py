@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
-from sparse_attention_repro.data import load_dataset, DataOptions, resolve_device, autocast, PAPER_SIZES, MAIN_FAMILY, TEXT_VOCAB, MARKER_DESIGNS, PRECISIONS
+from sparse_attention_repro.data import load_dataset, get_dataset, DataOptions, resolve_device, autocast, PAPER_SIZES, MAIN_FAMILY, TEXT_VOCAB, MARKER_DESIGNS, PRECISIONS
 from sparse_attention_repro.data import full_arrays, news_words, subset_indices, TEST_SEED_OFFSET
 from sparse_attention_repro.model import CompactClassifier, ClassifierConfig, MaskTape, StackedClassifiers, count_parameters, DROPOUT_RNGS, ATTENTION_PATHS
 from sparse_attention_repro.normalizers import resolve_normalizer
@@ -80,8 +80,7 @@ PROFILES = {"smoke": dict(seeds=(0, 1), epochs=1, train_limit=256, test_limit=12
 def profile_config(profile: str, dataset: str, **overrides) -> TrainConfig:
     "The TrainConfig of `dataset` under `profile` (smoke / quick / paper), with `overrides` applied."
     if profile not in PROFILES: raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
-    if dataset not in PAPER_SIZES: raise ValueError(f"unknown dataset {dataset!r}; choose from {', '.join(PAPER_SIZES)}")
-    epochs, train_limit, test_limit = PAPER_SIZES[dataset]
+    epochs, train_limit, test_limit = get_dataset(dataset).paper_sizes     # a registered name or an entry point (one-line error)
     cfg = TrainConfig(epochs=epochs, train_limit=train_limit, test_limit=test_limit)
     scale = {k: v for k, v in PROFILES[profile].items() if k != "seeds"}
     return replace(cfg, **{**scale, **overrides})

@@ -33,6 +33,14 @@ import sparse_attention_repro
 class UsageError(ValueError):
     "A bad argument: reported as one line on stderr with exit status 2."
 
+def _check_dataset(name):
+    "A dataset the notebooks can resolve by name: registered, or an entry point of the datasets group (one line otherwise)."
+    from sparse_attention_repro.data import get_dataset, DATASET_ENTRY_POINT_GROUP
+    if ":" in name: raise UsageError(f"--datasets {name}: a dataset from outside the library is named by its entry point "
+                                     f"(group {DATASET_ENTRY_POINT_GROUP} in its package's metadata), which the run notebooks resolve")
+    try: get_dataset(name)
+    except ValueError as e: raise UsageError(str(e)) from None
+
 def _split(values):
     "Accept both `--x a b` and `--x a,b`."
     return [v for item in values for v in str(item).split(",") if v]
@@ -518,7 +526,7 @@ def grid_tasks(args):
     base = _baseline_runs(args.baseline) if getattr(args, "baseline", None) else None
     datasets = _split(args.datasets) if args.datasets else list(PAPER_SIZES) if base is None else [d for d in PAPER_SIZES if d in set(base.dataset)]
     for d in datasets:
-        if d not in PAPER_SIZES: raise UsageError(f"unknown dataset {d!r}; choose from {', '.join(PAPER_SIZES)}")
+        _check_dataset(d)
     refs = _split(args.methods) if args.methods else list(PAPER_METHODS)
     try: specs = [resolve_normalizer(m) for m in refs]                  # the edge: each method resolved (and checked) once
     except ValueError as e: raise UsageError(str(e)) from None
@@ -1141,7 +1149,7 @@ def _bench_datasets(args) -> list:
     from sparse_attention_repro.train import PAPER_SIZES
     datasets = _split(args.datasets) if args.datasets else ["fashion_mnist", "twenty_news"]
     for d in datasets:
-        if d not in PAPER_SIZES: raise UsageError(f"unknown dataset {d!r}; choose from {', '.join(PAPER_SIZES)}")
+        _check_dataset(d)
     if args.epochs < 1: raise UsageError(f"--epochs must be >= 1, got {args.epochs}")
     return datasets
 
@@ -1180,7 +1188,7 @@ def _bench_profile(args, bench):
     if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
     datasets = _split(args.datasets) if args.datasets else list(PAPER_SIZES)
     for d in datasets:
-        if d not in PAPER_SIZES: raise UsageError(f"unknown dataset {d!r}; choose from {', '.join(PAPER_SIZES)}")
+        _check_dataset(d)
     rows, t, anchor = bench.bench_profile(args.profile, datasets, args.stack_seeds[0], args.device)
     if args.out:
         from sparse_attention_repro.files import atomic_write

@@ -5,10 +5,10 @@
 # %% auto 0
 __all__ = ['TEXT_VOCAB', 'TEXT_LEN', 'PAD_ID', 'MARKER_ID', 'CACHE_VERSION', 'CIFAR10_CLASSES', 'PRECISIONS', 'TEST_SEED_OFFSET',
            'VAL_SEED_OFFSET', 'NEWS_REMOVE', 'MARKER_DESIGNS', 'MARKER_LABEL_TOKENS', 'MARKER_FILLERS', 'NEWS_ARCHIVE',
-           'DATASET_REGISTRY', 'DATASETS', 'MAIN_FAMILY', 'PAPER_SIZES', 'Split', 'DatasetBundle', 'resolve_device',
-           'has_bf16_units', 'autocast', 'DataUnavailableError', 'resolve_data_root', 'resolve_cache_dir',
-           'skip_unless_data', 'save_cached', 'load_cached', 'subset_indices', 'train_val_indices', 'patchify',
-           'unpatchify', 'read_idx', 'idx_files_present', 'load_idx_folder', 'official_cifar_keys',
+           'DATASET_REGISTRY', 'DATASET_ENTRY_POINT_GROUP', 'DATASETS', 'MAIN_FAMILY', 'PAPER_SIZES', 'Split',
+           'DatasetBundle', 'resolve_device', 'has_bf16_units', 'autocast', 'DataUnavailableError', 'resolve_data_root',
+           'resolve_cache_dir', 'skip_unless_data', 'save_cached', 'load_cached', 'subset_indices', 'train_val_indices',
+           'patchify', 'unpatchify', 'read_idx', 'idx_files_present', 'load_idx_folder', 'official_cifar_keys',
            'decode_cifar_jpeg_tar', 'is_flattened', 'news_texts_from_folder', 'tokenize', 'hash_token', 'encode_text',
            'encode_news', 'make_marker', 'make_balanced_marker', 'make_label_once_marker', 'marker_generator',
            'most_frequent_token_accuracy', 'marker_baselines', 'source_identity', 'news_home', 'idx_sources',
@@ -475,10 +475,30 @@ def register_dataset(spec: DatasetSpec) -> DatasetSpec:
     DATASET_REGISTRY[spec.name] = spec
     return spec
 
+DATASET_ENTRY_POINT_GROUP = "sparse_attention_repro.datasets"
+
+def _dataset_entry_points() -> dict:
+    import importlib.metadata
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=DATASET_ENTRY_POINT_GROUP)}
+
 def get_dataset(name: str) -> DatasetSpec:
-    "The registered `DatasetSpec` of `name`, or a one-line error naming the valid ones."
-    if name not in DATASET_REGISTRY: raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_REGISTRY)}")
-    return DATASET_REGISTRY[name]
+    """The `DatasetSpec` that `name` names: a registered name, `package.module:name` of a `DatasetSpec`, or an entry point
+    of the group `sparse_attention_repro.datasets` (registered on first use); else a one-line error naming the valid ones."""
+    if name in DATASET_REGISTRY: return DATASET_REGISTRY[name]
+    if ":" in name:
+        import importlib
+        module, _, attr = name.partition(":")
+        try: obj = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"cannot load dataset {name!r} ({type(e).__name__}: {e}); give package.module:name of a DatasetSpec") from None
+        if not isinstance(obj, DatasetSpec): raise ValueError(f"{name} is {type(obj).__name__}, not a DatasetSpec")
+        return DATASET_REGISTRY.get(obj.name) or register_dataset(obj)
+    if (ep := _dataset_entry_points().get(name)) is not None:
+        obj = ep.load()
+        if not isinstance(obj, DatasetSpec): raise ValueError(f"entry point {name} ({ep.value}) is not a DatasetSpec")
+        return register_dataset(obj)
+    raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(list(DATASET_REGISTRY) + sorted(_dataset_entry_points()))} "
+                     f"(or package.module:name, or an entry point of {DATASET_ENTRY_POINT_GROUP})")
 
 class _Names(Sequence):
     "The registered dataset names (of a family), in registry order, read live."

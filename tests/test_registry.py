@@ -65,3 +65,16 @@ def test_baseline_made_with_other_options_is_refused(baseline, tmp_path, capsys)
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "was made with lr=" in err, err
     assert not (tmp_path / "x").exists()
+
+def test_outside_dataset_by_entry_point(tmp_path):
+    """A dataset from outside the library (the example package's `digits`, an entry point of `sparse_attention_repro.datasets`)
+    runs through `grid` by its bare name, in the notebooks' own processes; a `module:name` dataset is refused in one line."""
+    out = tmp_path / "digits"
+    res = cli("grid", "--profile", "smoke", "--datasets", "digits", "--methods", "softmax", "sparsemax", "--seeds", "0", "--out", out, "--jobs", "1")
+    assert res.returncode == 0, res.stderr[-2000:]
+    runs = pd.read_csv(out / "runs.csv")
+    assert set(runs.dataset) == {"digits"} and (runs.status == "ok").all() and len(runs) == 2
+    assert set(runs.dataset_source) == {"sklearn:load_digits"}                          # read from the copy inside scikit-learn
+    bad = cli("grid", "--profile", "smoke", "--datasets", "sparse_attention_examples.digits:digits", "--out", tmp_path / "x")
+    assert bad.returncode == 2 and "named by its entry point" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert not (tmp_path / "x").exists()
