@@ -63,6 +63,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                             'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.long_peak_mb': ( 'bench.html#long_peak_mb',
                                                                                              'sparse_attention_repro/bench.py'),
+                                              'sparse_attention_repro.bench.machine_busy': ( 'bench.html#machine_busy',
+                                                                                             'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.matmul_rate': ( 'bench.html#matmul_rate',
                                                                                             'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.measure_levers': ( 'bench.html#measure_levers',

@@ -877,9 +877,10 @@ def _bench_fast(args, bench):
     from sparse_attention_repro.study import PAPER_METHODS
     t0 = time.perf_counter()
     cal = bench.calibrate_fast(_bench_datasets(args), list(PAPER_METHODS), threads=args.threads, bf16=has_bf16_units("cpu"),
-                               fused=bench.fused_ok(PAPER_METHODS), remeasure=True)
+                               fused=bench.fused_ok(PAPER_METHODS), remeasure=True, search="full")
     print(f"milliseconds per training step of the {len(PAPER_METHODS)} paper methods in lock-step, per lever combination "
-          f"({cal['steps']} steps, median of {cal['repeats']}; measured in {time.perf_counter() - t0:.0f} s):")
+          f"({cal['steps']} steps, median of {cal['repeats']} interleaved rounds; measured in {time.perf_counter() - t0:.0f} s, "
+          f"load average {cal['load_1min']}{', busy' if cal['busy'] else ''}):")
     print(pd.DataFrame(cal["ms_per_step"]).round(2).to_string())
     print(f"chosen for --fast on these datasets: {cal['label']}")
 

@@ -91,15 +91,17 @@ def test_profile_or_option_mismatch_is_refused(smoke, capsys):
     assert (smoke / "runs.csv").read_bytes() == before
 
 def test_fast_options_are_recorded_and_kept(smoke, tmp_path):
-    """`--fast`: a real grid that times its levers here first (a fresh calibration cache), runs every arm with the fastest
-    of them, records the choice and its timings, learns, and leaves a folder that refuses the default path."""
+    """`--fast`: a real grid that times its levers here first (a fresh calibration cache), runs every arm with the chosen
+    ones, records the choice and its timings, learns, and leaves a folder that refuses the default path."""
     fast = ["--profile", "smoke", "--out", tmp_path / "out", "--datasets", "fashion_mnist", "--methods", "softmax", "entmax15",
             "headwise_adaptive_entmax", "--seeds", "1", "--val-fraction", "0.1"]
     res = cli("grid", *fast, "--fast", env_extra={"SPARSE_REPRO_CACHE": str(tmp_path / "cache")})
     assert res.returncode == 0, res.stderr[-2000:]
     cal = json.loads((tmp_path / "out" / "manifest.json").read_text())["study_a"]["fast_calibration"]
     ms = cal["ms_per_step"]["fashion_mnist"]
-    assert {"default", "philox", "fused", "philox+fused"} <= set(ms) and ms[cal["label"]] == min(ms.values())   # the measured minimum
+    from sparse_attention_repro.bench import CLEAR_WIN
+    assert {"default", "fused"} <= set(ms) and "philox" not in ms                               # the feature-predicted sets only
+    assert cal["label"] == "default" or ms[cal["label"]] <= (1 - CLEAR_WIN) * ms["default"]     # a clear win, or the default
     assert list(tmp_path.joinpath("cache", "calibration").glob("fast-*.json"))                  # cached for the next grid
     runs = pd.read_csv(tmp_path / "out" / "runs.csv").set_index("method")
     default = pd.read_csv(smoke / "runs.csv").query("dataset == 'fashion_mnist' and seed == 1").set_index("method")
