@@ -903,9 +903,17 @@ class DatasetSpec:
     offline: Callable | None = None  # (root, cache) -> [(dataset_source, shown, files or None, build)], tried in order
     online: Callable | None = None   # cache -> (dataset_source, shown, build): the official download (`download=True`)
     hint: str = ""                   # how to get the files, in the one-line error when none is found
+    image: tuple | None = None       # an image dataset's (height, width, channels)
 
     @property
     def paper_sizes(self) -> tuple: return (self.epochs, self.train_n, self.test_n)
+
+    @property
+    def tokens(self) -> tuple:
+        "(T, d): the model's sequence length with CLS, and the values per image patch (None for token ids)."
+        if self.kind != "image": return (TEXT_LEN + 1, None)
+        h, w, c = self.image
+        return ((h // self.patch) * (w // self.patch) + 1, self.patch * self.patch * c)
 
 DATASET_REGISTRY: dict = {}
 
@@ -913,7 +921,8 @@ def register_dataset(spec: DatasetSpec) -> DatasetSpec:
     "Add `spec` to the registry (checked); returns it."
     if spec.kind not in ("image", "tokens", "generated"): raise ValueError(f"dataset {spec.name!r}: kind must be image, tokens or generated, got {spec.kind!r}")
     if spec.kind != "generated" and spec.offline is None and spec.online is None: raise ValueError(f"dataset {spec.name!r} declares no source")
-    if spec.kind == "image" and not spec.patch: raise ValueError(f"image dataset {spec.name!r} needs a patch size")
+    if spec.kind == "image" and not (spec.patch and spec.image and len(spec.image) == 3):
+        raise ValueError(f"image dataset {spec.name!r} needs a patch size and its image=(height, width, channels)")
     if spec.family not in ("main", "follow-up"): raise ValueError(f"dataset {spec.name!r}: family must be main or follow-up")
     DATASET_REGISTRY[spec.name] = spec
     return spec
@@ -961,10 +970,10 @@ class _Sizes(Mapping):
 DATASETS, MAIN_FAMILY, PAPER_SIZES = _Names(), _Names("main"), _Sizes()
 
 _ROOT_HINT = "set SPARSE_REPRO_DATA (or data_root) to a folder with "
-register_dataset(DatasetSpec("cifar10", "image", 10, 6, 8000, 2000, patch=8, offline=cifar_jpeg_sources, online=torchvision_download("CIFAR10"),
+register_dataset(DatasetSpec("cifar10", "image", 10, 6, 8000, 2000, patch=8, image=(32, 32, 3), offline=cifar_jpeg_sources, online=torchvision_download("CIFAR10"),
                              hint=_ROOT_HINT + "cifar10-jpeg/cifar10-jpeg-q75.tar.gz and cifar10-jpeg/official_order.npz, or pass "
                                                "download=True when online (official torchvision CIFAR-10)"))
-register_dataset(DatasetSpec("fashion_mnist", "image", 10, 6, 8000, 2000, patch=7,
+register_dataset(DatasetSpec("fashion_mnist", "image", 10, 6, 8000, 2000, patch=7, image=(28, 28, 1),
                              offline=idx_sources("FashionMNIST/raw", debian="/usr/share/datasets/fashion-mnist"),
                              online=torchvision_download("FashionMNIST"),
                              hint="install the Debian package dataset-fashion-mnist, " + _ROOT_HINT + "FashionMNIST/raw/*-ubyte.gz, "
@@ -972,7 +981,7 @@ register_dataset(DatasetSpec("fashion_mnist", "image", 10, 6, 8000, 2000, patch=
 register_dataset(DatasetSpec("twenty_news", "tokens", 20, 6, 4000, 1500, offline=news_sources, online=sklearn_news_download,
                              hint=_ROOT_HINT + NEWS_ARCHIVE + ", or pass download=True when online (scikit-learn fetch_20newsgroups)"))
 register_dataset(DatasetSpec("synthetic_marker", "generated", 10, 6, 8000, 2000))
-register_dataset(DatasetSpec("kmnist", "image", 10, 8, 12000, 3000, family="follow-up", patch=7, offline=idx_sources("KMNIST/raw"),
+register_dataset(DatasetSpec("kmnist", "image", 10, 8, 12000, 3000, family="follow-up", patch=7, image=(28, 28, 1), offline=idx_sources("KMNIST/raw"),
                              online=torchvision_download("KMNIST"), hint=_ROOT_HINT + "KMNIST/raw/*-ubyte.gz, or pass download=True when online"))
 
 # %% [markdown]
@@ -985,6 +994,9 @@ test_eq(tuple(MAIN_FAMILY), ("cifar10", "fashion_mnist", "twenty_news", "synthet
 assert "kmnist" in DATASETS and "mnist" not in DATASETS and list(DATASETS)[-1] == "kmnist"
 test_fail(lambda: get_dataset("mnist"), contains="valid names: cifar10, fashion_mnist")
 test_fail(lambda: register_dataset(DatasetSpec("x", "image", 10, 1, 1, 1, offline=cifar_jpeg_sources)), contains="needs a patch size")
+test_fail(lambda: register_dataset(DatasetSpec("x", "image", 10, 1, 1, 1, patch=4, offline=cifar_jpeg_sources)), contains="image=(height")
+test_eq({n: s.tokens for n, s in DATASET_REGISTRY.items()},
+        {"cifar10": (17, 192), "fashion_mnist": (17, 49), "twenty_news": (97, None), "synthetic_marker": (97, None), "kmnist": (17, 49)})
 test_fail(lambda: register_dataset(DatasetSpec("x", "tokens", 2, 1, 1, 1)), contains="declares no source")
 
 # %% [markdown]
@@ -1000,7 +1012,7 @@ _dmod = Path(tempfile.mkdtemp()); (_dmod / "my_data.py").write_text(textwrap.ded
     def _arrays():
         x = (np.arange(40 * 4 * 4) % 256).astype(np.uint8).reshape(40, 4, 4); y = np.arange(40) % 2
         return dict(train_x=x[:30], train_y=y[:30], test_x=x[30:], test_y=y[30:])
-    tiny = DatasetSpec("tiny_outside", "image", 2, 1, 20, 10, patch=2, offline=lambda root, cache: [("mine", "my arrays", [], _arrays)])
+    tiny = DatasetSpec("tiny_outside", "image", 2, 1, 20, 10, patch=2, image=(4, 4, 1), offline=lambda root, cache: [("mine", "my arrays", [], _arrays)])
     not_a_spec = 3
 """))
 sys.path.insert(0, str(_dmod))
@@ -1009,6 +1021,7 @@ test_eq(_lib.get_dataset("my_data:tiny").name, "tiny_outside")
 assert "tiny_outside" in _lib.DATASETS and _lib.get_dataset("tiny_outside") is _lib.get_dataset("my_data:tiny")   # registered under its name
 _b = _lib.load_dataset("tiny_outside", 0, 20, 10, cache_dir=_dmod / "cache")
 test_eq((tuple(_b.train.x.shape), tuple(_b.test.x.shape)), ((20, 4, 4), (10, 4, 4)))
+test_eq((_b.train.x.shape[1] + 1, _b.train.x.shape[2]), _lib.get_dataset("tiny_outside").tokens)   # the declared shape is the loaded one
 test_fail(lambda: _lib.get_dataset("my_data:not_a_spec"), contains="is int, not a DatasetSpec")
 test_fail(lambda: _lib.get_dataset("my_data:missing"), contains="give package.module:name of a DatasetSpec")
 test_fail(lambda: get_dataset("no_such_data"), contains="or an entry point of sparse_attention_repro.datasets")
@@ -1153,7 +1166,7 @@ with tempfile.TemporaryDirectory() as d:
         n = 6 if k.startswith("train") else 2
         write_idx(d / f"{stem}.gz", rng.integers(0, 256, (n, 28, 28)) if k.endswith("x") else rng.integers(0, 10, n))
     tiny = lambda root, cache: [("local:tiny", str(d), _idx_list(d), lambda: load_idx_folder(d, n_train=6, n_test=2))]
-    register_dataset(DatasetSpec("tiny_idx", "image", 10, 2, 4, 2, family="follow-up", patch=14, offline=tiny, hint="a test folder"))
+    register_dataset(DatasetSpec("tiny_idx", "image", 10, 2, 4, 2, family="follow-up", patch=14, image=(28, 28, 1), offline=tiny, hint="a test folder"))
     try:
         tb = load_dataset("tiny_idx", seed=0, train_limit=4, test_limit=2, cache_dir=d / "cache")
         test_eq((tb.train.x.shape, tb.test.x.shape, tb.dataset_source, tb.num_classes), ((4, 4, 196), (2, 4, 196), "local:tiny", 10))
@@ -1176,6 +1189,7 @@ if skip_unless_data(have_root, "KMNIST checks: set SPARSE_REPRO_DATA to the offl
     print(f"kmnist first load {t1 - t0:.2f}s, cached {t2 - t1:.2f}s")
     test_eq((km.kind, km.num_classes, km.input_dim, km.seq_len, km.vocab_size, km.dataset_source), ("image", 10, 49, 16, None, "local:idx"))
     test_eq(km.train.x.shape, (1200, 16, 49)); test_eq(km.test.x.shape, (300, 16, 49)); test_eq(km.train.x.dtype, torch.float32)
+    test_eq((km.seq_len + 1, km.input_dim), get_dataset("kmnist").tokens)                  # the declared shape is the loaded one
     assert 0 <= km.train.x.min() and km.train.x.max() <= 1 and km.train.x.max() == 1
     assert set(km.train.y.tolist()) == set(range(10)) and km.train.key_mask is None
     test_eq(km2.train.x, km.train.x); test_eq(km2.test.y, km.test.y)                        # the cache returns the same data
@@ -1196,6 +1210,7 @@ else:
     t0 = time.perf_counter(); fm = load_dataset("fashion_mnist", seed=2, train_limit=800, test_limit=200, cache_dir=tmp_cache)
     print(f"fashion_mnist first load {time.perf_counter() - t0:.2f}s from {fm.dataset_source}")
     test_eq((fm.train.x.shape, fm.test.x.shape, fm.input_dim, fm.seq_len), ((800, 16, 49), (200, 16, 49), 49, 16))
+    test_eq((fm.seq_len + 1, fm.input_dim), get_dataset("fashion_mnist").tokens)
     assert fm.dataset_source in ("debian", "local:idx") and 0 <= fm.train.x.min() and fm.train.x.max() <= 1
     arrs, _ = full_arrays("fashion_mnist", cache_dir=tmp_cache)
     test_eq({k: v.shape for k, v in arrs.items()}, {"train_x": (60000, 28, 28), "train_y": (60000,), "test_x": (10000, 28, 28), "test_y": (10000,)})
@@ -1271,11 +1286,13 @@ t0 = time.perf_counter(); c = load_dataset("cifar10", seed=0, train_limit=8000, 
 c2 = load_dataset("cifar10", seed=0, train_limit=8000, test_limit=2000); t2 = time.perf_counter()
 print(f"cifar10 load {t1 - t0:.1f}s (first use decodes), cached {t2 - t1:.2f}s")
 test_eq((c.dataset_source, c.input_dim, c.seq_len, c.num_classes), ("local:jpeg-q75", 192, 16, 10))
+test_eq((c.seq_len + 1, c.input_dim), get_dataset("cifar10").tokens)
 test_eq((c.train.x.shape, c.test.x.shape), ((8000, 16, 192), (2000, 16, 192)))
 assert 0 <= c.train.x.min() and c.train.x.max() <= 1 and c.train.x.std() > 0.1
 test_eq(c2.train.x, c.train.x)
 arrs, _ = full_arrays("cifar10")
 test_eq((arrs["train_x"].shape, arrs["test_x"].shape, arrs["train_x"].dtype), ((50000, 32, 32, 3), (10000, 32, 32, 3), np.uint8))
+test_eq(arrs["train_x"].shape[1:], get_dataset("cifar10").image)
 test_eq(np.bincount(arrs["train_y"]), [5000] * 10); test_eq(np.bincount(arrs["test_y"]), [1000] * 10)
 test_eq(arrs["train_y"][:10].tolist(), [6, 9, 9, 4, 1, 1, 2, 7, 8, 3])                  # official order (torchvision's targets)
 test_eq(arrs["test_y"][:10].tolist(), [3, 8, 8, 0, 6, 6, 1, 6, 3, 1])

@@ -29,7 +29,7 @@ from scipy import stats as sps
 from sparse_attention_repro.normalizers import parse_topk_ratio, parse_alpha_start
 from sparse_attention_repro.study import (BASELINE, PAPER_METHODS, CRISP_BASELINE, CRISP_CONFIGS, method_order, PAPER_CRISP_GAINS,
                                           STUDIES)
-from sparse_attention_repro.data import MAIN_FAMILY, PAPER_SIZES
+from sparse_attention_repro.data import DATASETS, MAIN_FAMILY, PAPER_SIZES
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
@@ -1054,7 +1054,7 @@ test_eq(_rc[["method", "seed", "lr", "epoch", "val_accuracy"]].values.tolist(), 
 
 # %%
 #| export
-DATASET_ORDER = ("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker", "kmnist")   # the report's order
+DATASET_ORDER = DATASETS            # the report's order: the registry's (a dataset registered later comes last)
 
 def _in_dataset_order(datasets) -> list:
     "`datasets` in the report's order, any other dataset after them by name."

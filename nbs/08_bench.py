@@ -702,18 +702,17 @@ def matmul_rate(repeats=20, threads=1, dtype=torch.float32):
 
 def floor_table(runs, gflops) -> pd.DataFrame:
     "Per dataset: training FLOPs of one seed (all methods), the floor at `gflops`, the measured median seconds, the ratio."
-    dims = {"cifar10": (17, 192), "fashion_mnist": (17, 49), "kmnist": (17, 49), "twenty_news": (97, None), "synthetic_marker": (97, None)}
-    classes = {"twenty_news": 20}
+    from sparse_attention_repro.data import get_dataset
     rows = []
     for ds, g in runs[runs.status == "ok"].groupby("dataset"):
-        T, dim = dims[ds]
+        spec = get_dataset(ds); T, dim = spec.tokens                      # the registry's declared shape
         shared = g.mask_seconds.fillna(0.0) if "mask_seconds" in g else pd.Series(0.0, index=g.index)
         g = g.assign(shared=shared.where(g.lockstep_size > 1, 0.0) if "lockstep_size" in g else shared)   # shared only in a lock-step group
         per_seed = g.groupby("seed").agg(seconds=("train_seconds", "sum"), methods=("method", "nunique"), shared=("shared", "max"),
                                          epochs=("epochs", "first"), train_n=("train_n", "first"))
         per_seed["seconds"] -= (per_seed.methods - 1) * per_seed.shared   # the lock-step's masks were drawn once, charged to each run
         r = per_seed.iloc[0]
-        flops = r.methods * r.epochs * r.train_n * 3 * forward_flops(T, dim, classes=classes.get(ds, 10))
+        flops = r.methods * r.epochs * r.train_n * 3 * forward_flops(T, dim, classes=spec.n_classes)
         floor = flops / (gflops * 1e9)
         rows.append(dict(dataset=ds, methods=int(r.methods), tflop_per_seed=flops / 1e12, floor_s=floor,
                          measured_s=float(per_seed.seconds.median()), ratio=float(per_seed.seconds.median()) / floor))

@@ -311,6 +311,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                           'sparse_attention_repro/data.py'),
                                              'sparse_attention_repro.data.DatasetSpec.paper_sizes': ( 'data.html#datasetspec.paper_sizes',
                                                                                                       'sparse_attention_repro/data.py'),
+                                             'sparse_attention_repro.data.DatasetSpec.tokens': ( 'data.html#datasetspec.tokens',
+                                                                                                 'sparse_attention_repro/data.py'),
                                              'sparse_attention_repro.data.Split': ('data.html#split', 'sparse_attention_repro/data.py'),
                                              'sparse_attention_repro.data.Split.__len__': ( 'data.html#split.__len__',
                                                                                             'sparse_attention_repro/data.py'),

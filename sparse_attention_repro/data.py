@@ -460,9 +460,17 @@ class DatasetSpec:
     offline: Callable | None = None  # (root, cache) -> [(dataset_source, shown, files or None, build)], tried in order
     online: Callable | None = None   # cache -> (dataset_source, shown, build): the official download (`download=True`)
     hint: str = ""                   # how to get the files, in the one-line error when none is found
+    image: tuple | None = None       # an image dataset's (height, width, channels)
 
     @property
     def paper_sizes(self) -> tuple: return (self.epochs, self.train_n, self.test_n)
+
+    @property
+    def tokens(self) -> tuple:
+        "(T, d): the model's sequence length with CLS, and the values per image patch (None for token ids)."
+        if self.kind != "image": return (TEXT_LEN + 1, None)
+        h, w, c = self.image
+        return ((h // self.patch) * (w // self.patch) + 1, self.patch * self.patch * c)
 
 DATASET_REGISTRY: dict = {}
 
@@ -470,7 +478,8 @@ def register_dataset(spec: DatasetSpec) -> DatasetSpec:
     "Add `spec` to the registry (checked); returns it."
     if spec.kind not in ("image", "tokens", "generated"): raise ValueError(f"dataset {spec.name!r}: kind must be image, tokens or generated, got {spec.kind!r}")
     if spec.kind != "generated" and spec.offline is None and spec.online is None: raise ValueError(f"dataset {spec.name!r} declares no source")
-    if spec.kind == "image" and not spec.patch: raise ValueError(f"image dataset {spec.name!r} needs a patch size")
+    if spec.kind == "image" and not (spec.patch and spec.image and len(spec.image) == 3):
+        raise ValueError(f"image dataset {spec.name!r} needs a patch size and its image=(height, width, channels)")
     if spec.family not in ("main", "follow-up"): raise ValueError(f"dataset {spec.name!r}: family must be main or follow-up")
     DATASET_REGISTRY[spec.name] = spec
     return spec
@@ -518,10 +527,10 @@ class _Sizes(Mapping):
 DATASETS, MAIN_FAMILY, PAPER_SIZES = _Names(), _Names("main"), _Sizes()
 
 _ROOT_HINT = "set SPARSE_REPRO_DATA (or data_root) to a folder with "
-register_dataset(DatasetSpec("cifar10", "image", 10, 6, 8000, 2000, patch=8, offline=cifar_jpeg_sources, online=torchvision_download("CIFAR10"),
+register_dataset(DatasetSpec("cifar10", "image", 10, 6, 8000, 2000, patch=8, image=(32, 32, 3), offline=cifar_jpeg_sources, online=torchvision_download("CIFAR10"),
                              hint=_ROOT_HINT + "cifar10-jpeg/cifar10-jpeg-q75.tar.gz and cifar10-jpeg/official_order.npz, or pass "
                                                "download=True when online (official torchvision CIFAR-10)"))
-register_dataset(DatasetSpec("fashion_mnist", "image", 10, 6, 8000, 2000, patch=7,
+register_dataset(DatasetSpec("fashion_mnist", "image", 10, 6, 8000, 2000, patch=7, image=(28, 28, 1),
                              offline=idx_sources("FashionMNIST/raw", debian="/usr/share/datasets/fashion-mnist"),
                              online=torchvision_download("FashionMNIST"),
                              hint="install the Debian package dataset-fashion-mnist, " + _ROOT_HINT + "FashionMNIST/raw/*-ubyte.gz, "
@@ -529,7 +538,7 @@ register_dataset(DatasetSpec("fashion_mnist", "image", 10, 6, 8000, 2000, patch=
 register_dataset(DatasetSpec("twenty_news", "tokens", 20, 6, 4000, 1500, offline=news_sources, online=sklearn_news_download,
                              hint=_ROOT_HINT + NEWS_ARCHIVE + ", or pass download=True when online (scikit-learn fetch_20newsgroups)"))
 register_dataset(DatasetSpec("synthetic_marker", "generated", 10, 6, 8000, 2000))
-register_dataset(DatasetSpec("kmnist", "image", 10, 8, 12000, 3000, family="follow-up", patch=7, offline=idx_sources("KMNIST/raw"),
+register_dataset(DatasetSpec("kmnist", "image", 10, 8, 12000, 3000, family="follow-up", patch=7, image=(28, 28, 1), offline=idx_sources("KMNIST/raw"),
                              online=torchvision_download("KMNIST"), hint=_ROOT_HINT + "KMNIST/raw/*-ubyte.gz, or pass download=True when online"))
 
 # %% ../nbs/01_data.ipynb

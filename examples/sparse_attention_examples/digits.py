@@ -21,5 +21,5 @@ def _offline(root, cache):
     "One source: the copy inside scikit-learn (no files of ours to check)."
     return [("sklearn:load_digits", "scikit-learn's load_digits", [], digits_arrays)]
 
-digits = DatasetSpec("digits", "image", n_classes=10, epochs=6, train_n=1000, test_n=300, patch=2, offline=_offline,
+digits = DatasetSpec("digits", "image", n_classes=10, epochs=6, train_n=1000, test_n=300, patch=2, image=(8, 8, 1), offline=_offline,
                      hint="install scikit-learn (its load_digits ships the images)")
