@@ -50,24 +50,35 @@ def same_recipe(folder, main_folder, study="study_a") -> bool:
     return all(a[k] == b[k] for k in a.keys() & b.keys())
 
 LEADERBOARD_COLS = ["normalizer", "dataset", "reading", "gain", "ci_low", "ci_high", "p_holm", "verdict", "n", "margin", "p_tost", "source",
-                   "test_length"]
+                   "test_length", "word", "provisional", "first_round"]
 
 def _word(gain, p_holm, alpha=0.05) -> str:
     "The verdict word of a paired comparison; `untested` where no test ran (one seed: no p-value)."
     return "untested" if pd.isna(p_holm) else "n.s." if not (p_holm < alpha) else "better" if gain > 0 else "worse"
 
+def _word_of(verdict) -> str:
+    "The verdict word of a source table's verdict, without its protocol's note (`persists, under 1 pt` → `persists`)."
+    return str(verdict).split(",")[0].strip()
+
 def _provisional(t):
-    "Tuned verdicts whose seeds have not all run at the chosen recipes say so, with their seed count."
+    "Mark the tuned verdicts whose seeds have not all run at the chosen recipes (`provisional`)."
     from sparse_attention_repro.tuning import _flag                       # yes/no as read back from a CSV
     done = _flag(t.complete) if "complete" in t else pd.Series(True, index=t.index)
-    return t.assign(verdict=[v if c else f"{v}, provisional ({int(n)} seeds)" for v, c, n in zip(t.verdict, done, t.n)])
+    return t.assign(provisional=~done.to_numpy(bool))
 
 def _rows(t, reading, source, method="method", gain="mean_delta", verdict=None, dataset="dataset"):
-    nan = pd.Series(np.nan, index=t.index)                               # a table without an equivalence test (or no test length)
+    """Leaderboard rows of a source table `t`: its verdict as the source words it (its word and any note of its protocol,
+    e.g. `persists, under 1 pt`), the bare `word`, and the typed notes `provisional` and `first_round`."""
+    nan, no = pd.Series(np.nan, index=t.index), pd.Series(False, index=t.index)   # a table without an equivalence test (or no test length)
+    words = t[verdict] if verdict else pd.Series([_word(g, p) for g, p in zip(t[gain], t.p_holm)], index=t.index)
     return pd.DataFrame(dict(normalizer=t[method], dataset=t[dataset], reading=reading, gain=t[gain], ci_low=t.ci_low, ci_high=t.ci_high,
                              p_holm=t.p_holm, n=t.n, margin=t.get("margin", nan), p_tost=t.get("p_tost", nan), source=source,
-                             test_length=t.get("length", nan),
-                             verdict=t[verdict] if verdict else [_word(g, p) for g, p in zip(t[gain], t.p_holm)]))
+                             test_length=t.get("length", nan), verdict=words, word=words.map(_word_of),
+                             provisional=t.get("provisional", no).astype(bool), first_round=t.get("first_round", no).astype(bool)))
+
+def verdict_label(r) -> str:
+    "A row's verdict as the board shows it: the source's words, then `first round` and `provisional (n seeds)` where they apply."
+    return str(r.verdict) + (", first round" if r.first_round else "") + (f", provisional ({int(r.n)} seeds)" if r.provisional else "")
 
 LENGTH_ROOT, LENGTH_POSITIONS = CATALOGUE["length"].root, "nape"
 
@@ -99,7 +110,7 @@ def leaderboard_rows(outputs, main="paper", baseline=BASELINE) -> pd.DataFrame:
         t = pd.read_csv(f).query("baseline == @baseline")
         t = t[t.source == "tuned"].pipe(lambda x: pd.concat([x, t[(t.source != "tuned") & ~t.set_index(["dataset", "method"]).index.isin(
             x.set_index(["dataset", "method"]).index)]]))        # the protocol's grid first, the first round where it has not run
-        t = _provisional(t.assign(verdict=[v + (", first round" if src == "first round" else "") for v, src in zip(t.verdict, t.source)]))
+        t = _provisional(t.assign(first_round=t.source == "first round"))
         parts.append(_rows(t, "tuned", f"{main}/tables/tuned_tests.csv", gain="gain", verdict="verdict"))
     for f in sorted(outputs.glob("**/fair_verdict.csv")):                  # a new normalizer's own tuned search (`tuned --methods`)
         t = _provisional(pd.read_csv(f).query("baseline == @baseline"))
@@ -107,7 +118,7 @@ def leaderboard_rows(outputs, main="paper", baseline=BASELINE) -> pd.DataFrame:
     if baseline == BASELINE and (f := tab / "crisp_normalizer_tests.csv").exists():
         t = pd.read_csv(f); t = t[t.family.str.endswith("_test")].assign(dataset="sst2_encoder")
         r = _rows(t, "pretrained encoder", f"{main}/tables/crisp_normalizer_tests.csv")   # fewer seeds than the column's most: provisional
-        parts.append(r.assign(verdict=[v if n >= r.n.max() else f"{v}, provisional ({int(n)} seeds)" for v, n in zip(r.verdict, r.n)]))
+        parts.append(r.assign(provisional=r.n < r.n.max()))
     parts.append(length_leaderboard_rows(outputs, baseline))
     parts = [p for p in parts if len(p)]
     return pd.concat(parts, ignore_index=True)[LEADERBOARD_COLS] if parts else pd.DataFrame(columns=LEADERBOARD_COLS)
@@ -195,7 +206,7 @@ test_eq((halving_searched(_hv), halving_searched(_hv, "other"), halving_searched
 #| export
 def _cell(r) -> str:
     ci = f"({100 * r.ci_low:+.1f}, {100 * r.ci_high:+.1f})" if pd.notna(r.ci_low) and pd.notna(r.ci_high) else "(no CI)"
-    return f"{100 * r.gain:+.1f} {ci} {r.verdict}"
+    return f"{100 * r.gain:+.1f} {ci} {verdict_label(r)}"
 
 def leaderboard_table(rows, extra=None, steps=None) -> pd.DataFrame:
     """One row per normalizer: `<dataset>: paper` and `<dataset>: tuned` cells, the encoder gain, density, the training time
@@ -253,14 +264,14 @@ for _f, _mask in ((_o / "paper", False), (_o / "mine", False), (_o / "mine_maske
 pd.DataFrame([dict(family="versus:mine", dataset="cifar10", method="mine", baseline="softmax", n=10, mean_delta=0.05, ci_low=0.04,
                    ci_high=0.06, p=0.001, p_holm=0.001)]).to_csv(_o / "mine_masked" / "versus_baseline.csv", index=False)
 test_eq([same_recipe(_o / f, _o / "paper") for f in ("mine", "mine_masked")], [True, False])
-test_eq(_provisional(pd.DataFrame(dict(verdict=["gone", "undecided", "reversed"], complete=["True", "False", False], n=[10, 4.0, 6]))).verdict.tolist(),
-        ["gone", "undecided, provisional (4 seeds)", "reversed, provisional (6 seeds)"])   # as read back from CSVs
+test_eq(_provisional(pd.DataFrame(dict(verdict=["gone", "undecided", "reversed"], complete=["True", "False", False], n=[10, 4.0, 6]))).provisional.tolist(),
+        [False, True, True])                                                 # as read back from CSVs
 (_o / "mine" / "control").mkdir(); (_o / "mine" / "control" / "manifest.json").write_text((_o / "mine" / "manifest.json").read_text())
 pd.DataFrame([dict(family="versus:mine", dataset="cifar10", method="mine", baseline=b, n=10, mean_delta=-0.03, ci_low=-0.05, ci_high=-0.01,
                    p=0.001, p_holm=0.001) for b in ("softmax",)]).to_csv(_o / "mine" / "control" / "versus_baseline.csv", index=False)   # a smaller family
 _lb = leaderboard_rows(_o)                                                # the masked variant's +5 pt is not a paper-recipe row
 test_eq(_lb[(_lb.normalizer == "mine") & (_lb.reading == "paper recipe")].source.tolist(), ["mine/versus_baseline.csv"])   # read once
-test_eq(sorted(zip(_lb.normalizer, _lb.reading, _lb.verdict)),
+test_eq(sorted(zip(_lb.normalizer, _lb.reading, [verdict_label(r) for r in _lb.itertuples()])),
         [("entmax15", "paper recipe", "n.s."), ("entmax15", "tuned", "undecided, first round"), ("mine", "paper recipe", "worse"),
          ("mine", "tuned", "gone"), ("sparsemax", "paper recipe", "better"), ("sparsemax", "tuned", "gone")])
 _tab = leaderboard_table(_lb).set_index("normalizer")
@@ -269,11 +280,12 @@ test_eq(list(_tab.index), ["sparsemax", "entmax15", "mine"])
 _e = Path(tempfile.mkdtemp()); (_e / "paper" / "tables").mkdir(parents=True)     # an encoder column whose runs are still coming in
 pd.DataFrame([dict(family="crisp_normalizers_test", method=m, baseline="dense", n=n, mean_delta=-0.01, ci_low=-0.02, ci_high=0.0, p_holm=p)
               for m, n, p in (("entmax15", 5, 0.01), ("sparsemax", 2, 0.5))]).to_csv(_e / "paper" / "tables" / "crisp_normalizer_tests.csv", index=False)
-test_eq(leaderboard_rows(_e).verdict.tolist(), ["worse", "n.s., provisional (2 seeds)"])
+test_eq([verdict_label(r) for r in leaderboard_rows(_e).itertuples()], ["worse", "n.s., provisional (2 seeds)"])
+test_eq(leaderboard_rows(_e).provisional.tolist(), [False, True]); test_eq(leaderboard_rows(_e).word.tolist(), ["worse", "n.s."])   # typed, not parsed
 _one = pd.DataFrame([dict(normalizer="stick", dataset="sst2_encoder", reading="pretrained encoder", gain=-0.065, ci_low=np.nan, ci_high=np.nan,
                           p_holm=np.nan, n=1, source="x")])                 # one seed: no interval, no test
 test_eq(_rows(_one.rename(columns=dict(normalizer="method", gain="mean_delta")), "pretrained encoder", "x").verdict.tolist(), ["untested"])
-test_eq(leaderboard_table(_one.assign(verdict="untested, provisional (1 seeds)")).set_index("normalizer").loc["stick", "encoder (SST-2 test)"],
+test_eq(leaderboard_table(_one.assign(verdict="untested", word="untested", provisional=True, first_round=False)).set_index("normalizer").loc["stick", "encoder (SST-2 test)"],
         "-6.5 (no CI) untested, provisional (1 seeds)")
 _steps = pd.DataFrame(dict(normalizer=["sparsemax", "newcomer"], **{"T=17": [1.5, 2.0], "T=97": [1.25, 3.0]}))
 _tab2 = leaderboard_table(_lb, steps=_steps).set_index("normalizer")
@@ -317,9 +329,6 @@ test_eq(len(leaderboard_rows(_L, baseline="entmax15")), 0)                # gain
 #| export
 SAME_READING = {"better": {"persists"}, "worse": {"reversed"}, "n.s.": {"gone", "undecided"}}
 
-def _word_of(verdict) -> str:
-    "The verdict word without its notes (`undecided, provisional (4 seeds)` → `undecided`)."
-    return str(verdict).split(",")[0].strip()
 
 def changed_word(paper, tuned) -> str:
     """The tuned word as a change reads it: *persists* and *reversed* name what happened to a significant paper-recipe
@@ -330,7 +339,7 @@ def changed_word(paper, tuned) -> str:
 def judged(rows, reading="tuned") -> pd.DataFrame:
     "The rows of `reading` whose verdict is complete: not provisional (a missing verdict counts as not judged)."
     r = rows[rows.reading == reading]
-    return r[r.verdict.notna() & ~r.verdict.astype(str).str.contains("provisional")]
+    return r[r.verdict.notna() & ~r.provisional.astype(bool)]
 
 def searched(rows) -> list:
     "The datasets with any tuned reading, in table order."
@@ -338,10 +347,10 @@ def searched(rows) -> list:
 
 def verdict_changes(rows) -> pd.DataFrame:
     "Per (normalizer, dataset) read against softmax under both recipes: both gains and words, and whether the reading changed."
-    key = ["normalizer", "dataset"]; cols = key + ["gain", "verdict"]
-    p = rows[(rows.reading == "paper recipe") & (rows.verdict.map(_word_of) != "untested")].drop_duplicates(key)[cols]   # one seed: nothing to change
+    key = ["normalizer", "dataset"]; cols = key + ["gain", "word"]
+    p = rows[(rows.reading == "paper recipe") & (rows.word != "untested")].drop_duplicates(key)[cols]   # one seed: nothing to change
     both = p.merge(judged(rows).drop_duplicates(key)[cols], on=key, suffixes=("_paper", "_tuned"))
-    both["changed"] = [_word_of(w) not in SAME_READING[pw] for pw, w in zip(both.verdict_paper, both.verdict_tuned)]
+    both["changed"] = [w not in SAME_READING[pw] for pw, w in zip(both.word_paper, both.word_tuned)]
     order = {n: i for i, n in enumerate(method_order(both.normalizer))}
     return both.sort_values(key, key=lambda c: c.map(order) if c.name == "normalizer" else c.map(DATASETS.index)).reset_index(drop=True)
 
@@ -353,7 +362,7 @@ def beats_after_holm(rows, alpha=0.05) -> dict:
 def _tally(t, alpha=0.05) -> str:
     "One dataset's complete tuned verdicts counted: better / worse after Holm, equivalent within the margin, undecided."
     better, worse = (t.gain > 0) & (t.p_holm < alpha), (t.gain < 0) & (t.p_holm < alpha)
-    w = t.verdict.map(_word_of)
+    w = t.word
     equiv = ~better & ~worse & ((w == "gone") | w.str.startswith("equivalent"))
     counts = [(int(better.sum()), "better"), (int(worse.sum()), "worse"), (int(equiv.sum()), "equivalent"),
               (int((~better & ~worse & ~equiv).sum()), "undecided")]
@@ -393,8 +402,8 @@ def leaderboard_findings(rows, vs_entmax=None, names=None) -> list:
         lines.append(f"- **No pretrained-encoder verdict yet:** {', '.join(f'`{n}`' for n in no_enc)}.")
     ch = verdict_changes(rows); moved = ch[ch.changed]
     lines.append(f"- **The reading changes from the paper's recipe to the tuned one** for {len(moved)} of the {len(ch)} (normalizer, "
-                 "dataset) pairs read both ways" + (": " + "; ".join(f"`{r.normalizer}` on {r.dataset} ({r.verdict_paper} {100 * r.gain_paper:+.1f} pt "
-                 f"→ {changed_word(r.verdict_paper, r.verdict_tuned)} {100 * r.gain_tuned:+.1f} pt)" for r in moved.itertuples()) if len(moved) else "") + ".")
+                 "dataset) pairs read both ways" + (": " + "; ".join(f"`{r.normalizer}` on {r.dataset} ({r.word_paper} {100 * r.gain_paper:+.1f} pt "
+                 f"→ {changed_word(r.word_paper, r.word_tuned)} {100 * r.gain_tuned:+.1f} pt)" for r in moved.itertuples()) if len(moved) else "") + ".")
     return lines
 
 # %% [markdown]
@@ -408,12 +417,14 @@ test_eq([changed_word(p, t) for p, t in [("n.s.", "persists"), ("better", "rever
                                           ("better", "persists"), ("better", "gone")]], ["better", "worse", "worse", "persists", "gone"])
 test_eq(list(zip(_ch.normalizer, _ch.changed)), [("sparsemax", True), ("entmax15", False), ("mine", True)])
 _one_seed = pd.DataFrame([dict(normalizer="mine", dataset="kmnist", reading=r, gain=0.01, ci_low=None, ci_high=None, p_holm=None,
-                               verdict=v, n=1, source="x") for r, v in [("paper recipe", "untested, provisional (1 seeds)"), ("tuned", "gone")]])
+                               verdict=v, word=v, provisional=pv, first_round=False, n=1, source="x")
+                          for r, v, pv in [("paper recipe", "untested", True), ("tuned", "gone", False)]])
 test_eq(verdict_changes(pd.concat([_lb, _one_seed], ignore_index=True)).normalizer.tolist(), _ch.normalizer.tolist())   # a one-seed reading is not read
 _win = pd.concat([_lb, pd.DataFrame([dict(normalizer="winner", dataset="cifar10", reading="tuned", gain=0.02, ci_low=0.01, ci_high=0.03,
-                                          p_holm=0.01, verdict="persists", n=10, source="x"),
+                                          p_holm=0.01, verdict="persists", word="persists", provisional=False, first_round=False, n=10, source="x"),
                                      dict(normalizer="early", dataset="cifar10", reading="tuned", gain=0.05, ci_low=0.01, ci_high=0.09,
-                                          p_holm=0.01, verdict="persists, provisional (3 seeds)", n=3, source="x")])], ignore_index=True)
+                                          p_holm=0.01, verdict="persists", word="persists", provisional=True, first_round=False, n=3, source="x")])],
+                 ignore_index=True)
 test_eq(beats_after_holm(_lb), {"cifar10": []}); test_eq(beats_after_holm(_win), {"cifar10": [("winner", 0.02, 0.01)]})
 _fl = leaderboard_findings(_win)
 _extra = pd.DataFrame(dict(normalizer=["sparsemax", "sparsemax", "sparsemax", "mine"], dataset=["cifar10", "kmnist", "synthetic_marker", "cifar10"],
@@ -480,10 +491,9 @@ def verdict_words(rows) -> str:
                                                           if len(enc) else "") + "). Tuned: **persists** / **reversed** — a gain above / "
            f"below zero with Holm p < 0.05; **gone** — equivalent to zero within ±{100 * TUNED_MARGIN:g} pt (TOST p < 0.05, in "
            "`leaderboard.csv`); **undecided** — neither.")
-    v = rows.verdict.astype(str)
-    if v.str.contains("first round").any():
+    if rows.first_round.astype(bool).any():
         out += " *First round*: the earlier, smaller grid (three methods, two or three rates), read where the protocol's grid has not run yet."
-    if v.str.contains("provisional").any(): out += " *Provisional*: not every seed has run at the chosen recipes (the tuned column) or fewer seeds than the column's most (the encoder)."
+    if rows.provisional.astype(bool).any(): out += " *Provisional*: not every seed has run at the chosen recipes (the tuned column) or fewer seeds than the column's most (the encoder)."
     return out
 
 # %%
@@ -709,7 +719,7 @@ def card_gain_tables(rows, vs_entmax, name) -> list:
     fmt = lambda t: pd.DataFrame({"dataset": t.dataset, "reading": t.reading, "gain (pt)": (100 * t.gain).map("{:+.2f}".format),
                                   "95% CI (pt)": [f"{100 * a:+.2f} to {100 * b:+.2f}" for a, b in zip(t.ci_low, t.ci_high)],
                                   "Holm p": t.p_holm.map("{:.3g}".format), "TOST p (margin)": [_tost(p, m) for p, m in zip(t.p_tost, t.margin)],
-                                  "verdict": t.verdict, "seeds": t.n.astype(int), "from": t.source}).to_markdown(index=False, disable_numparse=True)
+                                  "verdict": [verdict_label(r) for r in t.itertuples()], "seeds": t.n.astype(int), "from": t.source}).to_markdown(index=False, disable_numparse=True)
     rows, vs_ent = rows[rows.normalizer == name], vs_entmax[vs_entmax.normalizer == name]
     lines = ["## Against softmax", "", fmt(rows) if len(rows) else "No committed comparison yet.", ""]
     if name == "entmax15": return lines

@@ -653,6 +653,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                        'sparse_attention_repro/leaderboard.py'),
                                                     'sparse_attention_repro.leaderboard.verdict_changes': ( 'leaderboard.html#verdict_changes',
                                                                                                             'sparse_attention_repro/leaderboard.py'),
+                                                    'sparse_attention_repro.leaderboard.verdict_label': ( 'leaderboard.html#verdict_label',
+                                                                                                          'sparse_attention_repro/leaderboard.py'),
                                                     'sparse_attention_repro.leaderboard.verdict_words': ( 'leaderboard.html#verdict_words',
                                                                                                           'sparse_attention_repro/leaderboard.py'),
                                                     'sparse_attention_repro.leaderboard.write_leaderboard': ( 'leaderboard.html#write_leaderboard',

@@ -4,11 +4,11 @@
 
 # %% auto 0
 __all__ = ['LEADERBOARD_COLS', 'LENGTH_ROOT', 'LENGTH_POSITIONS', 'STEP_COSTS', 'STEP_COST_COLUMNS', 'SAME_READING', 'HOLM_NOTE',
-           'LEADERBOARD_MARKERS', 'same_recipe', 'length_leaderboard_rows', 'leaderboard_rows', 'density_and_cost',
-           'cpu_name', 'keep_step_costs', 'step_costs', 'halving_searched', 'leaderboard_table', 'changed_word',
-           'judged', 'searched', 'verdict_changes', 'beats_after_holm', 'leaderboard_findings', 'leaderboard_short',
-           'verdict_words', 'encoder_setup', 'leaderboard_parts', 'write_leaderboard', 'length_curve', 'gain_curves',
-           'gain_curve_figure', 'definition', 'card_gain_tables', 'normalizer_card']
+           'LEADERBOARD_MARKERS', 'same_recipe', 'verdict_label', 'length_leaderboard_rows', 'leaderboard_rows',
+           'density_and_cost', 'cpu_name', 'keep_step_costs', 'step_costs', 'halving_searched', 'leaderboard_table',
+           'changed_word', 'judged', 'searched', 'verdict_changes', 'beats_after_holm', 'leaderboard_findings',
+           'leaderboard_short', 'verdict_words', 'encoder_setup', 'leaderboard_parts', 'write_leaderboard',
+           'length_curve', 'gain_curves', 'gain_curve_figure', 'definition', 'card_gain_tables', 'normalizer_card']
 
 # %% ../nbs/05d_leaderboard.ipynb
 import os
@@ -31,24 +31,35 @@ def same_recipe(folder, main_folder, study="study_a") -> bool:
     return all(a[k] == b[k] for k in a.keys() & b.keys())
 
 LEADERBOARD_COLS = ["normalizer", "dataset", "reading", "gain", "ci_low", "ci_high", "p_holm", "verdict", "n", "margin", "p_tost", "source",
-                   "test_length"]
+                   "test_length", "word", "provisional", "first_round"]
 
 def _word(gain, p_holm, alpha=0.05) -> str:
     "The verdict word of a paired comparison; `untested` where no test ran (one seed: no p-value)."
     return "untested" if pd.isna(p_holm) else "n.s." if not (p_holm < alpha) else "better" if gain > 0 else "worse"
 
+def _word_of(verdict) -> str:
+    "The verdict word of a source table's verdict, without its protocol's note (`persists, under 1 pt` → `persists`)."
+    return str(verdict).split(",")[0].strip()
+
 def _provisional(t):
-    "Tuned verdicts whose seeds have not all run at the chosen recipes say so, with their seed count."
+    "Mark the tuned verdicts whose seeds have not all run at the chosen recipes (`provisional`)."
     from sparse_attention_repro.tuning import _flag                       # yes/no as read back from a CSV
     done = _flag(t.complete) if "complete" in t else pd.Series(True, index=t.index)
-    return t.assign(verdict=[v if c else f"{v}, provisional ({int(n)} seeds)" for v, c, n in zip(t.verdict, done, t.n)])
+    return t.assign(provisional=~done.to_numpy(bool))
 
 def _rows(t, reading, source, method="method", gain="mean_delta", verdict=None, dataset="dataset"):
-    nan = pd.Series(np.nan, index=t.index)                               # a table without an equivalence test (or no test length)
+    """Leaderboard rows of a source table `t`: its verdict as the source words it (its word and any note of its protocol,
+    e.g. `persists, under 1 pt`), the bare `word`, and the typed notes `provisional` and `first_round`."""
+    nan, no = pd.Series(np.nan, index=t.index), pd.Series(False, index=t.index)   # a table without an equivalence test (or no test length)
+    words = t[verdict] if verdict else pd.Series([_word(g, p) for g, p in zip(t[gain], t.p_holm)], index=t.index)
     return pd.DataFrame(dict(normalizer=t[method], dataset=t[dataset], reading=reading, gain=t[gain], ci_low=t.ci_low, ci_high=t.ci_high,
                              p_holm=t.p_holm, n=t.n, margin=t.get("margin", nan), p_tost=t.get("p_tost", nan), source=source,
-                             test_length=t.get("length", nan),
-                             verdict=t[verdict] if verdict else [_word(g, p) for g, p in zip(t[gain], t.p_holm)]))
+                             test_length=t.get("length", nan), verdict=words, word=words.map(_word_of),
+                             provisional=t.get("provisional", no).astype(bool), first_round=t.get("first_round", no).astype(bool)))
+
+def verdict_label(r) -> str:
+    "A row's verdict as the board shows it: the source's words, then `first round` and `provisional (n seeds)` where they apply."
+    return str(r.verdict) + (", first round" if r.first_round else "") + (f", provisional ({int(r.n)} seeds)" if r.provisional else "")
 
 LENGTH_ROOT, LENGTH_POSITIONS = CATALOGUE["length"].root, "nape"
 
@@ -80,7 +91,7 @@ def leaderboard_rows(outputs, main="paper", baseline=BASELINE) -> pd.DataFrame:
         t = pd.read_csv(f).query("baseline == @baseline")
         t = t[t.source == "tuned"].pipe(lambda x: pd.concat([x, t[(t.source != "tuned") & ~t.set_index(["dataset", "method"]).index.isin(
             x.set_index(["dataset", "method"]).index)]]))        # the protocol's grid first, the first round where it has not run
-        t = _provisional(t.assign(verdict=[v + (", first round" if src == "first round" else "") for v, src in zip(t.verdict, t.source)]))
+        t = _provisional(t.assign(first_round=t.source == "first round"))
         parts.append(_rows(t, "tuned", f"{main}/tables/tuned_tests.csv", gain="gain", verdict="verdict"))
     for f in sorted(outputs.glob("**/fair_verdict.csv")):                  # a new normalizer's own tuned search (`tuned --methods`)
         t = _provisional(pd.read_csv(f).query("baseline == @baseline"))
@@ -88,7 +99,7 @@ def leaderboard_rows(outputs, main="paper", baseline=BASELINE) -> pd.DataFrame:
     if baseline == BASELINE and (f := tab / "crisp_normalizer_tests.csv").exists():
         t = pd.read_csv(f); t = t[t.family.str.endswith("_test")].assign(dataset="sst2_encoder")
         r = _rows(t, "pretrained encoder", f"{main}/tables/crisp_normalizer_tests.csv")   # fewer seeds than the column's most: provisional
-        parts.append(r.assign(verdict=[v if n >= r.n.max() else f"{v}, provisional ({int(n)} seeds)" for v, n in zip(r.verdict, r.n)]))
+        parts.append(r.assign(provisional=r.n < r.n.max()))
     parts.append(length_leaderboard_rows(outputs, baseline))
     parts = [p for p in parts if len(p)]
     return pd.concat(parts, ignore_index=True)[LEADERBOARD_COLS] if parts else pd.DataFrame(columns=LEADERBOARD_COLS)
@@ -147,7 +158,7 @@ def halving_searched(outputs, name=None) -> list:
 # %% ../nbs/05d_leaderboard.ipynb
 def _cell(r) -> str:
     ci = f"({100 * r.ci_low:+.1f}, {100 * r.ci_high:+.1f})" if pd.notna(r.ci_low) and pd.notna(r.ci_high) else "(no CI)"
-    return f"{100 * r.gain:+.1f} {ci} {r.verdict}"
+    return f"{100 * r.gain:+.1f} {ci} {verdict_label(r)}"
 
 def leaderboard_table(rows, extra=None, steps=None) -> pd.DataFrame:
     """One row per normalizer: `<dataset>: paper` and `<dataset>: tuned` cells, the encoder gain, density, the training time
@@ -185,9 +196,6 @@ def leaderboard_table(rows, extra=None, steps=None) -> pd.DataFrame:
 # %% ../nbs/05d_leaderboard.ipynb
 SAME_READING = {"better": {"persists"}, "worse": {"reversed"}, "n.s.": {"gone", "undecided"}}
 
-def _word_of(verdict) -> str:
-    "The verdict word without its notes (`undecided, provisional (4 seeds)` → `undecided`)."
-    return str(verdict).split(",")[0].strip()
 
 def changed_word(paper, tuned) -> str:
     """The tuned word as a change reads it: *persists* and *reversed* name what happened to a significant paper-recipe
@@ -198,7 +206,7 @@ def changed_word(paper, tuned) -> str:
 def judged(rows, reading="tuned") -> pd.DataFrame:
     "The rows of `reading` whose verdict is complete: not provisional (a missing verdict counts as not judged)."
     r = rows[rows.reading == reading]
-    return r[r.verdict.notna() & ~r.verdict.astype(str).str.contains("provisional")]
+    return r[r.verdict.notna() & ~r.provisional.astype(bool)]
 
 def searched(rows) -> list:
     "The datasets with any tuned reading, in table order."
@@ -206,10 +214,10 @@ def searched(rows) -> list:
 
 def verdict_changes(rows) -> pd.DataFrame:
     "Per (normalizer, dataset) read against softmax under both recipes: both gains and words, and whether the reading changed."
-    key = ["normalizer", "dataset"]; cols = key + ["gain", "verdict"]
-    p = rows[(rows.reading == "paper recipe") & (rows.verdict.map(_word_of) != "untested")].drop_duplicates(key)[cols]   # one seed: nothing to change
+    key = ["normalizer", "dataset"]; cols = key + ["gain", "word"]
+    p = rows[(rows.reading == "paper recipe") & (rows.word != "untested")].drop_duplicates(key)[cols]   # one seed: nothing to change
     both = p.merge(judged(rows).drop_duplicates(key)[cols], on=key, suffixes=("_paper", "_tuned"))
-    both["changed"] = [_word_of(w) not in SAME_READING[pw] for pw, w in zip(both.verdict_paper, both.verdict_tuned)]
+    both["changed"] = [w not in SAME_READING[pw] for pw, w in zip(both.word_paper, both.word_tuned)]
     order = {n: i for i, n in enumerate(method_order(both.normalizer))}
     return both.sort_values(key, key=lambda c: c.map(order) if c.name == "normalizer" else c.map(DATASETS.index)).reset_index(drop=True)
 
@@ -221,7 +229,7 @@ def beats_after_holm(rows, alpha=0.05) -> dict:
 def _tally(t, alpha=0.05) -> str:
     "One dataset's complete tuned verdicts counted: better / worse after Holm, equivalent within the margin, undecided."
     better, worse = (t.gain > 0) & (t.p_holm < alpha), (t.gain < 0) & (t.p_holm < alpha)
-    w = t.verdict.map(_word_of)
+    w = t.word
     equiv = ~better & ~worse & ((w == "gone") | w.str.startswith("equivalent"))
     counts = [(int(better.sum()), "better"), (int(worse.sum()), "worse"), (int(equiv.sum()), "equivalent"),
               (int((~better & ~worse & ~equiv).sum()), "undecided")]
@@ -261,8 +269,8 @@ def leaderboard_findings(rows, vs_entmax=None, names=None) -> list:
         lines.append(f"- **No pretrained-encoder verdict yet:** {', '.join(f'`{n}`' for n in no_enc)}.")
     ch = verdict_changes(rows); moved = ch[ch.changed]
     lines.append(f"- **The reading changes from the paper's recipe to the tuned one** for {len(moved)} of the {len(ch)} (normalizer, "
-                 "dataset) pairs read both ways" + (": " + "; ".join(f"`{r.normalizer}` on {r.dataset} ({r.verdict_paper} {100 * r.gain_paper:+.1f} pt "
-                 f"→ {changed_word(r.verdict_paper, r.verdict_tuned)} {100 * r.gain_tuned:+.1f} pt)" for r in moved.itertuples()) if len(moved) else "") + ".")
+                 "dataset) pairs read both ways" + (": " + "; ".join(f"`{r.normalizer}` on {r.dataset} ({r.word_paper} {100 * r.gain_paper:+.1f} pt "
+                 f"→ {changed_word(r.word_paper, r.word_tuned)} {100 * r.gain_tuned:+.1f} pt)" for r in moved.itertuples()) if len(moved) else "") + ".")
     return lines
 
 # %% ../nbs/05d_leaderboard.ipynb
@@ -292,10 +300,9 @@ def verdict_words(rows) -> str:
                                                           if len(enc) else "") + "). Tuned: **persists** / **reversed** — a gain above / "
            f"below zero with Holm p < 0.05; **gone** — equivalent to zero within ±{100 * TUNED_MARGIN:g} pt (TOST p < 0.05, in "
            "`leaderboard.csv`); **undecided** — neither.")
-    v = rows.verdict.astype(str)
-    if v.str.contains("first round").any():
+    if rows.first_round.astype(bool).any():
         out += " *First round*: the earlier, smaller grid (three methods, two or three rates), read where the protocol's grid has not run yet."
-    if v.str.contains("provisional").any(): out += " *Provisional*: not every seed has run at the chosen recipes (the tuned column) or fewer seeds than the column's most (the encoder)."
+    if rows.provisional.astype(bool).any(): out += " *Provisional*: not every seed has run at the chosen recipes (the tuned column) or fewer seeds than the column's most (the encoder)."
     return out
 
 # %% ../nbs/05d_leaderboard.ipynb
@@ -429,7 +436,7 @@ def card_gain_tables(rows, vs_entmax, name) -> list:
     fmt = lambda t: pd.DataFrame({"dataset": t.dataset, "reading": t.reading, "gain (pt)": (100 * t.gain).map("{:+.2f}".format),
                                   "95% CI (pt)": [f"{100 * a:+.2f} to {100 * b:+.2f}" for a, b in zip(t.ci_low, t.ci_high)],
                                   "Holm p": t.p_holm.map("{:.3g}".format), "TOST p (margin)": [_tost(p, m) for p, m in zip(t.p_tost, t.margin)],
-                                  "verdict": t.verdict, "seeds": t.n.astype(int), "from": t.source}).to_markdown(index=False, disable_numparse=True)
+                                  "verdict": [verdict_label(r) for r in t.itertuples()], "seeds": t.n.astype(int), "from": t.source}).to_markdown(index=False, disable_numparse=True)
     rows, vs_ent = rows[rows.normalizer == name], vs_entmax[vs_entmax.normalizer == name]
     lines = ["## Against softmax", "", fmt(rows) if len(rows) else "No committed comparison yet.", ""]
     if name == "entmax15": return lines
