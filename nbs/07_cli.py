@@ -768,9 +768,8 @@ def cmd_report(args):
         from sparse_attention_repro.report import write_readme
         source = Path(readme).parent / "nbs" / "index.ipynb"            # the README's source, where it has one
         if not source.is_file(): print(f"readme: {readme} {'updated' if sync_readme(readme, args.results) else 'already current'}")
-        else:
-            changed = sync_readme(source, args.results) | write_readme(source, readme)
-            print(f"readme: {source} and {readme} {'updated' if changed else 'already current'}")
+        else:                                                           # built from its source, blocks from the committed tables
+            print(f"readme: {readme} {'updated' if write_readme(source, readme) else 'already current'} from {source} and outputs/")
     return {}
 
 def cmd_index(args):
@@ -786,20 +785,22 @@ def cmd_index(args):
 
 def cmd_leaderboard(args):
     "Write the leaderboard files from the committed tables."
-    from sparse_attention_repro.leaderboard import write_leaderboard
+    from sparse_attention_repro.leaderboard import write_leaderboard, LEADERBOARD_MARKERS
     if not (Path(args.outputs) / args.main / "tables").is_dir():
         raise UsageError(f"{Path(args.outputs) / args.main / 'tables'} does not exist; run `sparse-repro report --results {Path(args.outputs) / args.main}` first")
     readme = args.readme
     if readme and not Path(readme).is_file(): raise UsageError(f"--readme {readme} is not a file; give the README to update")
     source = Path(readme).parent / "nbs" / "index.ipynb" if readme else None      # the README's source, where it has one
-    target = source if source is not None and source.is_file() else readme
-    try: out = write_leaderboard(args.outputs, args.main, readme=target)      # checks the README's block before writing anything
+    built = source is not None and source.is_file()                   # a README built from its source: never written into
+    if built and LEADERBOARD_MARKERS[0] not in source.read_text(encoding="utf-8"):
+        raise UsageError(f"{source} has no leaderboard block; add the lines {' and '.join(LEADERBOARD_MARKERS)} to one markdown cell")
+    try: out = write_leaderboard(args.outputs, args.main, readme=None if built else readme)   # checks a plain README's block first
     except ValueError as e: raise UsageError(str(e)) from None
     print(f"leaderboard: {out['normalizers']} normalizers, {out['rows']} rows -> {out['md']}, {out['csv']}, {out['png']}")
-    if target is not None and target != readme:
+    if built:
         from sparse_attention_repro.report import write_readme
-        write_readme(source, readme)
-    if readme: print(f"readme: {target}" + (f" and {readme}" if target != readme else "") + " leaderboard block written")
+        print(f"readme: {readme} {'updated' if write_readme(source, readme) else 'already current'} from {source} and outputs/")
+    elif readme: print(f"readme: {readme} leaderboard block written")
     return {}
 
 def cmd_card(args):

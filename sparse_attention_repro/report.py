@@ -5,7 +5,8 @@
 # %% auto 0
 __all__ = ['SITE_CSS', 'SITE_TEMPLATE', 'README_HEADER', 'report_notebook', 'github_slug', 'MathMLRenderer',
            'OfflineHTMLExporter', 'site_nav', 'to_html', 'make_report', 'versus_report', 'rebase_links',
-           'executed_copy', 'site_pages', 'render_site', 'readme_markdown', 'write_readme']
+           'readme_blocks', 'fill_blocks', 'executed_copy', 'site_pages', 'render_site', 'readme_markdown',
+           'write_readme']
 
 # %% ../nbs/05a_report.ipynb
 import html, os, shutil
@@ -188,6 +189,27 @@ def rebase_links(markdown, rebase, images=True) -> str:
     return _LINK.sub(sub, markdown)
 
 # %% ../nbs/05a_report.ipynb
+def readme_blocks(index_nb) -> dict:
+    """The home notebook's generated blocks, each from the committed tables under the repository's `outputs/`:
+    {markers: markdown}, links relative to the notebook's folder. A block whose tables are absent is not filled."""
+    from sparse_attention_repro.tuning import README_MARKERS, answer_markdown
+    from sparse_attention_repro.leaderboard import LEADERBOARD_MARKERS, leaderboard_parts, leaderboard_short
+    here = Path(index_nb).resolve().parent; out = here.parent / "outputs"
+    blocks = {}
+    if (out / "paper" / "tables" / "tuned_tests.csv").is_file(): blocks[README_MARKERS] = answer_markdown(out / "paper", relative_to=here)
+    if (out / "paper" / "tables").is_dir():
+        rows, vs_entmax, table = leaderboard_parts(out)
+        blocks[LEADERBOARD_MARKERS] = leaderboard_short(rows, vs_entmax, table.normalizer, Path(os.path.relpath(out / "leaderboard.md", here)).as_posix())
+    return blocks
+
+def fill_blocks(nb, blocks, where):
+    "Fill each generated block of `blocks` in the markdown cells of the notebook node `nb` that hold its markers (in place)."
+    from sparse_attention_repro.files import replace_block
+    for markers, block in blocks.items():
+        for c in nb.cells:
+            if c.cell_type == "markdown" and markers[0] in c.source: c.source = replace_block(c.source, block, markers, where)
+
+# %% ../nbs/05a_report.ipynb
 def _title(nb_path):
     "First markdown `# ` heading of a notebook, else its file stem."
     for c in nbformat.read(nb_path, as_version=4).cells:
@@ -234,6 +256,7 @@ def render_site(out="outputs/site", # output folder
             return page + (f"#{anchor}" if anchor else "")
         src = executed_copy(nb, out / f"{nb.stem}.ipynb") if execute else nb
         page_nb = nbformat.read(src, as_version=4)
+        if nb.stem == "index": fill_blocks(page_nb, readme_blocks(nb), nb)    # the home page's numbers, as the README's
         for c in page_nb.cells:
             if c.cell_type == "markdown": c.source = rebase_links(c.source, rebase, images=False)   # images are embedded from nbs/
             if c.cell_type == "code":                                         # nbdev's `#|` directives are for tools
@@ -261,10 +284,12 @@ def _index_stub(out, pages) -> Path:
 README_HEADER = "<!-- generated from nbs/index.ipynb by `sparse-repro readme`: edit the notebook, not this file -->"
 
 def readme_markdown(index_nb) -> str:
-    "The README text of the home notebook `index_nb` (in the repository's `nbs/`), links rebased to the repository root."
+    """The README text of the home notebook `index_nb` (in the repository's `nbs/`), its generated blocks filled from the
+    committed tables, links rebased to the repository root."""
     from nbconvert import MarkdownExporter
     index_nb = Path(index_nb).resolve(); root = index_nb.parent.parent
     nb = nbformat.read(index_nb, as_version=4)
+    fill_blocks(nb, readme_blocks(index_nb), index_nb)
     nb.cells = [c for c in nb.cells if not (c.cell_type == "raw" and c.source.lstrip().startswith("---"))]
     nb.metadata.setdefault("language_info", {"name": "python"})          # code fences say their language
     def rebase(target):
