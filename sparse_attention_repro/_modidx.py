@@ -45,6 +45,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                               'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.compare_runs': ( 'bench.html#compare_runs',
                                                                                              'sparse_attention_repro/bench.py'),
+                                              'sparse_attention_repro.bench.early_completion_check': ( 'bench.html#early_completion_check',
+                                                                                                       'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.fair_cost': ( 'bench.html#fair_cost',
                                                                                           'sparse_attention_repro/bench.py'),
                                               'sparse_attention_repro.bench.fair_cost_runs': ( 'bench.html#fair_cost_runs',

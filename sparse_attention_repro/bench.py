@@ -8,8 +8,8 @@ __all__ = ['DEFAULT_LEVERS', 'CALIBRATION_STEPS', 'CALIBRATION_REPEATS', 'CLEAR_
            'normalizer_table', 'lever_candidates', 'lever_label', 'variant_options', 'measure_levers', 'choose_levers',
            'machine_busy', 'fused_ok', 'calibrate_fast', 'bench_steps', 'OriginalNormalizer', 'bench_grid',
            'method_ratios', 'project_paper', 'bench_stack', 'bench_profile', 'compare_runs', 'compare_gains',
-           'forward_flops', 'matmul_rate', 'floor_table', 'fair_cost_runs', 'fair_cost', 'long_peak_mb',
-           'bench_long_attention']
+           'forward_flops', 'matmul_rate', 'floor_table', 'fair_cost_runs', 'fair_cost', 'early_completion_check',
+           'long_peak_mb', 'bench_long_attention']
 
 # %% ../nbs/08_bench.ipynb
 import hashlib, json, math, os, statistics, time
@@ -491,6 +491,28 @@ def fair_cost(results_dir, folder="tuned", runs=None) -> pd.DataFrame:
     if not len(r): return pd.DataFrame(columns=["dataset", "method", "runs", "seeds", "core_hours"])
     return (r.groupby(["dataset", "method"]).agg(runs=("grid", "size"), seeds=("seed", "nunique"), core_hours=("core_seconds", "sum"))
             .assign(core_hours=lambda d: d.core_hours / 3600).reset_index())
+
+# %% ../nbs/08_bench.ipynb
+def early_completion_check(results_dir, main_runs=None) -> tuple:
+    """The tuned grids of `results_dir` read with each arm's epoch chosen on the selection seeds only (so seeds 3–9 could
+    stop there): per (dataset, method) the epoch chosen each way and the run length, the completion epochs saved, and the
+    labels against softmax each way. Returns (per-arm table, share of the completion seeds' epochs saved, labels moved)."""
+    from sparse_attention_repro.tuning import (TUNED_SEARCH, SELECTION_SEEDS, choose_recipes, diverged, search_rule, tuned_curves,
+                                               tuned_runs, tuned_tests)
+    runs = tuned_runs(results_dir); curves, bad, rule = tuned_curves(runs), diverged(runs), search_rule(results_dir)
+    both = {"all": choose_recipes(curves, bad, TUNED_SEARCH, rule=rule),
+            "selection": choose_recipes(curves, bad, TUNED_SEARCH, seeds=SELECTION_SEEDS, rule=rule)}
+    words = {k: tuned_tests(curves, r, main_runs).query("baseline == 'softmax'").set_index(["dataset", "method"]).verdict.str.split(",").str[0]
+             for k, r in both.items()}
+    t = both["all"].merge(both["selection"][["dataset", "method", "lr", "epoch"]], on=["dataset", "method"], suffixes=("", "_selection"))
+    seeds = curves[curves.seed.isin(set(curves.seed) - set(SELECTION_SEEDS))].groupby(["dataset", "method"]).seed.nunique()
+    t["completion_seeds"] = [int(seeds.get((d, m), 0)) for d, m in zip(t.dataset, t.method)]
+    t["epochs_saved"] = t.completion_seeds * (t.run_epochs - t.epoch_selection).where(np.isclose(t.lr, t.lr_selection), 0)
+    key = list(zip(t.dataset, t.method))
+    t["label"], t["label_selection"] = [words["all"].get(k, "") for k in key], [words["selection"].get(k, "") for k in key]
+    share = float(t.epochs_saved.sum() / (t.completion_seeds * t.run_epochs).sum()) if len(t) else 0.0
+    moved = int(((t.label != t.label_selection) & (t.method != "softmax")).sum())
+    return t[["dataset", "method", "lr", "epoch", "epoch_selection", "run_epochs", "completion_seeds", "epochs_saved", "label", "label_selection"]], share, moved
 
 # %% ../nbs/08_bench.ipynb
 LONG_WIDTH, LONG_HEADS = 64, 4
