@@ -551,6 +551,10 @@ assert 0 <= _cs[0]["core_share"] < 0.2, _cs
 
 # %%
 #| export
+def run_rows_path(rows_dir, seed, method) -> Path:
+    "The rows file of one (seed, method) run in a grid's rows folder of a dataset: the one place that names it."
+    return Path(rows_dir) / f"seed{seed}" / f"{method}.csv"
+
 def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, rows_dir=None, lockstep=True, stack=False,
                 keep_state=False, continue_from=None, **options) -> list:
     """Rows of every method in `methods` on each of `seeds` (an int or a list) under `profile`; `options` override TrainConfig fields.
@@ -568,7 +572,7 @@ def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, ro
     def keep(done):
         done = [dict(r, profile=profile) for r in done]
         if rows_dir is not None:
-            for r in done: save_rows([r], Path(rows_dir) / f"seed{r['seed']}" / f"{r['method']}.csv")
+            for r in done: save_rows([r], run_rows_path(rows_dir, r["seed"], r["method"]))
         rows.extend(done)
     if stack:
         if keep_state or continue_from: print("stacked seeds keep no training state: keep_state and continue_from do not apply")

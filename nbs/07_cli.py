@@ -518,7 +518,7 @@ def execution_plan(args, specs, datasets) -> ExecutionPlan:
 def grid_tasks(args):
     "Validate the grid arguments and return (tasks, options)."
     _check_executor(args)
-    from sparse_attention_repro.train import PROFILES, PAPER_SIZES
+    from sparse_attention_repro.train import PROFILES, PAPER_SIZES, run_rows_path
     from sparse_attention_repro.normalizers import resolve_normalizer
     from sparse_attention_repro.study import PAPER_METHODS, BASELINE
     from sparse_attention_repro.data import load_dataset, DataOptions, DataUnavailableError
@@ -553,18 +553,18 @@ def grid_tasks(args):
         for i in range(0, len(seeds), plan.stack_seeds):
             group = seeds[i:i + plan.stack_seeds]
             name = f"seed{group[0]}" if len(group) == 1 else f"seeds{group[0]}-{group[-1]}"
-            todo = [m for m in methods if any(not (rows_dir / f"seed{s}" / f"{m}.csv").exists() for s in group)] or methods
+            todo = [m for m in methods if any(not run_rows_path(rows_dir, s, m).exists() for s in group)] or methods
             record = out / "notebooks" / d / f"{name}.ipynb"
             others = any(f.stem not in todo for s in group if (rows_dir / f"seed{s}").is_dir() for f in (rows_dir / f"seed{s}").glob("*.csv"))
             n = 1
             while others and record.exists():    # rows this run will not write exist: the notebook that wrote them is kept beside it
                 record = out / "notebooks" / d / f"{name}_resume{n}.ipynb"; n += 1
             check = base is not None and i == 0 and BASELINE not in methods   # the pairing check: the baseline's first seed again
-            if check and not (rows_dir / f"seed{group[0]}" / f"{BASELINE}.csv").exists():
+            if check and not run_rows_path(rows_dir, group[0], BASELINE).exists():
                 todo, ref_of = todo + [BASELINE], {**ref_of, BASELINE: BASELINE}
             tasks.append(NotebookTask(f"{d}/{name}", nb, record,
-                                      [rows_dir / f"seed{s}" / f"{m}.csv" for s in group for m in methods] +
-                                      ([rows_dir / f"seed{group[0]}" / f"{BASELINE}.csv"] if check else []),
+                                      [run_rows_path(rows_dir, s, m) for s in group for m in methods] +
+                                      ([run_rows_path(rows_dir, group[0], BASELINE)] if check else []),
                                       dict(dataset=d, seeds=group, methods=[ref_of[m] for m in todo], threads=threads, rows_dir=str(rows_dir),
                                            lockstep=plan.container != "plain", stack=len(group) > 1, download=args.download,
                                            device=plan.device, profile=args.profile, options=run,

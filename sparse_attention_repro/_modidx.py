@@ -1329,6 +1329,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                             'sparse_attention_repro/train.py'),
                                               'sparse_attention_repro.train.run_one': ( 'train.html#run_one',
                                                                                         'sparse_attention_repro/train.py'),
+                                              'sparse_attention_repro.train.run_rows_path': ( 'train.html#run_rows_path',
+                                                                                              'sparse_attention_repro/train.py'),
                                               'sparse_attention_repro.train.run_stacked': ( 'train.html#run_stacked',
                                                                                             'sparse_attention_repro/train.py'),
                                               'sparse_attention_repro.train.run_study_a': ( 'train.html#run_study_a',

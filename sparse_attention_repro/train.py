@@ -6,8 +6,8 @@
 __all__ = ['PROFILES', 'EVAL_BATCH', 'CURVE_BYTES', 'CURVE_MIN', 'TrainConfig', 'profile_config', 'macro_f1', 'curve_batch',
            'evaluate', 'TrainResult', 'save_checkpoint', 'state_subset', 'load_checkpoint', 'train_lockstep',
            'train_model', 'dropout_generators', 'train_stacked', 'load_run_data', 'data_options', 'epoch_monitor',
-           'run_methods', 'run_stacked', 'run_one', 'with_core_share', 'run_study_a', 'group_digest', 'start_from',
-           'cls_attention', 'attention_maps']
+           'run_methods', 'run_stacked', 'run_one', 'with_core_share', 'run_rows_path', 'run_study_a', 'group_digest',
+           'start_from', 'cls_attention', 'attention_maps']
 
 # %% ../nbs/03_train.ipynb
 import hashlib, json, shutil, time
@@ -413,6 +413,10 @@ def with_core_share(run) -> list:
     return [dict(r, core_share=round(share, 4)) for r in rows]
 
 # %% ../nbs/03_train.ipynb
+def run_rows_path(rows_dir, seed, method) -> Path:
+    "The rows file of one (seed, method) run in a grid's rows folder of a dataset: the one place that names it."
+    return Path(rows_dir) / f"seed{seed}" / f"{method}.csv"
+
 def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, rows_dir=None, lockstep=True, stack=False,
                 keep_state=False, continue_from=None, **options) -> list:
     """Rows of every method in `methods` on each of `seeds` (an int or a list) under `profile`; `options` override TrainConfig fields.
@@ -430,7 +434,7 @@ def run_study_a(dataset: str, seeds, methods, profile: str, threads: int = 0, ro
     def keep(done):
         done = [dict(r, profile=profile) for r in done]
         if rows_dir is not None:
-            for r in done: save_rows([r], Path(rows_dir) / f"seed{r['seed']}" / f"{r['method']}.csv")
+            for r in done: save_rows([r], run_rows_path(rows_dir, r["seed"], r["method"]))
         rows.extend(done)
     if stack:
         if keep_state or continue_from: print("stacked seeds keep no training state: keep_state and continue_from do not apply")
