@@ -318,6 +318,11 @@ def readme_blocks(index_nb) -> dict:
     if (out / "paper" / "tables").is_dir():
         rows, vs_entmax, table = leaderboard_parts(out)
         blocks[LEADERBOARD_MARKERS] = leaderboard_short(rows, vs_entmax, table.normalizer, Path(os.path.relpath(out / "leaderboard.md", here)).as_posix())
+    from sparse_attention_repro.leaderboard import LENGTH_ROOT
+    from sparse_attention_repro.length_analysis import LENGTH_MARKERS, length_answer
+    if (lt := out / LENGTH_ROOT / "tables").is_dir() and all((lt / f).is_file() for f in ("length_accuracy.csv", "length_gains.csv", "length_learned.csv")):
+        import pandas as pd
+        blocks[LENGTH_MARKERS] = length_answer(*(pd.read_csv(lt / f) for f in ("length_accuracy.csv", "length_gains.csv", "length_learned.csv")))
     return blocks
 
 def fill_blocks(nb, blocks, where):

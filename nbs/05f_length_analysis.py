@@ -378,3 +378,54 @@ with tempfile.TemporaryDirectory() as d:
     test_eq(sorted(p.name for p in (Path(d) / "tables").iterdir()), sorted(LENGTH_TABLES))
     assert (Path(d) / "figures" / "accuracy_vs_length.png").stat().st_size > 0
     test_eq(len(tabs["length_accuracy.csv"]), 4)
+
+# %% [markdown]
+# ## The answer, in the README's words
+#
+# `length_answer` turns the committed tables into the README's length lines, one per task and position scheme: whether
+# softmax learned the task, then at the protocol's 16× (every normalizer) and 64× (the headline ones) — the longest
+# tested where neither was — softmax's mean exact match and each verdict word with the normalizers that carry it and
+# their gains. No number is typed by hand: the README is filled from these tables when it is built.
+
+# %%
+#| export
+LENGTH_MARKERS = ("<!-- length:start (generated from outputs/length/tables by `sparse-repro readme`; do not edit) -->", "<!-- length:end -->")
+
+def _pt(v): return f"{100 * v:+.1f}"
+
+ANSWER_RATIOS = (16, 64)                   # the protocol's: 16× for every normalizer, 64× for the headline ones
+
+def length_answer(acc: pd.DataFrame, gains: pd.DataFrame, learned: pd.DataFrame, ratios=ANSWER_RATIOS) -> str:
+    """The README's length lines from the `length_accuracy`, `length_gains` and `task_learned` tables (markdown): per
+    task, the verdicts at `ratios` times the shortest test length (where tested), else at the longest tested."""
+    lines = []
+    for r in learned.itertuples():
+        a = acc[(acc.task == r.task) & (acc.positions == r.positions)]
+        g = gains[(gains.task == r.task) & (gains.positions == r.positions)]
+        head = f"- **{r.task}** ({r.positions} positions; softmax {100 * r.accuracy:.1f} % at {r.length} tokens"
+        if not r.learned:
+            lines.append(head + f", under the {100 * LEARNED_AT:.0f} % gate): not learned, so no verdict is read."); continue
+        tested = set(a.length.astype(int))
+        parts = []
+        for L in sorted({int(k * r.length) for k in ratios if int(k * r.length) in tested} or {max(tested)}):
+            base = a[(a.normalizer == BASELINE) & (a.length == L)]
+            at = g[g.length == L]
+            if base.empty or at.empty: continue
+            words = [f"{w} {', '.join(f'`{x.normalizer}` {_pt(x.mean_delta)}' for x in at[at.verdict == w].itertuples())}"
+                     for w in ("better", "worse", "equivalent", "undecided") if (at.verdict == w).any()]
+            parts.append(f"at {L:,} tokens ({L // int(r.length)}×) softmax {100 * base.accuracy.iloc[0]:.1f} %, against it (pt, "
+                         f"{int(at.n.min())}–{int(at.n.max())} seeds): " + "; ".join(words))
+        lines.append(head + "): " + ". ".join(x[0].upper() + x[1:] if i else x for i, x in enumerate(parts)) + ".")
+    return "\n".join(lines) if lines else "No length run tested yet."
+
+# %%
+with tempfile.TemporaryDirectory() as d:
+    rows.assign(n=10, train_loss=np.nan, seconds=1.0, status="ok", loss=rows.loss.where(rows.step != 40, 1.0)).to_csv(Path(d) / "length_runs.csv", index=False)
+    tabs = length_tables(d)
+    _ans = length_answer(tabs["length_accuracy.csv"], tabs["length_gains.csv"], tabs["length_learned.csv"])
+_g128 = tabs["length_gains.csv"].set_index("length").loc[128]
+test_eq(_ans, f"- **t** (nape positions; softmax 54.0 % at 64 tokens, under the 95 % gate): not learned, so no verdict is read.")
+_learned = tabs["length_learned.csv"].assign(accuracy=0.96, learned=True)             # the same tables, as if softmax had learned it
+_ans2 = length_answer(tabs["length_accuracy.csv"], tabs["length_gains.csv"], _learned)
+assert _ans2.startswith("- **t** (nape positions; softmax 96.0 % at 64 tokens): at 128 tokens (2×) softmax 34.0 %"), _ans2
+assert f"`entmax15` {100 * _g128.mean_delta:+.1f}" in _ans2 and f"{_g128.verdict} `entmax15`" in _ans2, _ans2

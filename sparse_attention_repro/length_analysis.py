@@ -4,9 +4,9 @@
 
 # %% auto 0
 __all__ = ['ARM', 'SELECTION_SEEDS', 'EDGE_FRACTION', 'ACCURACY_COLS', 'LENGTH_MARGIN', 'LEARNED_AT', 'LENGTH_TABLES',
-           'validation_curves', 'choose_recipes', 'tested_at_recipes', 'length_accuracy', 'sign_flip_p', 'verdict',
-           'length_gains', 'length_budgets', 'task_learned', 'anchor_table', 'length_cost', 'length_tables',
-           'accuracy_figure']
+           'LENGTH_MARKERS', 'ANSWER_RATIOS', 'validation_curves', 'choose_recipes', 'tested_at_recipes',
+           'length_accuracy', 'sign_flip_p', 'verdict', 'length_gains', 'length_budgets', 'task_learned',
+           'anchor_table', 'length_cost', 'length_tables', 'accuracy_figure', 'length_answer']
 
 # %% ../nbs/05f_length_analysis.ipynb
 import numpy as np
@@ -209,3 +209,33 @@ def accuracy_figure(acc: pd.DataFrame, path):
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
+
+# %% ../nbs/05f_length_analysis.ipynb
+LENGTH_MARKERS = ("<!-- length:start (generated from outputs/length/tables by `sparse-repro readme`; do not edit) -->", "<!-- length:end -->")
+
+def _pt(v): return f"{100 * v:+.1f}"
+
+ANSWER_RATIOS = (16, 64)                   # the protocol's: 16× for every normalizer, 64× for the headline ones
+
+def length_answer(acc: pd.DataFrame, gains: pd.DataFrame, learned: pd.DataFrame, ratios=ANSWER_RATIOS) -> str:
+    """The README's length lines from the `length_accuracy`, `length_gains` and `task_learned` tables (markdown): per
+    task, the verdicts at `ratios` times the shortest test length (where tested), else at the longest tested."""
+    lines = []
+    for r in learned.itertuples():
+        a = acc[(acc.task == r.task) & (acc.positions == r.positions)]
+        g = gains[(gains.task == r.task) & (gains.positions == r.positions)]
+        head = f"- **{r.task}** ({r.positions} positions; softmax {100 * r.accuracy:.1f} % at {r.length} tokens"
+        if not r.learned:
+            lines.append(head + f", under the {100 * LEARNED_AT:.0f} % gate): not learned, so no verdict is read."); continue
+        tested = set(a.length.astype(int))
+        parts = []
+        for L in sorted({int(k * r.length) for k in ratios if int(k * r.length) in tested} or {max(tested)}):
+            base = a[(a.normalizer == BASELINE) & (a.length == L)]
+            at = g[g.length == L]
+            if base.empty or at.empty: continue
+            words = [f"{w} {', '.join(f'`{x.normalizer}` {_pt(x.mean_delta)}' for x in at[at.verdict == w].itertuples())}"
+                     for w in ("better", "worse", "equivalent", "undecided") if (at.verdict == w).any()]
+            parts.append(f"at {L:,} tokens ({L // int(r.length)}×) softmax {100 * base.accuracy.iloc[0]:.1f} %, against it (pt, "
+                         f"{int(at.n.min())}–{int(at.n.max())} seeds): " + "; ".join(words))
+        lines.append(head + "): " + ". ".join(x[0].upper() + x[1:] if i else x for i, x in enumerate(parts)) + ".")
+    return "\n".join(lines) if lines else "No length run tested yet."

@@ -59,6 +59,12 @@ def test_readme_answer_is_generated_from_the_committed_tables():
     assert "](outputs/paper/figures/gain_vs_epochs.png)" in readme                       # rebased to the root
     source = index.read_text(encoding="utf-8")
     assert "**With every arm" not in source and "Beats tuned softmax" not in source      # filled when built, not stored
+    import pandas as pd
+    from sparse_attention_repro.length_analysis import LENGTH_MARKERS, length_answer
+    tables = root / "outputs" / "length" / "tables"
+    a, b = LENGTH_MARKERS
+    assert readme[readme.index(a) + len(a):readme.index(b)].strip() == length_answer(
+        *(pd.read_csv(tables / f) for f in ("length_accuracy.csv", "length_gains.csv", "length_learned.csv"))).strip()
 
 def test_tuned_tests_recomputed_with_scipy():
     "Each committed tuned comparison: its paired t-test recomputed with scipy from the committed learning curves."
