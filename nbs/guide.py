@@ -11,14 +11,14 @@
 # | `… grid --mask-padding / --patch-size 4 / --marker-vocab 12 / --learned-pad-row` | variants the paper did not run: masked 20 Newsgroups padding, 4×4 patches (T = 50/65), a learnable marker task, a learned padding embedding |
 # | `… grid --methods entmax15_bisect,headwise_adaptive_entmax_bisect` | the original study's entmax gradient (autograd through 18 bisection steps) instead of the exact one |
 # | `sparse-repro crisp --profile P --out DIR [--configs …] [--seeds …] [--model …] [--scope row\|head]` | study B: one execution of `nbs/experiments/crisp.ipynb` per (config, seed) → `DIR/crisp_runs.csv` |
-# | `sparse-repro report --results DIR [--readme README.md]` | statistics, figures, claims table → `DIR/report.html`, `DIR/tables/*.csv`, `DIR/figures/*.png`; with `--readme`, the README's answer block from those tables |
+# | `sparse-repro report --results DIR [--readme README.md]` | statistics, figures, claims table → `DIR/report.html`, `DIR/tables/*.csv`, `DIR/figures/*.png`; with `--readme`, the README rebuilt (its blocks are filled from the committed tables) |
 # | `sparse-repro reproduce --profile P --out DIR` | grid + crisp + report |
 # | `sparse-repro ablations --profile P --out DIR [--only …]` | the confound ablations (masked padding, the original's gradient, 4×4 patches, a learnable marker, a learned pad row), each a grid into `DIR/ablations/<name>` on the main runs' seeds; the report of `DIR` includes them |
 # | `sparse-repro site [--out outputs/site] [--report DIR/report.ipynb] [--no-execute]` | the notebooks, executed, as a browsable site that works offline: this page as its home, a navigation bar in reading order, formulas as MathML built in (no CDN, no script) |
 # | `sparse-repro index [--outputs outputs]` | `outputs/README.md`: every experiment of the catalogue with committed runs, its folder, question and verdict line from the committed tables |
 # | `sparse-repro leaderboard [--outputs outputs]` | `outputs/leaderboard.csv/.md/.png`: every normalizer with committed runs (the seven, and any judged with `--baseline`), per dataset under both recipes and in the pretrained encoder, from the committed tables |
 # | `sparse-repro card NAME … [--outputs outputs]` | a normalizer's page, `outputs/cards/<name>.md`: its gains against softmax and entmax-1.5 under both recipes and in the pretrained encoder, its chosen recipes, density, its exact match against test length (the length study), and its forward + backward cost measured side by side with softmax in one process (kept in `cards/step_costs.csv`; `--measure` times it again here) |
-# | `sparse-repro readme` | this README, written from its source, the home notebook `nbs/index.ipynb` (links rebased to the repository root) |
+# | `sparse-repro readme` | the README, written from its source, the home notebook `nbs/index.ipynb` (links rebased to the repository root; the answer, leaderboard and length blocks filled from the committed tables) |
 # | `sparse-repro tuned --out DIR [--stage select\|complete\|power] [--datasets …] [--dry-run]` | the tuned-recipe protocol (`nbs/05b_tuning.ipynb`): *select* runs every candidate learning rate of each dataset on seeds 0–2 (then the next rate beyond one chosen on an edge, and a 1.5× longer run for an epoch chosen on an edge, continuing the declared run's kept state), *complete* runs seeds 3–9 at each arm's chosen rate and length, *power* adds seeds (up to 30) to the headline comparisons until TOST at ±1 pt has 80 % power; one grid per (dataset, rate) in `DIR/tuned/<dataset>_lr<rate>`, resumable; the report chooses each arm's rate and epoch on validation and tests the tuned gains; on a GPU add `--device cuda --stack-seeds 3` (seeds of a grid trained as one stacked model, learning curves included) |
 # | `sparse-repro tuned --out outputs/mine --methods mine --baseline outputs/paper [--stage select\|complete] [--halving]` | the fair verdict of a new normalizer: its own search under the same protocol (same rates, lengths, seeds and rules; with `--halving`, every rate for a third of the length and the best two continued to the end, two thirds of the select stage's cost) into `outputs/mine/tuned/`, then `mine` paired by seed with each of the seven at each arm's own recipe chosen on validation, Holm within `mine`'s family, TOST at ±1 pt → `outputs/mine/fair_verdict.md/.csv`; the leaderboard picks it up |
 # | `sparse-repro follow-ups --out DIR [--only alpha_start]` | follow-up experiments, paired with the main runs' seeds, into `DIR/follow_ups/<name>` (`alpha_start`: the adaptive entmax started at α = 1.2 and 1.8) |
@@ -72,7 +72,7 @@
 #
 # | path | what |
 # |---|---|
-# | `nbs/index.ipynb` | this page: the home page of the site and the source of the README (`sparse-repro readme`) |
+# | `nbs/index.ipynb` | the home page of the site and the source of the README (`sparse-repro readme`) |
 # | `nbs/protocol.ipynb` | the two studies' protocols in our words, the choices we made, the data layout |
 # | `nbs/00_kernels.ipynb` | the normalizers' hot loops as small C functions (float32, built on first use, torch fallback) |
 # | `nbs/00_options.ipynb` | the run options of both studies as configuration fields: one field is a command-line option, a manifest entry and a notebook parameter |
@@ -89,6 +89,8 @@
 # | `nbs/04_crisp.ipynb` | Crisp attention on a transformers encoder; SST-2 fine-tuning |
 # | `nbs/05_stats.ipynb`, `nbs/05_verdicts.ipynb`, `nbs/05a_report.ipynb` | paired tests (pingouin), Holm families, single-seed critique; the verdict rules, the claims table and the reader's tables; the report |
 # | `nbs/05b_tuning.ipynb` | the tuned-recipe protocol: the declared search, the staged selection on validation, bracketing, TOST power, the tuned verdicts and the README's answer |
+# | `nbs/05g_sensitivity.ipynb` | each tuned label read again under a reviewer's analyses (every arm capped at the declared length, Holm over TOST, one family of 24): which labels are robust |
+# | `nbs/guide.ipynb` | this page |
 # | `nbs/05c_catalogue.ipynb` | the catalogue of experiments: each one's question, design (datasets, methods, options, seeds), folder and analysis as one typed entry; the ablation and follow-up commands run its entries, the report reads them, and it writes `outputs/README.md` |
 # | `nbs/05d_leaderboard.ipynb` | the leaderboard: every normalizer with committed runs, joined from the committed tables (no statistic of its own) into `outputs/leaderboard.{csv,md,png}` |
 # | `nbs/06_runner.ipynb`, `nbs/07_cli.ipynb` | resumable papermill execution (local or dask) and the command line |
