@@ -131,7 +131,7 @@ def lever_candidates(bf16=False, fused=False, search="features") -> list:
     """The lever combinations to time, as `TrainConfig` overrides, the default path first. `search="full"`: every
     combination this machine can run (12 with bf16 units and fused kernels; `bench fast`). `"features"` (`--fast`): the
     default and the sets the CPU's features predict — fused attention where every method has it, with bf16 where the CPU
-    multiplies bf16 in hardware — since on every CPU measured (two AMD EPYC, two Intel Xeon) the full search chose one
+    multiplies bf16 in hardware — since on every CPU measured (an AMD EPYC, two kinds of Intel Xeon) the full search chose one
     of them, and Philox masks (another random stream) paid on none."""
     if search == "full":
         return [dict(dropout_rng=r, precision=p, attention=a) for r in ("torch", "philox") for p in ("fp32", "bf16")[:1 + bool(bf16)]
