@@ -58,6 +58,14 @@ def add_option_arguments(parser, schema):
         if isinstance(default, bool): parser.add_argument(flag, action="store_true", help=f.metadata["help"])
         else: parser.add_argument(flag, type=type(default), default=default, help=f.metadata["help"])
 
+def option_flags(options: dict) -> list:
+    "`options` written as the command-line flags that give them (to print a command; nothing parses it back)."
+    out = []
+    for k, v in options.items():
+        flag = "--" + k.replace("_", "-")
+        out += [flag] if v is True else [] if v is False else [flag, f"{v:g}" if isinstance(v, float) else str(v)]
+    return out
+
 # %% [markdown]
 # A toy schema shows the contract: options in declaration order, "unset" values left to the profile, one line per bad
 # value naming the flag, and the command line built from the fields.
@@ -78,3 +86,5 @@ for bad, msg in [(dict(lr=2.0), "--lr must be in (0, 1), got 2.0"), (dict(mode="
     test_fail(lambda: check_options(_Toy, bad), contains=msg)
 parser = argparse.ArgumentParser(); add_option_arguments(parser, _Toy)
 test_eq(vars(parser.parse_args(["--lr", "0.01", "--flag"])), dict(lr=0.01, mode="a", flag=True))
+test_eq(option_flags(dict(lr=3e-3, mode="b", flag=True, other=False)), ["--lr", "0.003", "--mode", "b", "--flag"])
+test_eq(vars(parser.parse_args(option_flags(dict(lr=0.01, flag=True)))), dict(lr=0.01, mode="a", flag=True))   # what the parser reads back

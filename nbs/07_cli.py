@@ -30,16 +30,8 @@ import sparse_attention_repro
 
 # %%
 #| export
-class UsageError(ValueError):
-    "A bad argument: reported as one line on stderr with exit status 2."
-
-def _check_dataset(name):
-    "A dataset the notebooks can resolve by name: registered, or an entry point of the datasets group (one line otherwise)."
-    from sparse_attention_repro.data import get_dataset, DATASET_ENTRY_POINT_GROUP
-    if ":" in name: raise UsageError(f"--datasets {name}: a dataset from outside the library is named by its entry point "
-                                     f"(group {DATASET_ENTRY_POINT_GROUP} in its package's metadata), which the run notebooks resolve")
-    try: get_dataset(name)
-    except ValueError as e: raise UsageError(str(e)) from None
+from sparse_attention_repro.run_request import *
+from sparse_attention_repro.run_request import _check_dataset
 
 def _split(values):
     "Accept both `--x a b` and `--x a,b`."
@@ -51,99 +43,6 @@ def _seeds(values):
     if any(s < 0 for s in seeds): raise UsageError(f"seeds must be >= 0, got {min(seeds)}")
     return seeds
 
-
-# %% [markdown]
-# Jobs and threads are counted on the cores this process may use (its CPU affinity: `taskset`, a container's or a
-# batch system's CPU set), not on the machine's: a grid pinned to one core of an 8-core machine runs one thread, not 8
-# threads fighting for that core (which is slow, and changes results, since they are bit-identical only at one thread
-# count). Cores already busy with other work count as taken too: the free cores are the usable ones less the
-# one-minute load average when the grid starts. Measured here, with four other single-thread trainings on the two
-# cores, one model's training step took 60 ms at one thread and 452 ms at two (softmax, CIFAR-10's shapes; 65 and
-# 556 ms for Scalable-Softmax): threads that outnumber the free cores wait on each other. So a grid into a new folder
-# takes the usable cores shared out, cut down to the free ones, and says so in one line when it cuts. The count is
-# then the folder's: it is recorded in its `manifest.json`, and a resumed grid, or a longer one that continues the
-# folder's kept states (`--continue-from`), takes it again whatever the load — a run is bit-identical only at one
-# thread count, and a kept state continues only at the count it was made with (a search whose continuation silently
-# restarted from scratch after a thread change is what taught us this). Where the recorded count outnumbers the free
-# cores, the grid keeps it and warns in one line, with the fix (`taskset -c`, or wait).
-
-# %%
-#| export
-def usable_cores() -> int:
-    "How many CPU cores this process may run on (its affinity set where the OS reports one, else the machine's count)."
-    try: return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError: return max(1, os.cpu_count() or 1)
-
-def load_average() -> float:
-    "The one-minute load average (0 where the OS does not report one)."
-    try: return os.getloadavg()[0]
-    except (AttributeError, OSError): return 0.0
-
-def free_cores(load=None) -> int:
-    "Usable cores not busy with other work: `usable_cores()` less the load average (`load`, else `load_average()`), at least one."
-    load = load_average() if load is None else load
-    return max(1, min(usable_cores(), int(usable_cores() - load + 0.5)))
-
-def threads_per_job(jobs: int) -> int:
-    "torch threads for each of `jobs` notebooks run at once: the usable cores shared out, at least one."
-    return max(1, usable_cores() // max(1, jobs))
-
-def recorded_threads(folder, study) -> int | None:
-    "The torch threads per notebook recorded in `folder`'s manifest for `study`, or None."
-    import json
-    f = Path(folder) / "manifest.json" if folder else None
-    return json.loads(f.read_text()).get("threads", {}).get(study) if f is not None and f.is_file() else None
-
-def record_threads(folder, study, threads: int):
-    "Record `study`'s threads per notebook in `folder`'s manifest (beside the run options)."
-    import json
-    from sparse_attention_repro.files import atomic_write
-    f = Path(folder) / "manifest.json"
-    manifest = json.loads(f.read_text()) if f.is_file() else {}
-    manifest["threads"] = {**manifest.get("threads", {}), study: int(threads)}
-    atomic_write(f, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1, sort_keys=True)))
-
-def grid_threads(out, study, jobs: int, continue_from=None, load=None) -> tuple:
-    """(threads per notebook, a one-line note or None) for a grid of `jobs` notebooks into `out`: the count recorded for
-    `out` (or for the folder it continues), else the usable cores shared out, cut down to the free cores."""
-    load = load_average() if load is None else load
-    free, usable = free_cores(load), usable_cores()
-    for folder in (out, continue_from):
-        if (n := recorded_threads(folder, study)) is not None:
-            if n > 1 and n * jobs > free:
-                return n, (f"warning: {folder} was made with {n} threads per job, but only {free} of {usable} cores are free (one-minute "
-                           f"load average {load:.1f}); it keeps {n} (runs are bit-identical only at one count), which can train several "
-                           f"times slower: pin the grid to {n * jobs} core(s) with `taskset -c` or wait")
-            return n, None
-    n = threads_per_job(jobs)
-    if n > 1 and n * jobs > free:
-        cut = max(1, free // max(1, jobs))
-        return cut, (f"note: {cut} thread(s) per job, not {n}: only {free} of {usable} cores are free (one-minute load average {load:.1f}); "
-                     f"{out} keeps {cut} when resumed or continued")
-    return n, None
-
-# %%
-test_eq(threads_per_job(10_000), 1)
-import json
-_tdir = Path(tempfile.mkdtemp())
-old_set = os.sched_getaffinity(0)
-try:                                                            # pinned to one core: one thread, whatever the machine has
-    os.sched_setaffinity(0, {min(old_set)}); test_eq((usable_cores(), threads_per_job(1)), (1, 1))
-    test_eq(grid_threads(_tdir / "a", "study_a", 1, load=5.0), (1, None))       # one thread: nothing to wait on
-    if len(old_set) >= 2:                                       # two cores: two threads for one job, one each for two
-        os.sched_setaffinity(0, set(sorted(old_set)[:2])); test_eq((usable_cores(), threads_per_job(1), threads_per_job(2)), (2, 2, 1))
-        test_eq([free_cores(l) for l in (0.0, 0.4, 0.6, 1.0, 7.0)], [2, 2, 1, 1, 1])              # busy cores are taken
-        test_eq(grid_threads(_tdir / "a", "study_a", 1, load=0.2), (2, None)); test_eq(grid_threads(_tdir / "a", "study_a", 2, load=3.0), (1, None))
-        n, note = grid_threads(_tdir / "a", "study_a", 1, load=1.0)                 # a new folder on a busy machine: cut to the free core
-        test_eq(n, 1); assert note.startswith("note: 1 thread(s) per job, not 2") and "keeps 1" in note
-        record_threads(_tdir / "a", "study_a", 2)                                    # a folder made at two threads ...
-        n, warn = grid_threads(_tdir / "a", "study_a", 1, load=1.0)                  # ... keeps them, and says what it costs
-        test_eq(n, 2); assert warn.startswith("warning:") and "taskset" in warn
-        test_eq(grid_threads(_tdir / "b", "study_a", 1, continue_from=_tdir / "a", load=0.0), (2, None))   # a continuation: its source's
-        test_eq(grid_threads(_tdir / "a", "crisp", 1, load=1.0)[0], 1)               # recorded per study
-        record_threads(_tdir / "a", "crisp", 1)
-        test_eq(json.loads((_tdir / "a" / "manifest.json").read_text())["threads"], {"study_a": 2, "crisp": 1})
-finally: os.sched_setaffinity(0, old_set)
 
 # %%
 test_eq(_split(["a,b", "c"]), ["a", "b", "c"]); test_eq(_seeds(["0,2", 5]), [0, 2, 5])
@@ -277,6 +176,7 @@ def _named_grids_args(sub, command, text, names, stack_help, fast=False):
     x.add_argument("--only", nargs="+", help=f"{names} names (default: all, in order)"); x.add_argument("--seeds", nargs="+")
     x.add_argument("--stack-seeds", type=int, default=1, help=stack_help)
     if fast: x.add_argument("--fast", action="store_true", help=FAST_HELP)
+    else: x.set_defaults(fast=False)
     _executor_args(x)
     return x
 
@@ -396,353 +296,66 @@ _all = build_parser("nonsense")                                                 
 test_eq([_all.parse_args(a).command for a in (["grid", "--out", "x"], ["tuned", "--out", "x"], ["bench", "floor"])], ["grid", "tuned", "bench"])
 
 # %% [markdown]
-# ## Study A grid
+# ## From the command line to a request
 #
-# `grid_tasks` checks every argument — profile, datasets, methods, seeds, device, and that each dataset can be read —
-# and returns one papermill task per (dataset, seed) with the options that define the results folder. Nothing is
-# written yet, so a bad argument leaves no trace.
+# The one place where argv becomes values: each command that runs a grid turns its parsed arguments into the typed
+# request of `run_request` (`GridRequest`, `CrispRequest`, and the `Execution` they share), which is then all that
+# flows on. A run option is in the request only when it differs from its default, so the request prints as the
+# shortest command that makes it.
 
 # %%
 #| export
-STUDY_A = STUDIES["study_a"]
-def _check_executor(args):
-    if args.executor not in ("local", "dask"): raise UsageError(f"unknown executor {args.executor!r}; choose local or dask")
-    if args.scheduler and args.executor != "dask": raise UsageError("--scheduler needs --executor dask")
-    if args.jobs < 1: raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+def execution_of(args) -> Execution:
+    "The parsed executor options (`_executor_args`) as a checked `Execution`."
+    return Execution(args.jobs, args.executor, args.scheduler, args.device, args.download).check()
+
+def _changed(schema, args) -> dict:
+    "The options of `schema` given on the command line with a value other than their default."
+    given = vars(args)
+    return {k: given[k] for k, v in option_defaults(schema).items() if given[k] != v}
+
+def grid_request(args) -> GridRequest:
+    "The `grid` command line as a `GridRequest`."
+    from sparse_attention_repro.train import TrainConfig
+    return GridRequest(args.out, args.profile, tuple(_split(args.datasets or [])), tuple(_split(args.methods or [])),
+                       tuple(_seeds(args.seeds)) if args.seeds else (), _changed(TrainConfig, args), args.plain, args.stack_seeds,
+                       args.fast, args.baseline, args.keep_state, args.continue_from, execution_of(args))
+
+def crisp_request(args) -> CrispRequest:
+    "The `crisp` command line as a `CrispRequest`."
+    from sparse_attention_repro.crisp import FinetuneConfig
+    return CrispRequest(args.out, args.profile, tuple(_split(args.configs or [])), tuple(_seeds(args.seeds)) if args.seeds else (),
+                        args.model or "", _changed(FinetuneConfig, args), execution_of(args))
+
+# %%
+_gr = grid_request(build_parser().parse_args(["grid", "--out", "x", "--datasets", "kmnist,cifar10", "--seeds", "0,2", "--lr", "3e-3",
+                                              "--epoch-eval", "--keep-state", "--jobs", "1"]))
+test_eq((_gr.datasets, _gr.seeds, _gr.options, _gr.keep_state, _gr.execution), (("kmnist", "cifar10"), (0, 2), dict(lr=3e-3, epoch_eval=True), True, Execution(jobs=1)))
+test_eq(grid_request(build_parser().parse_args(_gr.command_line().split()[1:] + ["--jobs", "1"])), _gr)   # the printed command makes the same request
+test_fail(lambda: grid_request(build_parser().parse_args(["grid", "--out", "x", "--executor", "slurm"])), exc=UsageError, contains="unknown executor")
+_cr = crisp_request(build_parser().parse_args(["crisp", "--out", "x", "--configs", "dense", "fixed_080", "--lr", "2e-5", "--jobs", "2"]))
+test_eq((_cr.configs, _cr.options, _cr.execution.jobs), (("dense", "fixed_080"), dict(lr=2e-5), 2))
 
 # %% [markdown]
-# **Against a committed baseline.** With `--baseline DIR` the grid trains only the new methods, on the seeds and
-# datasets of `DIR`'s runs (unless given) and with exactly `DIR`'s options — a folder made with other options is refused
-# in one line —, plus softmax once more on each dataset's first seed: the pairing check of `stats.pairing_check`.
+# `grid` and `crisp` run their request; with `--baseline`, the grid then writes its comparison with the committed runs.
 
 # %%
 #| export
-def _baseline_runs(folder):
-    "The committed runs of a baseline folder, or a UsageError saying what is missing."
-    from sparse_attention_repro.stats import load_runs, check_results_file
-    path = STUDY_A.results_path(folder)
-    if not path.is_file() or not (Path(folder) / "manifest.json").is_file():
-        raise UsageError(f"--baseline {folder} holds no runs.csv and manifest.json; give a results folder made by `sparse-repro grid`")
-    try: check_results_file(path)
-    except ValueError as e: raise UsageError(str(e)) from None
-    return load_runs(path)
-
-def _check_baseline(folder, base, options, datasets, seeds):
-    "Refuse, in one line, a baseline made with other options or lacking a requested (dataset, seed)."
-    import json
-    from sparse_attention_repro.train import TrainConfig
-    made = json.loads((Path(folder) / "manifest.json").read_text()).get(STUDY_A.name)
-    if made is None: raise UsageError(f"--baseline {folder} has no study A grid in its manifest.json")
-    made = {**option_defaults(TrainConfig), **made}
-    if diff := [k for k in sorted(options) if made.get(k) != options[k]]:
-        raise UsageError(f"--baseline {folder} was made with " + ", ".join(f"{k}={made.get(k)!r} (this grid: {options[k]!r})" for k in diff)
-                         + "; give the same options or another baseline")
-    have = set(zip(base.dataset, base.seed.astype(int)))
-    if missing := [f"{d} seed {s}" for d in datasets for s in seeds if (d, s) not in have]:
-        raise UsageError(f"--baseline {folder} has no runs for {', '.join(missing[:3])}{' …' if len(missing) > 3 else ''}; choose its seeds and datasets")
-
-# %%
-#| export
-def _check_shorter_run(folder, options):
-    "Refuse, in one line, a --continue-from folder that is not this grid's with fewer epochs."
-    import json
-    from sparse_attention_repro.train import TrainConfig
-    made = Path(folder) / "manifest.json"
-    if not made.is_file() or STUDY_A.name not in (m := json.loads(made.read_text())):
-        raise UsageError(f"--continue-from {folder} holds no study A grid (manifest.json); give a results folder made by `sparse-repro grid --keep-state`")
-    made = {**option_defaults(TrainConfig), **m[STUDY_A.name]}
-    if diff := [k for k in sorted(options) if k != "epochs" and made.get(k) != options[k]]:
-        raise UsageError(f"--continue-from {folder} was made with " + ", ".join(f"{k}={made.get(k)!r} (this grid: {options[k]!r})" for k in diff)
-                         + "; only --epochs may differ")
-    if not (made["epochs"] and options["epochs"] and made["epochs"] < options["epochs"]):
-        raise UsageError(f"--continue-from {folder} ran --epochs {made['epochs']}; give this grid more (now --epochs {options['epochs']}; 0, the paper's, does not count)")
-
-# %%
-#| export
-def _fast_calibration(args, specs, datasets, stacked, run, threads) -> dict:
-    """--fast's levers: the results folder's own calibration when it has one (every run of a folder takes one path),
-    else the baseline's (a comparison pairs runs of one path), else `bench.calibrate_fast` on this machine (cached)."""
-    import json
-    from sparse_attention_repro.data import has_bf16_units, resolve_device
-    from sparse_attention_repro.bench import calibrate_fast
-    from sparse_attention_repro.normalizers import fused_refusal
-    for folder in [args.out] + ([args.baseline] if getattr(args, "baseline", None) else []):
-        made = Path(folder) / "manifest.json"
-        if made.is_file() and (cal := json.loads(made.read_text()).get(STUDY_A.name, {}).get("fast_calibration")): return cal
-    device = resolve_device(args.device)
-    print(f"--fast: timing its levers on this machine ({', '.join(datasets)}; once per CPU, build and grid) …", flush=True)
-    cal = calibrate_fast(datasets, [s.name for s in specs], args.profile, run, threads, device,
-                         bf16=has_bf16_units(device), fused=not fused_refusal(specs, device, stacked))
-    print(f"--fast: {cal['label']} (ms per step: " + "; ".join(f"{d}: " + ", ".join(f"{k} {v:.1f}" for k, v in t.items())
-                                                           for d, t in cal["ms_per_step"].items()) + ")", flush=True)
-    return cal
-
-@dataclass(frozen=True)
-class ExecutionPlan:
-    "How a grid's runs execute, resolved and checked once at the edge: device, container, and the run options that choose the path."
-    device: str                 # as asked (auto | cpu | cuda), checked to exist here
-    container: str              # plain (one model at a time) | lockstep (a seed's methods together) | stacked (seeds as one model)
-    stack_seeds: int            # seeds per stacked model (1 unless stacked)
-    run: dict                   # TrainConfig's options, checked: the attention path, dropout generator and precision among them
-    calibration: dict | None    # what --fast measured, when it chose the levers in `run`
-    threads: int = 1            # torch threads per notebook (`grid_threads`: the folder's, else the free cores shared out)
-    threads_note: str | None = None   # one line on how they were chosen, when they are not the usable cores shared out
-
-def execution_plan(args, specs, datasets) -> ExecutionPlan:
-    "The grid's `ExecutionPlan`: every path option checked (and --fast resolved into measured levers) before anything runs."
-    from sparse_attention_repro.train import TrainConfig
-    from sparse_attention_repro.normalizers import fused_refusal
-    from sparse_attention_repro.data import resolve_device
-    from sparse_attention_repro.model import FUSED_PATHS
-    try: device = resolve_device(args.device)
-    except ValueError as e: raise UsageError(str(e)) from None
-    run = {k: getattr(args, k) for k in option_defaults(TrainConfig)}    # TrainConfig's options, checked by their own rules
-    try: check_options(TrainConfig, run)
-    except ValueError as e: raise UsageError(str(e)) from None
-    if args.stack_seeds < 1: raise UsageError(f"--stack-seeds must be >= 1, got {args.stack_seeds}")
-    if args.stack_seeds > 1 and args.plain: raise UsageError("--plain and --stack-seeds exclude each other: a stack trains every method together")
-    stacked = args.stack_seeds > 1
-    fast = getattr(args, "fast", False)
-    if fast and (run["dropout_rng"], run["precision"], run["attention"]) != ("torch", "fp32", "torch"):
-        raise UsageError("--fast sets --dropout-rng, --precision and --attention itself; drop them")
-    threads, note = grid_threads(args.out, STUDY_A.name, args.jobs, getattr(args, "continue_from", None))
-    calibration = None
-    if fast:                                                            # resolved here into the levers measured to pay here
-        calibration = _fast_calibration(args, specs, datasets, stacked, run, threads)
-        run.update(calibration["levers"])
-    elif run["attention"] in FUSED_PATHS and (why := fused_refusal(specs, device, stacked)):
-        raise UsageError(f"--attention {run['attention']}: {why}; use --attention torch")
-    return ExecutionPlan(args.device, "stacked" if stacked else "plain" if args.plain else "lockstep", args.stack_seeds, run, calibration,
-                         threads, note)
-
-def grid_tasks(args):
-    "Validate the grid arguments and return (tasks, options)."
-    _check_executor(args)
-    from sparse_attention_repro.train import PROFILES, PAPER_SIZES, run_rows_path
-    from sparse_attention_repro.normalizers import resolve_normalizer
-    from sparse_attention_repro.study import PAPER_METHODS, BASELINE
-    from sparse_attention_repro.data import load_dataset, DataOptions, DataUnavailableError
-    if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
-    base = _baseline_runs(args.baseline) if getattr(args, "baseline", None) else None
-    datasets = _split(args.datasets) if args.datasets else list(PAPER_SIZES) if base is None else [d for d in PAPER_SIZES if d in set(base.dataset)]
-    for d in datasets:
-        _check_dataset(d)
-    refs = _split(args.methods) if args.methods else list(PAPER_METHODS)
-    try: specs = [resolve_normalizer(m) for m in refs]                  # the edge: each method resolved (and checked) once
-    except ValueError as e: raise UsageError(str(e)) from None
-    methods = [s.name for s in specs]
-    if len(set(methods)) < len(methods): raise UsageError(f"--methods names a method twice: {' '.join(refs)}")
-    ref_of = dict(zip(methods, refs))                                   # what a notebook resolves: the name, or package.module:name
-    seeds = _seeds(args.seeds) if args.seeds else list(PROFILES[args.profile]["seeds"]) if base is None else sorted(set(base.seed.astype(int)))
-    for d in datasets:                           # data present and readable? (also warms the decode cache once)
-        try: load_dataset(d, 0, 1, 1, DataOptions(patch_size=args.patch_size or None, marker_vocab=args.marker_vocab,
-                                                  marker_design=args.marker_design), download=args.download)
-        except DataUnavailableError as e: raise UsageError(str(e).splitlines()[0]) from None
-        except ValueError as e: raise UsageError(str(e)) from None
-    plan = execution_plan(args, specs, datasets)                        # after the data: --fast measures on it
-    run, calibration = plan.run, plan.calibration
-    options = dict(profile=args.profile, **run, **({"fast_calibration": calibration} if calibration else {}))
-    if base is not None: _check_baseline(args.baseline, base, options, datasets, seeds)
-    if getattr(args, "continue_from", None): _check_shorter_run(args.continue_from, options)
-    out, nb = Path(args.out).resolve(), experiments_dir() / STUDY_A.notebook
-    threads = plan.threads
-    if plan.threads_note: print(plan.threads_note, file=sys.stderr)
-    tasks = []
-    for d in datasets:
-        rows_dir = (STUDY_A.rows_dir(out) / d).resolve()
-        for i in range(0, len(seeds), plan.stack_seeds):
-            group = seeds[i:i + plan.stack_seeds]
-            name = f"seed{group[0]}" if len(group) == 1 else f"seeds{group[0]}-{group[-1]}"
-            todo = [m for m in methods if any(not run_rows_path(rows_dir, s, m).exists() for s in group)] or methods
-            record = out / "notebooks" / d / f"{name}.ipynb"
-            others = any(f.stem not in todo for s in group if (rows_dir / f"seed{s}").is_dir() for f in (rows_dir / f"seed{s}").glob("*.csv"))
-            n = 1
-            while others and record.exists():    # rows this run will not write exist: the notebook that wrote them is kept beside it
-                record = out / "notebooks" / d / f"{name}_resume{n}.ipynb"; n += 1
-            check = base is not None and i == 0 and BASELINE not in methods   # the pairing check: the baseline's first seed again
-            if check and not run_rows_path(rows_dir, group[0], BASELINE).exists():
-                todo, ref_of = todo + [BASELINE], {**ref_of, BASELINE: BASELINE}
-            tasks.append(NotebookTask(f"{d}/{name}", nb, record,
-                                      [run_rows_path(rows_dir, s, m) for s in group for m in methods] +
-                                      ([run_rows_path(rows_dir, group[0], BASELINE)] if check else []),
-                                      dict(dataset=d, seeds=group, methods=[ref_of[m] for m in todo], threads=threads, rows_dir=str(rows_dir),
-                                           lockstep=plan.container != "plain", stack=len(group) > 1, download=args.download,
-                                           device=plan.device, profile=args.profile, options=run,
-                                           keep_state=bool(getattr(args, "keep_state", False)),
-                                           continue_from=str((STUDY_A.rows_dir(Path(args.continue_from)) / d).resolve()) if getattr(args, "continue_from", None) else "")))
-    return tasks, options
-
-# %%
-_plan = lambda *a: execution_plan(build_parser().parse_args(["grid", "--out", "x", "--device", "cpu", *a]), [], ["synthetic_marker"])
-test_eq([(p.container, p.stack_seeds) for p in (_plan(), _plan("--plain"), _plan("--stack-seeds", "3"))],
-        [("lockstep", 1), ("plain", 1), ("stacked", 3)])
-test_eq((_plan("--precision", "bf16").run["precision"], _plan().calibration), ("bf16", None))
-test_fail(lambda: _plan("--plain", "--stack-seeds", "2"), exc=UsageError, contains="exclude each other")
-
-# %%
-_out = Path(tempfile.mkdtemp()) / "res"
-tasks, opts = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--methods", "softmax,entmax15"]))
-test_eq([t.name for t in tasks], ["synthetic_marker/seed3"])
-test_eq({k: tasks[0].parameters[k] for k in ("dataset", "seeds", "methods", "profile", "device", "stack")},
-        dict(dataset="synthetic_marker", seeds=[3], methods=["softmax", "entmax15"], profile="smoke", device="auto", stack=False))
-test_eq([Path(p).name for p in tasks[0].produces], ["softmax.csv", "entmax15.csv"])
-test_eq(opts["profile"], "smoke"); assert not _out.exists()                    # validated, nothing written
-# a later grid into a seed another grid already ran (other methods, e.g. the power stage's second arm) keeps the earlier record;
-# a plain re-run whose rows are gone writes over its own
-(_out / "notebooks" / "synthetic_marker").mkdir(parents=True); (_out / "notebooks" / "synthetic_marker" / "seed3.ipynb").write_text("{}")
-_rec = lambda *m: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--methods", *m]))[0][0].output.name
-test_eq(_rec("softmax"), "seed3.ipynb")
-(_rd := _out / "rows" / "study_a" / "synthetic_marker" / "seed3").mkdir(parents=True); (_rd / "softmax.csv").write_text("x")
-test_eq((_rec("softmax"), _rec("entmax15"), _rec("softmax,entmax15")), ("seed3.ipynb", "seed3_resume1.ipynb", "seed3_resume1.ipynb"))
-import shutil; shutil.rmtree(_out)
-_ph = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--dropout-rng", "philox"]))
-test_eq((_ph[1]["dropout_rng"], _ph[0][0].parameters["options"]["dropout_rng"], opts["dropout_rng"]), ("philox", "philox", "torch"))
-test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--dropout-rng", "mt"])), exc=UsageError, contains="unknown --dropout-rng")
-test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--precision", "fp16"])), exc=UsageError, contains="unknown --precision 'fp16'; choose one of fp32, bf16")
-_st = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "0", "1", "2", "3", "4", "--stack-seeds", "2"]))[0]
-test_eq([(t.name, t.parameters["seeds"], t.parameters["stack"], len(t.produces)) for t in _st],
-        [("synthetic_marker/seeds0-1", [0, 1], True, 14), ("synthetic_marker/seeds2-3", [2, 3], True, 14), ("synthetic_marker/seed4", [4], False, 7)])
-test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--stack-seeds", "0"])), exc=UsageError, contains="--stack-seeds must be")
-test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--stack-seeds", "2", "--plain"])), exc=UsageError, contains="exclude each other")
-_lr = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--lr", "3e-3", "--epochs", "12", "--epoch-eval"]))
-test_eq([_lr[0][0].parameters["options"][k] for k in ("lr", "epochs", "epoch_eval")], [3e-3, 12, True])
-test_eq([opts[k] for k in ("lr", "epochs", "epoch_eval")], [0.0, 0, False])          # 0: the protocol's values
-# a longer run continuing a shorter one: only --epochs may differ, and it must grow
-import json
-_short = Path(tempfile.mkdtemp()) / "short"; _short.mkdir()
-(_short / "manifest.json").write_text(json.dumps({"study_a": dict(_lr[1], epochs=6)}))
-_cont = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--lr", "3e-3", "--epochs", "12",
-                                              "--epoch-eval", "--continue-from", str(_short), "--keep-state"]))
-test_eq((_cont[0][0].parameters["continue_from"], _cont[0][0].parameters["keep_state"]), (str((_short / "rows" / "study_a" / "synthetic_marker").resolve()), True))
-test_eq((_lr[0][0].parameters["continue_from"], _lr[0][0].parameters["keep_state"]), ("", False))
-for more, msg in [(["--lr", "1e-3", "--epochs", "12"], "was made with lr=0.003 (this grid: 0.001); only --epochs may differ"),
-                  (["--lr", "3e-3", "--epochs", "6"], "ran --epochs 6; give this grid more")]:
-    test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--seeds", "3", "--epoch-eval",
-                                                             "--continue-from", str(_short), *more])), exc=UsageError, contains=msg)
-test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--datasets", "synthetic_marker", "--continue-from", str(_out)])),
-          exc=UsageError, contains="holds no study A grid")
-# `--fast` takes the levers its calibration chose. A folder that already holds a calibration keeps it (every run of a
-# folder takes one path); here one written by hand, Philox and fused attention, is applied to the tasks and recorded:
-import json
-_fo = Path(tempfile.mkdtemp()); _cal = dict(levers=dict(dropout_rng="philox", precision="fp32", attention="fused"), label="philox+fused",
-                                            ms_per_step={"synthetic_marker": {"default": 9.0, "philox+fused": 7.0}})
-(_fo / "manifest.json").write_text(json.dumps({"study_a": {"fast_calibration": _cal}}))
-_fast = grid_tasks(build_parser().parse_args(["grid", "--out", str(_fo), "--datasets", "synthetic_marker", "--seeds", "3", "--fast", "--device", "cpu"]))
-test_eq([_fast[1][k] for k in ("dropout_rng", "precision", "attention")], ["philox", "fp32", "fused"])
-test_eq(_fast[1]["fast_calibration"], _cal)
-test_eq(_fast[0][0].parameters["options"]["dropout_rng"], "philox")
-test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--fast", "--precision", "bf16"])), exc=UsageError, contains="--fast sets")
-test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--methods", "softmax,entmax15_bisect", "--attention", "fused",
-                                                         "--device", "cpu"])), exc=UsageError, contains="entmax15_bisect has no fused kernel")
-for bad, msg in [(["--lr", "-1"], "--lr must be"), (["--lr", "2"], "--lr must be"), (["--epochs", "-3"], "--epochs must be")]:
-    test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), *bad])), exc=UsageError, contains=msg)
-
-# %% [markdown]
-# A baseline folder sets the seeds and datasets, adds the softmax re-run of the first seed, and refuses other options or
-# seeds it does not have:
-
-# %%
-import json, shutil
-_base = Path(tempfile.mkdtemp()) / "base"; _base.mkdir()
-shutil.copy(Path(sparse_attention_repro.__file__).parent.parent / "tests" / "fixtures" / "runs.csv", _base / "runs.csv")
-(_base / "manifest.json").write_text(json.dumps({"study_a": dict(profile="smoke", val_fraction=0.0, mask_padding=False, patch_size=0, marker_vocab=20000)}))  # an older manifest
-_vs, _vo = grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--methods", "sparsemax", "--baseline", str(_base), "--datasets", "synthetic_marker"]))
-test_eq([(t.name, t.parameters["methods"]) for t in _vs],
-        [("synthetic_marker/seed0", ["sparsemax", "softmax"]), ("synthetic_marker/seed1", ["sparsemax"]), ("synthetic_marker/seed2", ["sparsemax"])])
-test_eq(Path(_vs[0].produces[-1]).name, "softmax.csv")
-test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--methods", "sparsemax", "--baseline", str(_base), "--lr", "3e-3"])),
-          exc=UsageError, contains="was made with lr=0.0 (this grid: 0.003)")
-test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--methods", "sparsemax", "--baseline", str(_base), "--seeds", "7"])),
-          exc=UsageError, contains="has no runs for cifar10 seed 7")   # the first dataset in registry order
-test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--baseline", str(_out)])), exc=UsageError, contains="holds no runs.csv")
-test_fail(lambda: grid_tasks(build_parser().parse_args(["grid", "--out", str(_out), "--methods", "softmax", "sparsemax", "softmax"])), exc=UsageError, contains="twice")
-
-# %% [markdown]
-# `cmd_grid` holds the results folder (one writer at a time), checks it was made with the same options and runs
-# what is not done yet.
-
-# %%
-#| export
-def study_group(study, out, tasks, options, name="") -> TaskGroup:
-    "`out`'s manifest checked against `options` (over `study`'s own defaults), and `tasks` as one group of `study`'s rows in `out`."
-    check_manifest(out, study.name, options, defaults=option_defaults(study.config_class()))
-    if tasks: record_threads(out, study.name, tasks[0].parameters["threads"])   # the folder's count from now on
-    return TaskGroup(list(tasks), study.results_path(out), study.keys, study.rows_dir(out), Path(out), name=name)
-
-def run_study(study, args, tasks, options, then=None) -> dict:
-    "Run `study`'s `tasks` into `args.out`, the folder held and its manifest checked (then `then()`, still held); returns the failures."
-    with results_lock(args.out):
-        fails = run_task_groups([study_group(study, args.out, tasks, options)], jobs=args.jobs, executor=args.executor,
-                                scheduler=args.scheduler, desc=f"{study.title} notebooks")
-        if then is not None: then()
-        return fails
-
-def cmd_grid(args):
-    "Run the study A grid (and, with --baseline, write the comparison with the committed runs); returns the failures."
-    tasks, options = grid_tasks(args)
+def run_grid(req: GridRequest) -> dict:
+    "Run the study A grid `req` (and, with a baseline, write the comparison with its runs); returns the failures."
+    tasks, options = grid_tasks(req)
     def versus():
-        if getattr(args, "baseline", None) and STUDY_A.results_path(args.out).exists():
+        if req.baseline and STUDY_A.results_path(req.out).exists():
             from sparse_attention_repro.report import versus_report
-            print(f"versus baseline: {versus_report(args.out, args.baseline)}")
-    return run_study(STUDY_A, args, tasks, options, then=versus)
+            print(f"versus baseline: {versus_report(req.out, req.baseline)}")
+    return run_study(STUDY_A, req.out, req.execution, tasks, options, then=versus)
 
-# %% [markdown]
-# ## Crisp grid
-#
-# The same for study B: one task per (configuration, seed); SST-2 must be readable (or downloadable with `--download`)
-# before anything starts.
+def cmd_grid(args): return run_grid(grid_request(args))
 
-# %%
-#| export
-CRISP = STUDIES["crisp"]
-
-# %%
-#| export
-def crisp_tasks(args):
-    "Validate the Crisp arguments and return (tasks, options)."
-    _check_executor(args)
-    from sparse_attention_repro.crisp import CRISP_CONFIGS, CRISP_PROFILES, FinetuneConfig, sst2_path, crisp_normalizer
-    from sparse_attention_repro.data import DataUnavailableError
-    if args.profile not in CRISP_PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(CRISP_PROFILES)}")
-    configs = _split(args.configs) if args.configs else list(CRISP_CONFIGS)
-    for c in configs:
-        try: crisp_normalizer(c)                                     # the paper's four, or any registered normalizer
-        except ValueError as e: raise UsageError(str(e)) from None
-    seeds = _seeds(args.seeds) if args.seeds else list(CRISP_PROFILES[args.profile]["seeds"])
-    run = {k: getattr(args, k) for k in option_defaults(FinetuneConfig)}   # FinetuneConfig's options, checked by their own rules
-    try: check_options(FinetuneConfig, run)
-    except ValueError as e: raise UsageError(str(e)) from None
-    options = dict(profile=args.profile, model=args.model or "", **run)
-    for split in ("train", "validation", "test"):  # SST-2 present (or downloaded now), before any notebook starts
-        try: sst2_path(split, download=args.download)
-        except DataUnavailableError as e: raise UsageError(str(e)) from None
-    out, nb = Path(args.out).resolve(), experiments_dir() / CRISP.notebook
-    threads, note = grid_threads(args.out, CRISP.name, args.jobs)
-    if note: print(note, file=sys.stderr)
-    rows = lambda c, s: (CRISP.rows_dir(out) / c / f"seed{s}.csv").resolve()
-    tasks = [NotebookTask(f"{c}/seed{s}", nb, out / "notebooks" / "crisp" / c / f"seed{s}.ipynb", [rows(c, s)],
-                          dict(config=c, seed=s, profile=args.profile, model=args.model or "", threads=threads, rows_path=str(rows(c, s)),
-                               download=args.download, device=args.device, options=run))
-             for c in configs for s in seeds]
-    return tasks, options
-
-# %%
-from sparse_attention_repro.data import resolve_data_root
-if resolve_data_root() and (resolve_data_root() / "sst2" / "train.tsv").is_file():
-    tasks, opts = crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--configs", "dense,fixed_080", "--seeds", "0,1"]))
-    test_eq([t.name for t in tasks], ["dense/seed0", "dense/seed1", "fixed_080/seed0", "fixed_080/seed1"])
-    test_eq((opts["precision"], opts["train_n"], tasks[0].parameters["config"]), ("fp32", 0, "dense"))
-    test_eq(crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--train-n", "1200"]))[0][0].parameters["options"]["train_n"], 1200)
-    test_eq(crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--lr", "2e-5"]))[0][0].parameters["options"]["lr"], 2e-5)
-    test_fail(lambda: crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--lr", "-1"])), exc=UsageError, contains="--lr must be")
-    test_fail(lambda: crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--configs", "sparse"])), exc=UsageError, contains="unknown Crisp config")
-    test_eq([t.parameters["config"] for t in crisp_tasks(build_parser().parse_args(["crisp", "--out", str(_out), "--configs", "entmax15", "--seeds", "0"]))[0]], ["entmax15"])
-
-# %%
-#| export
 def cmd_crisp(args):
     "Run the Crisp grid; returns the failures."
-    return run_study(CRISP, args, *crisp_tasks(args))
+    req = crisp_request(args)
+    return run_study(CRISP, req.out, req.execution, *crisp_tasks(req))
 
 # %% [markdown]
 # ## Report, site, and the whole study
@@ -752,22 +365,24 @@ def cmd_crisp(args):
 
 # %%
 #| export
-def cmd_report(args):
+def cmd_report(args): return write_report(args.results, args.readme)
+
+def write_report(results, readme=None) -> dict:
+    "The report of the results folder `results` (and, given `readme`, that README's generated blocks); returns no failures."
     from sparse_attention_repro.report import make_report
-    if not Path(args.results).is_dir(): raise UsageError(f"results folder {args.results} does not exist; run `sparse-repro grid --out {args.results}` first")
+    if not Path(results).is_dir(): raise UsageError(f"results folder {results} does not exist; run `sparse-repro grid --out {results}` first")
     from sparse_attention_repro.stats import check_results_file, RESULT_COLUMNS
     for name in RESULT_COLUMNS:                                       # a malformed file: one line, before the notebook runs
-        if (Path(args.results) / name).exists():
-            try: check_results_file(Path(args.results) / name)
+        if (Path(results) / name).exists():
+            try: check_results_file(Path(results) / name)
             except ValueError as e: raise UsageError(str(e)) from None
-    readme = getattr(args, "readme", None)                             # `reproduce` reports without touching a README
     if readme and not Path(readme).is_file(): raise UsageError(f"--readme {readme} is not a file; give the README to update")
-    print(f"report: {make_report(args.results)}")
+    print(f"report: {make_report(results)}")
     if readme:
         from sparse_attention_repro.tuning import sync_readme
         from sparse_attention_repro.report import write_readme
         source = Path(readme).parent / "nbs" / "index.ipynb"            # the README's source, where it has one
-        if not source.is_file(): print(f"readme: {readme} {'updated' if sync_readme(readme, args.results) else 'already current'}")
+        if not source.is_file(): print(f"readme: {readme} {'updated' if sync_readme(readme, results) else 'already current'}")
         else:                                                           # built from its source, blocks from the committed tables
             print(f"readme: {readme} {'updated' if write_readme(source, readme) else 'already current'} from {source} and outputs/")
     return {}
@@ -831,17 +446,13 @@ def cmd_site(args):
 #| export
 def cmd_reproduce(args):
     "Study A grid, Crisp grid and the report into one folder."
-    from sparse_attention_repro.train import TrainConfig
-    from sparse_attention_repro.crisp import FinetuneConfig
-    args.out = args.out or f"outputs/{args.profile}"
-    run = dict(profile=args.profile, out=args.out, seeds=None, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
-               download=args.download, device=args.device)
-    grid = argparse.Namespace(**run, **{**option_defaults(TrainConfig), "val_fraction": args.val_fraction}, datasets=None, methods=None,
-                              plain=False, stack_seeds=args.stack_seeds, baseline=None, fast=args.fast)
-    crisp = argparse.Namespace(**run, configs=None, model=args.model, **option_defaults(FinetuneConfig))
+    out, execution = args.out or f"outputs/{args.profile}", execution_of(args)
+    grid = GridRequest(out, args.profile, options=dict(val_fraction=args.val_fraction), stack_seeds=args.stack_seeds, fast=args.fast,
+                       execution=execution)
+    crisp = CrispRequest(out, args.profile, model=args.model or "", execution=execution)
     grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
-    fails = {**cmd_grid(grid), **cmd_crisp(crisp)}
-    cmd_report(argparse.Namespace(results=args.out))
+    fails = {**run_grid(grid), **run_study(CRISP, out, execution, *crisp_tasks(crisp))}
+    write_report(out)
     return fails
 
 # %% [markdown]
@@ -854,20 +465,20 @@ def cmd_reproduce(args):
 
 # %%
 #| export
-def ablation_grids(args, table=None, kind="ablation"):
-    "The grid arguments of every requested catalogue entry of `table` (default `catalogue.ABLATIONS`), validated, in order."
+def ablation_grids(args, table=None, kind="ablation") -> list:
+    "(name, `GridRequest`) of every requested catalogue entry of `table` (default `catalogue.ABLATIONS`), validated, in order."
     from sparse_attention_repro.catalogue import ABLATIONS
     table = ABLATIONS if table is None else table
     names = _split(args.only) if args.only else list(table)
     for n in names:
         if n not in table: raise UsageError(f"unknown {kind} {n!r}; choose from {', '.join(table)}")
-    grids = []
+    grids, execution = [], execution_of(args)
     for n in names:
-        argv = ["grid", "--profile", args.profile, "--out", str(Path(args.out) / table[n].folder), *table[n].grid_args(),
-                "--jobs", str(args.jobs), "--executor", args.executor, "--device", args.device]
-        argv += (["--seeds", *args.seeds] if args.seeds else []) + (["--scheduler", args.scheduler] if args.scheduler else [])
-        argv += (["--download"] if args.download else []) + ["--stack-seeds", str(args.stack_seeds)] + (["--fast"] if getattr(args, "fast", False) else [])
-        g = build_parser().parse_args(argv)
+        d = table[n].design                                 # its declaration, typed: `fast` is how it runs, the rest its run options
+        g = GridRequest(str(Path(args.out) / table[n].folder), args.profile, d.datasets, d.methods,
+                        tuple(_seeds(args.seeds)) if args.seeds else tuple(d.seeds or ()),
+                        {k: v for k, v in d.options.items() if k != "fast"}, stack_seeds=args.stack_seeds,
+                        fast=args.fast or bool(d.options.get("fast")), execution=execution)
         grid_tasks(g)
         grids.append((n, g))
     return grids
@@ -877,7 +488,7 @@ def _run_named_grids(args, table=None, kind="ablation"):
     fails = {}
     for name, g in ablation_grids(args, table, kind):
         print(f"{kind} {name}: {g.out}")
-        fails.update({f"{name}:{k}": v for k, v in cmd_grid(g).items()})
+        fails.update({f"{name}:{k}": v for k, v in run_grid(g).items()})
     return fails
 
 def cmd_ablations(args):
@@ -897,20 +508,20 @@ def cmd_follow_ups(args):
 
 # %%
 #| export
-def tuned_grids(args):
-    "The `grid` arguments of what the requested stage of the tuned-recipe protocol still needs, validated, with their command lines."
+def tuned_grids(args) -> list:
+    "(command line, `GridRequest`) of each grid the requested stage of the tuned-recipe protocol still needs, validated."
     from sparse_attention_repro import tuning as T
     datasets = _split(args.datasets) if args.datasets else list(T.TUNED_SEARCH)
     for d in datasets:
         if d not in T.TUNED_SEARCH: raise UsageError(f"dataset {d!r} has no declared recipe search; choose from {', '.join(T.TUNED_SEARCH)}")
-    methods = _split(args.methods) if getattr(args, "methods", None) else None
+    methods = _split(args.methods) if args.methods else None
     if methods:
         from sparse_attention_repro.normalizers import resolve_normalizer
         for m in methods:
             try: resolve_normalizer(m)
             except (KeyError, ValueError, ImportError) as e: raise UsageError(str(e).splitlines()[0]) from None
         if args.stage == "power": raise UsageError("--stage power adds seeds to the paper's headline comparisons; drop --methods")
-    base = getattr(args, "baseline", None)
+    base = args.baseline
     if base and not list(Path(base, "tuned").glob("*/runs.csv")):
         raise UsageError(f"--baseline {base} holds no tuned grids ({Path(base) / 'tuned'}/*/runs.csv); run `sparse-repro tuned --out {base}` first")
     search = T.search_for(methods) if methods else None
@@ -921,28 +532,25 @@ def tuned_grids(args):
         rec = T.choose_recipes(curves, failed, rule=rule)
         plan = [p for p in T.power_plan(curves, rec, T.tuned_tests(curves, rec)) if p["dataset"] in datasets] if len(rec) else []
     else: plan = T.tuned_plan(curves, failed, search, stage=args.stage, datasets=datasets, rule=rule)
-    grids = []
+    grids, execution = [], execution_of(args)
     for p in plan:
-        argv = ["grid", "--profile", args.profile, "--out", str(Path(args.out) / "tuned" / p["folder"]), "--datasets", p["dataset"],
-                "--methods", *p["methods"], "--seeds", *map(str, p["seeds"]), "--lr", f"{p['lr']:g}", "--epochs", str(p["epochs"]),
-                "--epoch-eval", "--val-fraction", f"{T.TUNED_VAL_FRACTION:g}"]
-        argv += ["--keep-state"] if p.get("keep_state") else []
-        if p.get("continue_from") and (Path(args.out) / "tuned" / p["continue_from"] / "manifest.json").is_file():
-            argv += ["--continue-from", str(Path(args.out) / "tuned" / p["continue_from"])]   # the shorter run's kept states
-        run = ["--jobs", str(args.jobs), "--executor", args.executor, "--device", args.device, "--stack-seeds", str(args.stack_seeds)]
-        run += (["--scheduler", args.scheduler] if args.scheduler else []) + (["--download"] if args.download else [])
-        g = build_parser("grid").parse_args(argv + run)
+        shorter = Path(args.out) / "tuned" / p["continue_from"] if p.get("continue_from") else None
+        g = GridRequest(str(Path(args.out) / "tuned" / p["folder"]), args.profile, (p["dataset"],), tuple(p["methods"]), tuple(p["seeds"]),
+                        dict(lr=p["lr"], epochs=p["epochs"], epoch_eval=True, val_fraction=T.TUNED_VAL_FRACTION),
+                        stack_seeds=args.stack_seeds, keep_state=bool(p.get("keep_state")),
+                        continue_from=str(shorter) if shorter and (shorter / "manifest.json").is_file() else None,   # the shorter run's kept states
+                        execution=execution)
         grid_tasks(g)
-        grids.append((" ".join(["sparse-repro", *argv]), g))
+        grids.append((g.command_line(), g))
     return grids
 
 def tuned_rule(args, runs):
     "The selection rule of `args.out`'s tuned grids: the one recorded there, or `--halving` for a folder with no tuned run yet."
     from sparse_attention_repro import tuning as T
     stored = T.search_rule(args.out)
-    if getattr(args, "halving", False) and stored is None and len(runs):
+    if args.halving and stored is None and len(runs):
         raise UsageError(f"{Path(args.out) / 'tuned'} was searched with the full select stage; --halving starts a new search (give another --out)")
-    return T.HALVING if getattr(args, "halving", False) or stored is not None else None
+    return T.HALVING if args.halving or stored is not None else None
 
 def tuned_groups(stack, grids) -> list:
     """One `TaskGroup` per grid of a tuned stage, each results folder held once (in `stack`, an `ExitStack`): the power
@@ -962,11 +570,11 @@ def tuned_groups(stack, grids) -> list:
 def cmd_tuned(args):
     "Run the requested stage of the tuned-recipe protocol until it needs nothing more (or a notebook fails); returns the failures."
     from contextlib import ExitStack
-    _check_executor(args)
+    execution_of(args)
     fails = {}
     ran = None
     while grids := tuned_grids(args):                     # every argument checked before anything is written
-        if getattr(args, "halving", False) and not args.dry_run and ran is None:
+        if args.halving and not args.dry_run and ran is None:
             from sparse_attention_repro import tuning as T
             T.record_search_rule(args.out, T.HALVING)       # the folder's rule, read back by every later command
         lines = [line for line, _ in grids]
@@ -982,7 +590,7 @@ def cmd_tuned(args):
         if fails or args.stage != "select": break
         ran = lines
     else: print(f"tuned ({args.stage}): nothing left to run in {Path(args.out) / 'tuned'}")
-    if getattr(args, "baseline", None) and getattr(args, "methods", None) and not args.dry_run:
+    if args.baseline and args.methods and not args.dry_run:
         from sparse_attention_repro.tuning import write_fair_verdict
         for m in _split(args.methods):
             try: print(f"tuned: the fair verdict of {m}: {write_fair_verdict(args.out, args.baseline, m)}")
@@ -990,15 +598,17 @@ def cmd_tuned(args):
     return fails
 
 # %%
+_out = Path(tempfile.mkdtemp()) / "res"
 _tg = tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "fashion_mnist", "--jobs", "1"]))
-test_eq([(g.lr, g.epochs, g.epoch_eval, g.val_fraction, g.seeds, len(g.methods), g.out) for _, g in _tg],
-        [(lr, 36, True, 0.25, ["0", "1", "2"], 7, str(_out / "tuned" / f"fashion_mnist_lr{lr:g}")) for lr in (3e-4, 1e-3, 3e-3, 1e-2)])
+test_eq([(g.options, g.seeds, len(g.methods), g.out) for _, g in _tg],
+        [(dict(lr=lr, epochs=36, epoch_eval=True, val_fraction=0.25), (0, 1, 2), 7, str(_out / "tuned" / f"fashion_mnist_lr{lr:g}"))
+         for lr in (3e-4, 1e-3, 3e-3, 1e-2)])
 assert _tg[1][0].startswith("sparse-repro grid --profile paper --out ") and "--lr 0.001 --epochs 36 --epoch-eval" in _tg[1][0]
 test_eq(tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "kmnist", "--stage", "complete"])), [])
 _tm = tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "fashion_mnist", "--methods", "sparsemax"]))
-test_eq([(g.methods, g.lr, g.seeds) for _, g in _tm], [(["sparsemax"], lr, ["0", "1", "2"]) for lr in (3e-4, 1e-3, 3e-3, 1e-2)])   # its own search
+test_eq([(g.methods, g.options["lr"], g.seeds) for _, g in _tm], [(("sparsemax",), lr, (0, 1, 2)) for lr in (3e-4, 1e-3, 3e-3, 1e-2)])   # its own search
 _ts = tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "fashion_mnist", "--stack-seeds", "3"]))
-test_eq([(g.stack_seeds, g.epoch_eval) for _, g in _ts], [(3, True)] * 4)                  # on a GPU: the selection seeds as one stack
+test_eq([(g.stack_seeds, g.options["epoch_eval"]) for _, g in _ts], [(3, True)] * 4)                  # on a GPU: the selection seeds as one stack
 test_eq([len(grid_tasks(g)[0]) for _, g in _ts], [1] * 4)                                  # one notebook per rate
 test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--methods", "sparsemaxx"])), exc=UsageError,
           contains="unknown normalizer 'sparsemaxx'")
@@ -1009,14 +619,13 @@ import tempfile
 from contextlib import ExitStack
 from sparse_attention_repro.runner import FolderBusyError
 with tempfile.TemporaryDirectory() as _td:                                    # the power stage: two grids into one folder
-    _pg = lambda methods, seeds: ("", build_parser().parse_args(["grid", "--profile", "smoke", "--out", f"{_td}/tuned/kmnist_lr0.001",
-                                  "--datasets", "kmnist", "--methods", *methods, "--seeds", *seeds, "--jobs", "1"]))
+    _pg = lambda methods, seeds: ("", GridRequest(f"{_td}/tuned/kmnist_lr0.001", "smoke", ("kmnist",), tuple(methods), tuple(seeds)))
     with ExitStack() as _st:
-        _gs = tuned_groups(_st, [_pg(["softmax", "sparsemax"], ["10"]), _pg(["softmax"], ["11", "12"])])
+        _gs = tuned_groups(_st, [_pg(["softmax", "sparsemax"], [10]), _pg(["softmax"], [11, 12])])
         test_eq([len(g.tasks) for g in _gs], [1, 2])                                # one folder, held once, notebooks by seed
-        test_fail(lambda: tuned_groups(ExitStack(), [_pg(["softmax"], ["10"])]), exc=FolderBusyError, contains="in use by")
+        test_fail(lambda: tuned_groups(ExitStack(), [_pg(["softmax"], [10])]), exc=FolderBusyError, contains="in use by")
     with ExitStack() as _st:
-        test_fail(lambda: tuned_groups(_st, [_pg(["softmax"], ["10"]), _pg(["sparsemax"], ["10"])]), exc=ValueError, contains="two grids")
+        test_fail(lambda: tuned_groups(_st, [_pg(["softmax"], [10]), _pg(["sparsemax"], [10])]), exc=ValueError, contains="two grids")
 test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", "x", "--datasets", "synthetic_marker"])), exc=UsageError,
           contains="no declared recipe search")
 
@@ -1024,14 +633,15 @@ test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", "x", 
 _ab = ablation_grids(build_parser().parse_args(["ablations", "--profile", "smoke", "--out", str(_out), "--only", "learnable_marker,patch4", "--seeds", "0"]))
 test_eq([n for n, _ in _ab], ["learnable_marker", "patch4"])
 test_eq(ablation_grids(build_parser().parse_args(["ablations", "--profile", "smoke", "--out", str(_out), "--only", "patch4", "--fast"]))[0][1].fast, True)
-test_eq((_ab[0][1].marker_vocab, _ab[0][1].datasets, _ab[1][1].patch_size, _ab[1][1].out), (12, ["synthetic_marker"], 4, str(_out / "ablations" / "patch4")))
+test_eq((_ab[0][1].options["marker_vocab"], _ab[0][1].datasets, _ab[1][1].options["patch_size"], _ab[1][1].out),
+        (12, ("synthetic_marker",), 4, str(_out / "ablations" / "patch4")))
 test_fail(lambda: ablation_grids(build_parser().parse_args(["ablations", "--out", "x", "--only", "dropout"])), exc=UsageError, contains="unknown ablation")
 from sparse_attention_repro.catalogue import FOLLOW_UPS
 _fu = ablation_grids(build_parser().parse_args(["follow-ups", "--profile", "smoke", "--out", str(_out), "--seeds", "0"]), FOLLOW_UPS, "follow-up")
 test_eq([(n, g.methods, g.out) for n, g in _fu],
-        [("alpha_start", ["headwise_adaptive_entmax_start12", "headwise_adaptive_entmax_start18"], str(_out / "follow_ups" / "alpha_start")),
-         ("selection_marker", None, str(_out / "follow_ups" / "selection_marker"))])          # None: every paper method
-test_eq((_fu[1][1].marker_design, _fu[1][1].epochs, _fu[1][1].epoch_eval, _fu[1][1].val_fraction), ("label_once", 3, True, 0.25))
+        [("alpha_start", ("headwise_adaptive_entmax_start12", "headwise_adaptive_entmax_start18"), str(_out / "follow_ups" / "alpha_start")),
+         ("selection_marker", (), str(_out / "follow_ups" / "selection_marker"))])          # (): every paper method
+test_eq(_fu[1][1].options, dict(marker_design="label_once", epochs=3, epoch_eval=True, val_fraction=0.25))
 assert not _out.exists()
 
 # %% [markdown]
@@ -1243,7 +853,7 @@ test_eq(set(_choices), set(BENCHES)); assert set(TIMED_BENCHES) <= set(BENCHES) 
 #| export
 def cmd_length(args):
     "Run the length study's grid (or, with --dry-run, print what it still needs); returns the failures."
-    _check_executor(args)
+    execution = execution_of(args)
     from sparse_attention_repro.length_study import (LENGTH, PROFILES, check_request, plan_runs, notebook_task, stage_runs, estimate_core_hours,
                                                      read_recipes, freeze_recipes, RECIPES)
     import pandas as pd
@@ -1256,7 +866,7 @@ def cmd_length(args):
         return {}
     if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
     prof = PROFILES[args.profile]
-    run = config_from_options(LengthRunConfig, {k: getattr(args, k) for k in option_defaults(LengthRunConfig)})
+    run = config_from_options(LengthRunConfig, {k: vars(args)[k] for k in option_defaults(LengthRunConfig)})
     tasks, specs = check_request(prof, args.tasks or prof.tasks, args.normalizers or prof.normalizers,
                                  args.positions or prof.positions, args.test_lengths or prof.test_lengths)
     names, positions = ([t.name for t in tasks], [s.name for s in specs]), args.positions or prof.positions
@@ -1281,7 +891,7 @@ def cmd_length(args):
     if note: print(note, file=sys.stderr)
     options = dict(profile=args.profile, **{k: v for k, v in asdict(runs[0].cfg).items() if k in option_defaults(LengthRunConfig)},
                    test_examples=prof.test_examples)
-    fails = run_study(LENGTH, args, [notebook_task(r, threads) for r in runs], options)
+    fails = run_study(LENGTH, args.out, execution, [notebook_task(r, threads) for r in runs], options)
     if args.stage == "select" and not fails:
         print(f"{args.out}/{RECIPES}: {len(freeze_recipes(args.out))} arms' recipes, chosen on the selection seeds' validation curves")
     return fails

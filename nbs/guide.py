@@ -93,7 +93,9 @@
 # | `nbs/guide.ipynb` | this page |
 # | `nbs/05c_catalogue.ipynb` | the catalogue of experiments: each one's question, design (datasets, methods, options, seeds), folder and analysis as one typed entry; the ablation and follow-up commands run its entries, the report reads them, and it writes `outputs/README.md` |
 # | `nbs/05d_leaderboard.ipynb` | the leaderboard: every normalizer with committed runs, joined from the committed tables (no statistic of its own) into `outputs/leaderboard.{csv,md,png}` |
-# | `nbs/06_runner.ipynb`, `nbs/07_cli.ipynb` | resumable papermill execution (local or dask) and the command line |
+# | `nbs/06_runner.ipynb` | resumable papermill execution (local or dask) |
+# | `nbs/06b_run_request.ipynb` | the typed run requests (`GridRequest`, `CrispRequest`, `Execution`): built once from the command line, a catalogue entry, the tuned plan or `reproduce`, checked, and turned into papermill tasks |
+# | `nbs/07_cli.ipynb` | the command line: argv into requests, and the commands |
 # | `nbs/08_bench.ipynb` | the benchmarks behind `sparse-repro bench` |
 # | `nbs/09_tutorial_own_normalizer.ipynb` | tutorial: write a normalizer, register it, run it against the committed baselines and read the answer |
 # | `nbs/experiments/` | the parameterised notebooks papermill executes: `study_a`, `crisp`, `report` |

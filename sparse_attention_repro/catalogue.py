@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 from .study import BASELINE, PAPER_METHODS, CRISP_CONFIGS, STUDIES, EQUIVALENCE_MARGINS
+from .options import option_flags
 
 # %% ../nbs/05c_catalogue.ipynb
 @dataclass(frozen=True)
@@ -48,10 +49,7 @@ class Experiment:
         d = self.design
         args = (["--datasets", *d.datasets] if d.datasets else []) + (["--methods", *d.methods] if d.methods else [])
         args += ["--seeds", *map(str, d.seeds)] if d.seeds is not None else []
-        for k, v in d.options.items():
-            flag = "--" + k.replace("_", "-")
-            args += [flag] if v is True else [] if v is False else [flag, f"{v:g}" if isinstance(v, float) else str(v)]
-        return args
+        return args + option_flags(d.options)
 
     def expected_tests(self) -> set:
         "The (dataset, method) comparisons with the baseline this experiment contributes when complete (methods renamed)."
