@@ -277,14 +277,21 @@ test_eq(tost_paired([0.5, 0.6], [0.5, 0.6], 0.01), 0.0)                      # i
 
 # %%
 #| export
-def equivalence_verdict(p_tost, p_diff, margin, alpha=0.05, unit="pt"):
-    "'equivalent within ±m', 'different' or 'undecided' from a TOST p and a (Holm) two-sided p."
-    m = f"±{100 * margin:.1f} pt" if unit == "pt" else f"±{margin:g}"
-    if np.isfinite(p_tost) and p_tost < alpha: return f"equivalent within {m}"
+def equivalence_word(p_tost, p_diff, alpha=0.05) -> str:
+    "'equivalent', 'different' or 'undecided' from a TOST p and a (Holm) two-sided p: the word tables carry as a column."
+    if np.isfinite(p_tost) and p_tost < alpha: return "equivalent"
     if np.isfinite(p_diff) and p_diff < alpha: return "different"
     return "undecided"
 
+def equivalence_verdict(p_tost, p_diff, margin, alpha=0.05, unit="pt"):
+    "The same reading in words for a reader: 'equivalent within ±m', 'different' or 'undecided'."
+    m = f"±{100 * margin:.1f} pt" if unit == "pt" else f"±{margin:g}"
+    w = equivalence_word(p_tost, p_diff, alpha)
+    return f"equivalent within {m}" if w == "equivalent" else w
+
 # %%
+test_eq([equivalence_word(0.01, 0.002), equivalence_word(0.3, 0.002), equivalence_word(0.3, 0.4), equivalence_word(np.nan, np.nan)],
+        ["equivalent", "different", "undecided", "undecided"])
 test_eq(equivalence_verdict(0.01, 0.002, 0.005), "equivalent within ±0.5 pt")
 test_eq(equivalence_verdict(0.30, 0.002, 0.005), "different")
 test_eq(equivalence_verdict(0.30, 0.40, 0.01), "undecided")
@@ -982,12 +989,13 @@ test_eq(len(ablation_tests(main_fx, None)), 0)
 def ablation_family(tables: dict):
     "Concatenate `ablation_tests` tables (name -> table), Holm-adjust the gain changes across them all, add the change verdict."
     parts = [t.assign(ablation=name) for name, t in tables.items() if len(t)]
-    if not parts: return pd.DataFrame(columns=["ablation", *ABLATION_COLS, "gain_change_p_holm", "change_verdict"])
+    if not parts: return pd.DataFrame(columns=["ablation", *ABLATION_COLS, "gain_change_p_holm", "change_word", "change_verdict"])
     out = holm(pd.concat(parts, ignore_index=True).assign(_family="ablations"), family_cols=("_family",), p_col="gain_change_p")
     out = out.rename(columns={"p_holm": "gain_change_p_holm"}).drop(columns="_family")
+    out["change_word"] = [equivalence_word(a, b) for a, b in zip(out.gain_change_p_tost, out.gain_change_p_holm)]
     out["change_verdict"] = [equivalence_verdict(a, b, EQUIVALENCE_MARGINS["ablation"])
                              for a, b in zip(out.gain_change_p_tost, out.gain_change_p_holm)]
-    return out[["ablation", *ABLATION_COLS, "gain_change_p_holm", "change_verdict"]]
+    return out[["ablation", *ABLATION_COLS, "gain_change_p_holm", "change_word", "change_verdict"]]
 
 # %% [markdown]
 # On the fixture: a second table whose changes share the family halves no p-value the wrong way — each adjusted p equals

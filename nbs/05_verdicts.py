@@ -22,7 +22,7 @@ from scipy import stats as sps
 from sparse_attention_repro.study import BASELINE, CLAIMS, PAPER_MODEL, PAPER_CRISP_GAINS, PAPER_CRISP_DENSE, method_order
 from sparse_attention_repro.data import PAPER_SIZES
 from sparse_attention_repro.stats import (CRISP_MASKED, MAIN_DATASETS, SPARSE_METHODS, DATASET_ORDER, accuracy_ci,
-                                          crisp_tests, equivalence_verdict, paired_tests, power_table, prediction_interval,
+                                          crisp_tests, equivalence_verdict, equivalence_word, paired_tests, power_table, prediction_interval,
                                           seed_deltas, select_topk, single_pair_exceedance, single_seed_summary, time_ratios)
 
 # %% [markdown]
@@ -99,8 +99,8 @@ def verdict(kind, paper, est, lo, hi, p_holm, n, alpha=0.05, p_tost=np.nan):
     inside = bool(np.isfinite(lo) and np.isfinite(hi) and lo <= paper <= hi)
     sig = bool(np.isfinite(p_holm) and p_holm < alpha)
     if kind == "no_difference":
-        eq = equivalence_verdict(p_tost, p_holm, 1.0, alpha)
-        return "reproduced" if eq.startswith("equivalent") else "not reproduced" if eq == "different" else "inconclusive"
+        eq = equivalence_word(p_tost, p_holm, alpha)
+        return "reproduced" if eq == "equivalent" else "not reproduced" if eq == "different" else "inconclusive"
     if kind == "time_ratio":                                  # "≈ 4×": reproduced when the CI lies within 3–5×
         if not (np.isfinite(lo) and np.isfinite(hi)): return "inconclusive"
         return "reproduced" if 0.75 * paper <= lo and hi <= 1.25 * paper else "not reproduced" if hi < 0.75 * paper or lo > 1.25 * paper else "inconclusive"
@@ -219,7 +219,7 @@ def _sentence(r):
             s += f"; a single seed pair would land between {_fmt_pt(r['pi_low'])} and {_fmt_pt(r['pi_high'])} (95% PI)"
         if r.get("equivalence"):
             s += f"; equivalence to {r['baseline']}: {r['equivalence']} (TOST p = {fmt_p(r['p_tost'])})"
-            if r["equivalence"].startswith("equivalent") and r["p_holm"] < 0.05: s += ", a small difference that is significant yet inside the margin"
+            if equivalence_word(r["p_tost"], r["p_holm"]) == "equivalent" and r["p_holm"] < 0.05: s += ", a small difference that is significant yet inside the margin"
         return s + f" — {v}."
     if k == "count":
         return f"{r['claim']}: {int(r['estimate'])} of {len(SPARSE_METHODS)} sparse methods are significantly better after Holm ({n} seeds) — {v}."
@@ -307,9 +307,9 @@ def ablation_answer(name, t, main_tests=None):
     big = t.loc[t.gain_change.abs().idxmax()]
     change = (f"the largest change of a gain is {100 * big.gain_change:+.1f} pt ({big.method} on {big.dataset}, "
               f"95% CI {100 * big.gain_change_ci_low:+.1f} to {100 * big.gain_change_ci_high:+.1f}, p = {fmt_p(big.gain_change_p)}")
-    if "change_verdict" in t:
+    if "change_word" in t:
         change += f", Holm p over all ablations = {fmt_p(big.gain_change_p_holm)})"
-        counts = t.change_verdict.str.split(" ").str[0].value_counts()
+        counts = t.change_word.value_counts()
         change += (f"; of the {n} changes, {counts.get('equivalent', 0)} are equivalent to no change within ±1 pt, "
                    f"{counts.get('different', 0)} differ after Holm and {counts.get('undecided', 0)} are undecided")
     else: change += ")"
@@ -429,16 +429,24 @@ test_eq(len(deviations()), 0)
 
 # %%
 #| export
-def gain_verdict(gain, p_holm, equivalence, margin_words) -> str:
-    "A gain read again in another setting: persists (and within the margin), reversed, gone (equivalent to none) or undecided."
-    eq = equivalence.startswith("equivalent")
-    if gain > 0 and p_holm < 0.05: return f"persists, {margin_words}" if eq else "persists"
-    return "reversed" if gain < 0 and p_holm < 0.05 else "gone" if eq else "undecided"
+GAIN_WORDS = ("persists", "reversed", "gone", "undecided")
+
+def gain_word(gain, p_holm, equivalent: bool, alpha=0.05) -> str:
+    "A gain read again in another setting: persists, reversed (Holm p < `alpha`), gone (`equivalent` to none) or undecided."
+    if p_holm < alpha and gain > 0: return "persists"
+    if p_holm < alpha and gain < 0: return "reversed"
+    return "gone" if equivalent else "undecided"
+
+def gain_verdict(gain, p_holm, equivalent: bool, margin_words) -> str:
+    "`gain_word` for a reader: a gain that persists and is also equivalent to none says so (`persists, under 1 pt`)."
+    w = gain_word(gain, p_holm, equivalent)
+    return f"persists, {margin_words}" if w == "persists" and equivalent else w
 
 # %%
-test_eq([gain_verdict(0.005, 0.01, "equivalent within ±1.0 pt", "under 1 pt"), gain_verdict(0.03, 0.01, "different", "x"),
-         gain_verdict(-0.02, 0.04, "different", "x"), gain_verdict(0.001, 0.9, "equivalent within ±1.0 pt", "x"),
-         gain_verdict(0.01, 0.2, "undecided", "x")], ["persists, under 1 pt", "persists", "reversed", "gone", "undecided"])
+test_eq([gain_verdict(0.005, 0.01, True, "under 1 pt"), gain_verdict(0.03, 0.01, False, "x"),
+         gain_verdict(-0.02, 0.04, False, "x"), gain_verdict(0.001, 0.9, True, "x"),
+         gain_verdict(0.01, 0.2, False, "x")], ["persists, under 1 pt", "persists", "reversed", "gone", "undecided"])
+test_eq([gain_word(0.005, 0.01, True), gain_word(0.0, 0.01, False), gain_word(-0.01, 0.06, True)], ["persists", "undecided", "gone"])
 
 # %% [markdown]
 # Crisp's gains are read again at the other learning rate of the check (`crisp_by_lr`), on validation as the paper
@@ -452,15 +460,15 @@ def crisp_lr_verdicts(claims, by_lr, main_lr) -> dict:
     for c in claims.itertuples():
         if c.study != "B" or c.kind != "delta": continue
         m = by_lr[(by_lr.method == c.method) & (by_lr.split == "validation") & ~np.isclose(by_lr.lr.astype(float), main_lr)]
-        if len(m): out[c.claim_id] = "; ".join(f"at lr {r.lr:g}: {gain_verdict(r.mean_delta, r.p_holm, r.equivalence, 'under 0.5 pt')}, "
+        if len(m): out[c.claim_id] = "; ".join(f"at lr {r.lr:g}: {gain_verdict(r.mean_delta, r.p_holm, r.p_tost < 0.05, 'under 0.5 pt')}, "
                                                f"{100 * r.mean_delta:+.1f} pt" for r in m.itertuples())
     return out
 
 # %%
-_by_lr = pd.DataFrame([dict(lr=2e-5, split="validation", method="adaptive_080", mean_delta=-0.032, p_holm=0.002, equivalence="different"),
-                       dict(lr=2e-5, split="test", method="adaptive_080", mean_delta=-0.028, p_holm=0.0004, equivalence="different"),
-                       dict(lr=1e-4, split="validation", method="adaptive_080", mean_delta=-0.018, p_holm=0.006, equivalence="different"),
-                       dict(lr=2e-5, split="validation", method="fixed_080", mean_delta=0.002, p_holm=0.6, equivalence="equivalent within ±0.5 pt")])
+_by_lr = pd.DataFrame([dict(lr=2e-5, split="validation", method="adaptive_080", mean_delta=-0.032, p_holm=0.002, p_tost=0.9),
+                       dict(lr=2e-5, split="test", method="adaptive_080", mean_delta=-0.028, p_holm=0.0004, p_tost=0.9),
+                       dict(lr=1e-4, split="validation", method="adaptive_080", mean_delta=-0.018, p_holm=0.006, p_tost=0.7),
+                       dict(lr=2e-5, split="validation", method="fixed_080", mean_delta=0.002, p_holm=0.6, p_tost=0.01)])
 _cl = claims_table(runs, crisp).set_index("method")
 _lv = crisp_lr_verdicts(_cl.reset_index(), _by_lr, 1e-4)
 test_eq(_lv[_cl.loc["adaptive_080", "claim_id"]], "at lr 2e-05: reversed, -3.2 pt")

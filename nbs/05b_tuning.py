@@ -44,9 +44,9 @@ import pandas as pd
 from scipy import stats as sps
 from sparse_attention_repro.study import BASELINE, PAPER_METHODS, method_order
 from sparse_attention_repro.data import PAPER_SIZES
-from sparse_attention_repro.stats import (run_curves, paired_stats, tost_paired, holm, equivalence_verdict,
+from sparse_attention_repro.stats import (run_curves, paired_stats, tost_paired, holm, equivalence_verdict, equivalence_word,
                                           family_of, paired_tests, EQUIVALENCE_MARGINS, CURVE_COLS)
-from sparse_attention_repro.verdicts import gain_verdict
+from sparse_attention_repro.verdicts import gain_verdict, gain_word
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
@@ -617,7 +617,7 @@ test_close(projected_cost(_cr.assign(continued=_cr.epochs == 54), _done, None, _
 #| export
 TUNED_TEST_COLS = ["family", "dataset", "method", "baseline", "recipe", "baseline_recipe", "complete", "bracketed", "n",
                    "accuracy", "baseline_accuracy", "gain", "ci_low", "ci_high", "sd", "p", "p_holm", "margin", "p_tost",
-                   "equivalence", "verdict", "gain_paper_recipe", "baseline_accuracy_paper_recipe", "seeds_for_power", "baseline_lift"]
+                   "equivalence", "word", "verdict", "gain_paper_recipe", "baseline_accuracy_paper_recipe", "seeds_for_power", "baseline_lift"]
 
 def _test_at(curves, ds, m, lr, ep):
     g = curves[(curves.dataset == ds) & (curves.method == m) & np.isclose(curves.lr, lr) & (curves.epoch == ep)]
@@ -652,10 +652,13 @@ def tuned_comparison(curves, rec, ds, m, b, family, margin, paper=None) -> dict:
                 baseline_lift=float((t.b.reindex(lifted.index) - lifted).mean()) if len(lifted) else np.nan)   # paired by seed
 
 def _verdicts(out, baseline=BASELINE):
-    "The equivalence and verdict words of Holm-adjusted comparisons."
+    """The readings of Holm-adjusted comparisons: `word` (a gain over `baseline`: `verdicts.GAIN_WORDS`; between two
+    sparse arms: equivalent, different or undecided), the column every reader counts, and `verdict`, the same for a reader."""
+    eq = [equivalence_word(a, b) for a, b in zip(out.p_tost, out.p_holm)]
     out["equivalence"] = [equivalence_verdict(a, b, m) for a, b, m in zip(out.p_tost, out.p_holm, out.margin)]
-    out["verdict"] = [gain_verdict(g, ph, e, f"under {100 * mg:g} pt") if b == baseline else e
-                      for g, ph, e, mg, b in zip(out.gain, out.p_holm, out.equivalence, out.margin, out.baseline)]
+    out["word"] = [gain_word(g, ph, e == "equivalent") if b == baseline else e for g, ph, e, b in zip(out.gain, out.p_holm, eq, out.baseline)]
+    out["verdict"] = [gain_verdict(g, ph, e == "equivalent", f"under {100 * mg:g} pt") if b == baseline else v
+                      for g, ph, e, mg, b, v in zip(out.gain, out.p_holm, eq, out.margin, out.baseline, out.equivalence)]
     return out[TUNED_TEST_COLS].reset_index(drop=True)
 
 def tuned_tests(curves, recipes, main_runs=None, baseline=BASELINE) -> pd.DataFrame:
@@ -1306,7 +1309,7 @@ def answer_lines(tests, paper_tests=None, reach=None, matched=None, sensitivity=
         won = int(((pp.mean_delta > 0) & (pp.p_holm < 0.05)).sum())
         lines.append(f"**Under the paper's recipe** (AdamW at 10⁻³ for 6–8 epochs) {won} of the {len(pp)} sparse-vs-softmax "
                      f"comparisons below show a significant gain after Holm (mean gain of all {len(pp)}: {_pt(pp.mean_delta.mean())} pt).")
-    counts = vs.verdict.str.split(",").str[0].value_counts()
+    counts = vs.word.value_counts()
     committed = (f"{counts.get('persists', 0)} persist, {counts.get('gone', 0)} are gone (equivalent to zero within ±1 pt), "
                  f"{counts.get('reversed', 0)} are reversed and {counts.get('undecided', 0)} are undecided "
                  f"(tuned gains {_pt(vs.gain.min())} to {_pt(vs.gain.max())} pt)")
@@ -1364,7 +1367,7 @@ def answer_lines(tests, paper_tests=None, reach=None, matched=None, sensitivity=
 
 # %%
 _lines = answer_lines(_tt.reset_index().assign(source="tuned"))
-_v = _tt.verdict.str.split(",").str[0].value_counts()
+_v = _tt.word.value_counts()
 assert _lines[0].startswith("**With every arm") and f"{_v.get('persists', 0)} persist" in _lines[0] and len(_lines) <= 5
 _pt_tab = pd.DataFrame([dict(dataset="cifar10", method="topk_softmax_025", baseline="softmax", mean_delta=0.02, p_holm=0.01)])
 _l2 = answer_lines(_tt.reset_index().assign(source="tuned"), _pt_tab)

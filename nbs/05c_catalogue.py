@@ -249,9 +249,9 @@ test_eq(list(FOLLOW_UPS), ["alpha_start", "selection_marker"])
 
 # %%
 #| export
-def _count(words, first_word=True) -> str:
-    c = (pd.Series(list(words)).str.split(" ").str[0] if first_word else pd.Series(list(words))).value_counts()
-    return ", ".join(f"{v} {k}" for k, v in c.items())
+def _count(words) -> str:
+    "How many of each word: `3 undecided, 1 gone`."
+    return ", ".join(f"{v} {k}" for k, v in pd.Series(list(words)).value_counts().items())
 
 def _own_rows(t, e: Experiment):
     "The rows of `e`'s own methods (one folder may hold several entries' methods: `literature/` holds two)."
@@ -262,17 +262,17 @@ def verdict_line(e: Experiment, root) -> str:
     tab, k = Path(root) / "tables", e.analysis.kind
     read = lambda name: pd.read_csv(tab / name) if (tab / name).exists() else None
     if k == "ablation" and (t := read("ablation_family.csv")) is not None and len(t := t[t.ablation == e.name]):
-        return f"{len(t)} changes of a gain over softmax: {_count(t.change_verdict)} (Holm over all ablations, ±1 pt)"
+        return f"{len(t)} changes of a gain over softmax: {_count(t.change_word)} (Holm over all ablations, ±1 pt)"
     if k == "tuned" and (t := read("tuned_tests.csv")) is not None:
         t = t[(t.source == (e.analysis.reading or e.name)) & (t.baseline == BASELINE)]
         if len(t): return (f"{len(t)} tuned comparisons with softmax" + (" (read where the protocol's grid has not run yet)" if e.analysis.reading else "")
-                           + f": {_count(t.verdict)}"
+                           + f": {_count(t.word)}"
                            + (f" ({int((~t.complete).sum())} provisional: not every seed has run)" if (~t.complete).any() else ""))
     if k == "paired_vs_softmax" and e.name == "main" and (t := read("claims.csv")) is not None:
         t = t[t.study == "A"]
-        return f"{len(t)} claims of the paper read under its recipe: {_count(t.verdict, first_word=False)} (the fair reading: `paper/tuned`)"
+        return f"{len(t)} claims of the paper read under its recipe: {_count(t.verdict)} (the fair reading: `paper/tuned`)"
     if k == "crisp" and e.name == "crisp" and (t := read("claims.csv")) is not None and len(t := t[t.study == "B"]):
-        return f"{len(t)} claims of Crisp Attention read: {_count(t.verdict, first_word=False)}"
+        return f"{len(t)} claims of Crisp Attention read: {_count(t.verdict)}"
     if k == "crisp" and e.name == "crisp_normalizers" and (t := read("crisp_normalizer_tests.csv")) is not None:
         return "against dense: " + "; ".join(f"{r.method} {100 * r.mean_delta:+.1f} pt on {r.family.rsplit('_', 1)[-1]} (Holm p {r.p_holm:.2g})"
                                              for r in t.itertuples())
@@ -287,7 +287,7 @@ def verdict_line(e: Experiment, root) -> str:
                 f"{listed(t[(t.p_holm < 0.05) & (t.mean_delta > 0)], 'gains')}; {listed(t[(t.p_holm < 0.05) & (t.mean_delta < 0)], 'losses')}")
     if k == "versus_baseline": return "runs in progress: the comparison is written when its grid finishes (rerun its command to resume)"
     if k == "fair_verdict" and (v := Path(root) / e.folder / "fair_verdict.csv").exists() and len(t := pd.read_csv(v).query("baseline == @BASELINE")):
-        return (f"{len(t)} tuned comparison{'s' * (len(t) != 1)} with tuned softmax ({', '.join(t.dataset)}): {_count(t.verdict)}"
+        return (f"{len(t)} tuned comparison{'s' * (len(t) != 1)} with tuned softmax ({', '.join(t.dataset)}): {_count(t.word)}"
                 + (f" ({int((~t.complete.astype(bool)).sum())} provisional: not every seed has run)" if (~t.complete.astype(bool)).any() else ""))
     if k == "fair_verdict": return "search in progress: the verdict is written as each dataset's grids finish (rerun its command to resume)"
     if k == "speed_check": return "paired checks in BENCHMARKS.md"
@@ -341,7 +341,7 @@ def outputs_index(outputs) -> str:
 import tempfile
 _o = Path(tempfile.mkdtemp()); _r = _o / "paper"; (_r / "tables").mkdir(parents=True); (_r / "ablations" / "patch4").mkdir(parents=True)
 (_r / "ablations" / "patch4" / "runs.csv").write_text("dataset\n")
-pd.DataFrame(dict(ablation=["patch4"] * 3, change_verdict=["equivalent within ±1.0 pt", "undecided", "undecided"])).to_csv(
+pd.DataFrame(dict(ablation=["patch4"] * 3, change_word=["equivalent", "undecided", "undecided"])).to_csv(
     _r / "tables" / "ablation_family.csv", index=False)
 _ix = outputs_index(_o)
 assert "| `paper/ablations/patch4` | patch4 |" in _ix and "3 changes of a gain over softmax: 2 undecided, 1 equivalent" in _ix
@@ -356,6 +356,6 @@ test_eq(_lines["literature_later"], "2 comparisons with softmax at the paper's r
         "1 significant losses (normmax on kmnist)")
 (_o / "literature" / "fair" / "scalable_softmax" / "tuned").mkdir(parents=True)
 assert "search in progress" in outputs_index(_o)
-pd.DataFrame(dict(dataset=["cifar10", "cifar10"], baseline=["softmax", "entmax15"], verdict=["gone", "undecided"], complete=[True, True])).to_csv(
+pd.DataFrame(dict(dataset=["cifar10", "cifar10"], baseline=["softmax", "entmax15"], word=["gone", "undecided"], complete=[True, True])).to_csv(
     _o / "literature" / "fair" / "scalable_softmax" / "fair_verdict.csv", index=False)
 assert "| `literature/fair/scalable_softmax` | fair_scalable_softmax |" in (_ix2 := outputs_index(_o)) and "1 tuned comparison with tuned softmax (cifar10): 1 gone" in _ix2

@@ -56,24 +56,22 @@ def _word(gain, p_holm, alpha=0.05) -> str:
     "The verdict word of a paired comparison; `untested` where no test ran (one seed: no p-value)."
     return "untested" if pd.isna(p_holm) else "n.s." if not (p_holm < alpha) else "better" if gain > 0 else "worse"
 
-def _word_of(verdict) -> str:
-    "The verdict word of a source table's verdict, without its protocol's note (`persists, under 1 pt` → `persists`)."
-    return str(verdict).split(",")[0].strip()
-
 def _provisional(t):
     "Mark the tuned verdicts whose seeds have not all run at the chosen recipes (`provisional`)."
     from sparse_attention_repro.tuning import _flag                       # yes/no as read back from a CSV
     done = _flag(t.complete) if "complete" in t else pd.Series(True, index=t.index)
     return t.assign(provisional=~done.to_numpy(bool))
 
-def _rows(t, reading, source, method="method", gain="mean_delta", verdict=None, dataset="dataset"):
-    """Leaderboard rows of a source table `t`: its verdict as the source words it (its word and any note of its protocol,
-    e.g. `persists, under 1 pt`), the bare `word`, and the typed notes `provisional` and `first_round`."""
+def _rows(t, reading, source, method="method", gain="mean_delta", verdict=None, dataset="dataset", word=None):
+    """Leaderboard rows of a source table `t`: its verdict as the source words it (column `verdict`, with any note of its
+    protocol, e.g. `persists, under 1 pt`), its bare word (column `word` of the source; without either, `_word` of the
+    gain and Holm p), and the typed notes `provisional` and `first_round`."""
     nan, no = pd.Series(np.nan, index=t.index), pd.Series(False, index=t.index)   # a table without an equivalence test (or no test length)
     words = t[verdict] if verdict else pd.Series([_word(g, p) for g, p in zip(t[gain], t.p_holm)], index=t.index)
+    bare = t[word] if word else words
     return pd.DataFrame(dict(normalizer=t[method], dataset=t[dataset], reading=reading, gain=t[gain], ci_low=t.ci_low, ci_high=t.ci_high,
                              p_holm=t.p_holm, n=t.n, margin=t.get("margin", nan), p_tost=t.get("p_tost", nan), source=source,
-                             test_length=t.get("length", nan), verdict=words, word=words.map(_word_of),
+                             test_length=t.get("length", nan), verdict=words, word=bare,
                              provisional=t.get("provisional", no).astype(bool), first_round=t.get("first_round", no).astype(bool)))
 
 def verdict_label(r) -> str:
@@ -111,10 +109,10 @@ def leaderboard_rows(outputs, main="paper", baseline=BASELINE) -> pd.DataFrame:
         t = t[t.source == "tuned"].pipe(lambda x: pd.concat([x, t[(t.source != "tuned") & ~t.set_index(["dataset", "method"]).index.isin(
             x.set_index(["dataset", "method"]).index)]]))        # the protocol's grid first, the first round where it has not run
         t = _provisional(t.assign(first_round=t.source == "first round"))
-        parts.append(_rows(t, "tuned", f"{main}/tables/tuned_tests.csv", gain="gain", verdict="verdict"))
+        parts.append(_rows(t, "tuned", f"{main}/tables/tuned_tests.csv", gain="gain", verdict="verdict", word="word"))
     for f in sorted(outputs.glob("**/fair_verdict.csv")):                  # a new normalizer's own tuned search (`tuned --methods`)
         t = _provisional(pd.read_csv(f).query("baseline == @baseline"))
-        if len(t): parts.append(_rows(t, "tuned", f.relative_to(outputs).as_posix(), gain="gain", verdict="verdict"))
+        if len(t): parts.append(_rows(t, "tuned", f.relative_to(outputs).as_posix(), gain="gain", verdict="verdict", word="word"))
     if baseline == BASELINE and (f := tab / "crisp_normalizer_tests.csv").exists():
         t = pd.read_csv(f); t = t[t.family.str.endswith("_test")].assign(dataset="sst2_encoder")
         r = _rows(t, "pretrained encoder", f"{main}/tables/crisp_normalizer_tests.csv")   # fewer seeds than the column's most: provisional
@@ -251,13 +249,13 @@ _pt = dict(profile="paper", baseline="softmax", metric="accuracy", n=10, t=1.0, 
 pd.DataFrame([dict(family="main", dataset="cifar10", method="sparsemax", mean_delta=0.02, ci_low=0.01, ci_high=0.03, p_holm=0.01, **_pt),
               dict(family="main", dataset="cifar10", method="entmax15", mean_delta=0.01, ci_low=-0.01, ci_high=0.03, p_holm=0.2, **_pt)]
              ).to_csv(_o / "paper" / "tables" / "paired_tests.csv", index=False)
-pd.DataFrame([dict(dataset="cifar10", method=m, baseline="softmax", gain=g, ci_low=g - 0.01, ci_high=g + 0.01, p_holm=0.5, n=10, verdict=v, source=s)
+pd.DataFrame([dict(dataset="cifar10", method=m, baseline="softmax", gain=g, ci_low=g - 0.01, ci_high=g + 0.01, p_holm=0.5, n=10, verdict=v, word=v, source=s)
               for m, g, v, s in [("sparsemax", -0.004, "gone", "tuned"), ("sparsemax", 0.003, "undecided", "first round"),
                                  ("entmax15", -0.009, "undecided", "first round")]]).to_csv(_o / "paper" / "tables" / "tuned_tests.csv", index=False)
 pd.DataFrame([dict(family="versus:mine", dataset="cifar10", method="mine", baseline=b, n=10, mean_delta=-0.03, ci_low=-0.05,
                    ci_high=-0.01, p=0.001, p_holm=0.003) for b in ("softmax", "entmax15")]).to_csv(_o / "mine" / "versus_baseline.csv", index=False)
 pd.DataFrame([dict(family="versus:mine", dataset="cifar10", method="mine", baseline="softmax", n=10, gain=0.002, ci_low=-0.004,
-                   ci_high=0.008, p_holm=0.9, verdict="gone")]).to_csv(_o / "mine" / "fair_verdict.csv", index=False)
+                   ci_high=0.008, p_holm=0.9, verdict="gone", word="gone")]).to_csv(_o / "mine" / "fair_verdict.csv", index=False)
 import json
 for _f, _mask in ((_o / "paper", False), (_o / "mine", False), (_o / "mine_masked", True)):
     _f.mkdir(exist_ok=True); (_f / "manifest.json").write_text(json.dumps({"study_a": {"mask_padding": _mask, "profile": "paper"}}))
@@ -330,11 +328,10 @@ test_eq(len(leaderboard_rows(_L, baseline="entmax15")), 0)                # gain
 SAME_READING = {"better": {"persists"}, "worse": {"reversed"}, "n.s.": {"gone", "undecided"}}
 
 
-def changed_word(paper, tuned) -> str:
+def changed_word(paper: str, tuned: str) -> str:
     """The tuned word as a change reads it: *persists* and *reversed* name what happened to a significant paper-recipe
     result, so after an *n.s.* (or the opposite result) they read *better* and *worse*, as significant after Holm."""
-    w = _word_of(tuned)
-    return {"persists": "better", "reversed": "worse"}.get(w, w) if w not in SAME_READING.get(_word_of(paper), ()) else w
+    return {"persists": "better", "reversed": "worse"}.get(tuned, tuned) if tuned not in SAME_READING.get(paper, ()) else tuned
 
 def judged(rows, reading="tuned") -> pd.DataFrame:
     "The rows of `reading` whose verdict is complete: not provisional (a missing verdict counts as not judged)."
@@ -363,7 +360,7 @@ def _tally(t, alpha=0.05) -> str:
     "One dataset's complete tuned verdicts counted: better / worse after Holm, equivalent within the margin, undecided."
     better, worse = (t.gain > 0) & (t.p_holm < alpha), (t.gain < 0) & (t.p_holm < alpha)
     w = t.word
-    equiv = ~better & ~worse & ((w == "gone") | w.str.startswith("equivalent"))
+    equiv = ~better & ~worse & w.isin(("gone", "equivalent"))
     counts = [(int(better.sum()), "better"), (int(worse.sum()), "worse"), (int(equiv.sum()), "equivalent"),
               (int((~better & ~worse & ~equiv).sum()), "undecided")]
     return ", ".join(f"{n} {k}" for n, k in counts if n)
@@ -413,7 +410,7 @@ def leaderboard_findings(rows, vs_entmax=None, names=None) -> list:
 
 # %%
 _ch = verdict_changes(_lb)
-test_eq([changed_word(p, t) for p, t in [("n.s.", "persists"), ("better", "reversed"), ("n.s.", "reversed, provisional (4 seeds)"),
+test_eq([changed_word(p, t) for p, t in [("n.s.", "persists"), ("better", "reversed"), ("n.s.", "reversed"),
                                           ("better", "persists"), ("better", "gone")]], ["better", "worse", "worse", "persists", "gone"])
 test_eq(list(zip(_ch.normalizer, _ch.changed)), [("sparsemax", True), ("entmax15", False), ("mine", True)])
 _one_seed = pd.DataFrame([dict(normalizer="mine", dataset="kmnist", reading=r, gain=0.01, ci_low=None, ci_high=None, p_holm=None,

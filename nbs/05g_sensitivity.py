@@ -25,9 +25,9 @@
 import numpy as np
 import pandas as pd
 
-from sparse_attention_repro.stats import holm, equivalence_verdict
+from sparse_attention_repro.stats import holm, equivalence_word
 from sparse_attention_repro.study import BASELINE
-from sparse_attention_repro.verdicts import gain_verdict
+from sparse_attention_repro.verdicts import gain_word
 from sparse_attention_repro.tuning import (TUNED_SEARCH, choose_recipes, diverged, search_rule, tuned_curves, tuned_runs,
                                            tuned_tests)
 
@@ -42,18 +42,14 @@ from fastcore.test import test_eq
 
 # %%
 #| export
-def word(verdict) -> str:
-    "The label without its notes (`persists, under 1 pt` → `persists`)."
-    return str(verdict).split(",")[0].strip()
-
 def relabel(tests: pd.DataFrame, family=None, holm_tost: bool = False) -> pd.Series:
     """The label of each comparison against softmax in `tests` (a `tuned_tests` table), with Holm over `family` (a
     Series of family names; default: the committed families) and, with `holm_tost`, Holm over the TOST p-values too."""
     t = tests.assign(family=tests.family if family is None else family)
     p_holm = t.p_holm if family is None else holm(t, family_cols=("family",), p_col="p").p_holm
     p_tost = holm(t, family_cols=("family",), p_col="p_tost").p_holm if holm_tost else t.p_tost
-    eq = [equivalence_verdict(pt, ph, m) for pt, ph, m in zip(p_tost, p_holm, t.margin)]
-    return pd.Series([word(gain_verdict(g, ph, e, "")) for g, ph, e in zip(t.gain, p_holm, eq)], index=t.index)
+    eq = [equivalence_word(pt, ph) == "equivalent" for pt, ph in zip(p_tost, p_holm)]
+    return pd.Series([gain_word(g, ph, e) for g, ph, e in zip(t.gain, p_holm, eq)], index=t.index)
 
 # %% [markdown]
 # On made-up comparisons, checked against Holm done by hand: with p-values 0.01, 0.02, 0.04 in one family, Holm gives
@@ -100,9 +96,9 @@ def label_sensitivity(tests: pd.DataFrame, capped: pd.DataFrame) -> pd.DataFrame
     t = tests[tests.baseline == BASELINE].reset_index(drop=True)
     c = capped[capped.baseline == BASELINE].set_index(["dataset", "method"])
     key = list(zip(t.dataset, t.method))
-    out = pd.DataFrame(dict(dataset=t.dataset, method=t.method, gain=t.gain, committed=t.verdict.map(word),
+    out = pd.DataFrame(dict(dataset=t.dataset, method=t.method, gain=t.gain, committed=t.word,
                             capped_gain=[c.gain.get(k, np.nan) for k in key],
-                            capped=[word(c.verdict[k]) if k in c.index else "not read" for k in key],
+                            capped=[c.word[k] if k in c.index else "not read" for k in key],
                             holm_over_tost=relabel(t, holm_tost=True),
                             one_family=relabel(t, family=pd.Series("all", index=t.index))))
     out["robust"] = out[list(ANALYSES)].nunique(axis=1).eq(1)
@@ -115,8 +111,8 @@ def robust_counts(table: pd.DataFrame) -> dict:
 
 # %%
 _tests = pd.DataFrame(dict(family="main", dataset=["cifar10", "kmnist"], method="sparsemax", baseline=BASELINE, gain=[-0.02, 0.001],
-                           p=[0.001, 0.4], p_holm=[0.002, 0.4], p_tost=[0.9, 0.04], margin=0.01, verdict=["reversed", "gone"]))
-_capped = _tests.assign(gain=[-0.019, 0.004], verdict=["reversed", "undecided"])
+                           p=[0.001, 0.4], p_holm=[0.002, 0.4], p_tost=[0.9, 0.04], margin=0.01, word=["reversed", "gone"]))
+_capped = _tests.assign(gain=[-0.019, 0.004], word=["reversed", "undecided"])
 _s = label_sensitivity(_tests, _capped)
 test_eq(_s.capped.tolist(), ["reversed", "undecided"]); test_eq(_s.robust.tolist(), [True, False])
 test_eq(robust_counts(_s), dict(persists=0, reversed=1, gone=0, undecided=0, fragile=1))

@@ -502,7 +502,7 @@ def early_completion_check(results_dir, main_runs=None) -> tuple:
     runs = tuned_runs(results_dir); curves, bad, rule = tuned_curves(runs), diverged(runs), search_rule(results_dir)
     both = {"all": choose_recipes(curves, bad, TUNED_SEARCH, rule=rule),
             "selection": choose_recipes(curves, bad, TUNED_SEARCH, seeds=SELECTION_SEEDS, rule=rule)}
-    words = {k: tuned_tests(curves, r, main_runs).query("baseline == 'softmax'").set_index(["dataset", "method"]).verdict.str.split(",").str[0]
+    words = {k: tuned_tests(curves, r, main_runs).query("baseline == 'softmax'").set_index(["dataset", "method"]).word
              for k, r in both.items()}
     t = both["all"].merge(both["selection"][["dataset", "method", "lr", "epoch"]], on=["dataset", "method"], suffixes=("", "_selection"))
     seeds = curves[curves.seed.isin(set(curves.seed) - set(SELECTION_SEEDS))].groupby(["dataset", "method"]).seed.nunique()

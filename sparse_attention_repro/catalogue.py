@@ -193,9 +193,9 @@ ABLATIONS = entries(runner="ablations")
 FOLLOW_UPS = entries(runner="follow-ups")
 
 # %% ../nbs/05c_catalogue.ipynb
-def _count(words, first_word=True) -> str:
-    c = (pd.Series(list(words)).str.split(" ").str[0] if first_word else pd.Series(list(words))).value_counts()
-    return ", ".join(f"{v} {k}" for k, v in c.items())
+def _count(words) -> str:
+    "How many of each word: `3 undecided, 1 gone`."
+    return ", ".join(f"{v} {k}" for k, v in pd.Series(list(words)).value_counts().items())
 
 def _own_rows(t, e: Experiment):
     "The rows of `e`'s own methods (one folder may hold several entries' methods: `literature/` holds two)."
@@ -206,17 +206,17 @@ def verdict_line(e: Experiment, root) -> str:
     tab, k = Path(root) / "tables", e.analysis.kind
     read = lambda name: pd.read_csv(tab / name) if (tab / name).exists() else None
     if k == "ablation" and (t := read("ablation_family.csv")) is not None and len(t := t[t.ablation == e.name]):
-        return f"{len(t)} changes of a gain over softmax: {_count(t.change_verdict)} (Holm over all ablations, ±1 pt)"
+        return f"{len(t)} changes of a gain over softmax: {_count(t.change_word)} (Holm over all ablations, ±1 pt)"
     if k == "tuned" and (t := read("tuned_tests.csv")) is not None:
         t = t[(t.source == (e.analysis.reading or e.name)) & (t.baseline == BASELINE)]
         if len(t): return (f"{len(t)} tuned comparisons with softmax" + (" (read where the protocol's grid has not run yet)" if e.analysis.reading else "")
-                           + f": {_count(t.verdict)}"
+                           + f": {_count(t.word)}"
                            + (f" ({int((~t.complete).sum())} provisional: not every seed has run)" if (~t.complete).any() else ""))
     if k == "paired_vs_softmax" and e.name == "main" and (t := read("claims.csv")) is not None:
         t = t[t.study == "A"]
-        return f"{len(t)} claims of the paper read under its recipe: {_count(t.verdict, first_word=False)} (the fair reading: `paper/tuned`)"
+        return f"{len(t)} claims of the paper read under its recipe: {_count(t.verdict)} (the fair reading: `paper/tuned`)"
     if k == "crisp" and e.name == "crisp" and (t := read("claims.csv")) is not None and len(t := t[t.study == "B"]):
-        return f"{len(t)} claims of Crisp Attention read: {_count(t.verdict, first_word=False)}"
+        return f"{len(t)} claims of Crisp Attention read: {_count(t.verdict)}"
     if k == "crisp" and e.name == "crisp_normalizers" and (t := read("crisp_normalizer_tests.csv")) is not None:
         return "against dense: " + "; ".join(f"{r.method} {100 * r.mean_delta:+.1f} pt on {r.family.rsplit('_', 1)[-1]} (Holm p {r.p_holm:.2g})"
                                              for r in t.itertuples())
@@ -231,7 +231,7 @@ def verdict_line(e: Experiment, root) -> str:
                 f"{listed(t[(t.p_holm < 0.05) & (t.mean_delta > 0)], 'gains')}; {listed(t[(t.p_holm < 0.05) & (t.mean_delta < 0)], 'losses')}")
     if k == "versus_baseline": return "runs in progress: the comparison is written when its grid finishes (rerun its command to resume)"
     if k == "fair_verdict" and (v := Path(root) / e.folder / "fair_verdict.csv").exists() and len(t := pd.read_csv(v).query("baseline == @BASELINE")):
-        return (f"{len(t)} tuned comparison{'s' * (len(t) != 1)} with tuned softmax ({', '.join(t.dataset)}): {_count(t.verdict)}"
+        return (f"{len(t)} tuned comparison{'s' * (len(t) != 1)} with tuned softmax ({', '.join(t.dataset)}): {_count(t.word)}"
                 + (f" ({int((~t.complete.astype(bool)).sum())} provisional: not every seed has run)" if (~t.complete.astype(bool)).any() else ""))
     if k == "fair_verdict": return "search in progress: the verdict is written as each dataset's grids finish (rerun its command to resume)"
     if k == "speed_check": return "paired checks in BENCHMARKS.md"

@@ -37,24 +37,22 @@ def _word(gain, p_holm, alpha=0.05) -> str:
     "The verdict word of a paired comparison; `untested` where no test ran (one seed: no p-value)."
     return "untested" if pd.isna(p_holm) else "n.s." if not (p_holm < alpha) else "better" if gain > 0 else "worse"
 
-def _word_of(verdict) -> str:
-    "The verdict word of a source table's verdict, without its protocol's note (`persists, under 1 pt` → `persists`)."
-    return str(verdict).split(",")[0].strip()
-
 def _provisional(t):
     "Mark the tuned verdicts whose seeds have not all run at the chosen recipes (`provisional`)."
     from sparse_attention_repro.tuning import _flag                       # yes/no as read back from a CSV
     done = _flag(t.complete) if "complete" in t else pd.Series(True, index=t.index)
     return t.assign(provisional=~done.to_numpy(bool))
 
-def _rows(t, reading, source, method="method", gain="mean_delta", verdict=None, dataset="dataset"):
-    """Leaderboard rows of a source table `t`: its verdict as the source words it (its word and any note of its protocol,
-    e.g. `persists, under 1 pt`), the bare `word`, and the typed notes `provisional` and `first_round`."""
+def _rows(t, reading, source, method="method", gain="mean_delta", verdict=None, dataset="dataset", word=None):
+    """Leaderboard rows of a source table `t`: its verdict as the source words it (column `verdict`, with any note of its
+    protocol, e.g. `persists, under 1 pt`), its bare word (column `word` of the source; without either, `_word` of the
+    gain and Holm p), and the typed notes `provisional` and `first_round`."""
     nan, no = pd.Series(np.nan, index=t.index), pd.Series(False, index=t.index)   # a table without an equivalence test (or no test length)
     words = t[verdict] if verdict else pd.Series([_word(g, p) for g, p in zip(t[gain], t.p_holm)], index=t.index)
+    bare = t[word] if word else words
     return pd.DataFrame(dict(normalizer=t[method], dataset=t[dataset], reading=reading, gain=t[gain], ci_low=t.ci_low, ci_high=t.ci_high,
                              p_holm=t.p_holm, n=t.n, margin=t.get("margin", nan), p_tost=t.get("p_tost", nan), source=source,
-                             test_length=t.get("length", nan), verdict=words, word=words.map(_word_of),
+                             test_length=t.get("length", nan), verdict=words, word=bare,
                              provisional=t.get("provisional", no).astype(bool), first_round=t.get("first_round", no).astype(bool)))
 
 def verdict_label(r) -> str:
@@ -92,10 +90,10 @@ def leaderboard_rows(outputs, main="paper", baseline=BASELINE) -> pd.DataFrame:
         t = t[t.source == "tuned"].pipe(lambda x: pd.concat([x, t[(t.source != "tuned") & ~t.set_index(["dataset", "method"]).index.isin(
             x.set_index(["dataset", "method"]).index)]]))        # the protocol's grid first, the first round where it has not run
         t = _provisional(t.assign(first_round=t.source == "first round"))
-        parts.append(_rows(t, "tuned", f"{main}/tables/tuned_tests.csv", gain="gain", verdict="verdict"))
+        parts.append(_rows(t, "tuned", f"{main}/tables/tuned_tests.csv", gain="gain", verdict="verdict", word="word"))
     for f in sorted(outputs.glob("**/fair_verdict.csv")):                  # a new normalizer's own tuned search (`tuned --methods`)
         t = _provisional(pd.read_csv(f).query("baseline == @baseline"))
-        if len(t): parts.append(_rows(t, "tuned", f.relative_to(outputs).as_posix(), gain="gain", verdict="verdict"))
+        if len(t): parts.append(_rows(t, "tuned", f.relative_to(outputs).as_posix(), gain="gain", verdict="verdict", word="word"))
     if baseline == BASELINE and (f := tab / "crisp_normalizer_tests.csv").exists():
         t = pd.read_csv(f); t = t[t.family.str.endswith("_test")].assign(dataset="sst2_encoder")
         r = _rows(t, "pretrained encoder", f"{main}/tables/crisp_normalizer_tests.csv")   # fewer seeds than the column's most: provisional
@@ -197,11 +195,10 @@ def leaderboard_table(rows, extra=None, steps=None) -> pd.DataFrame:
 SAME_READING = {"better": {"persists"}, "worse": {"reversed"}, "n.s.": {"gone", "undecided"}}
 
 
-def changed_word(paper, tuned) -> str:
+def changed_word(paper: str, tuned: str) -> str:
     """The tuned word as a change reads it: *persists* and *reversed* name what happened to a significant paper-recipe
     result, so after an *n.s.* (or the opposite result) they read *better* and *worse*, as significant after Holm."""
-    w = _word_of(tuned)
-    return {"persists": "better", "reversed": "worse"}.get(w, w) if w not in SAME_READING.get(_word_of(paper), ()) else w
+    return {"persists": "better", "reversed": "worse"}.get(tuned, tuned) if tuned not in SAME_READING.get(paper, ()) else tuned
 
 def judged(rows, reading="tuned") -> pd.DataFrame:
     "The rows of `reading` whose verdict is complete: not provisional (a missing verdict counts as not judged)."
@@ -230,7 +227,7 @@ def _tally(t, alpha=0.05) -> str:
     "One dataset's complete tuned verdicts counted: better / worse after Holm, equivalent within the margin, undecided."
     better, worse = (t.gain > 0) & (t.p_holm < alpha), (t.gain < 0) & (t.p_holm < alpha)
     w = t.word
-    equiv = ~better & ~worse & ((w == "gone") | w.str.startswith("equivalent"))
+    equiv = ~better & ~worse & w.isin(("gone", "equivalent"))
     counts = [(int(better.sum()), "better"), (int(worse.sum()), "worse"), (int(equiv.sum()), "equivalent"),
               (int((~better & ~worse & ~equiv).sum()), "undecided")]
     return ", ".join(f"{n} {k}" for n, k in counts if n)

@@ -5,10 +5,10 @@
 # %% auto 0
 __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'SPARSE_METHODS', 'TOPK_METHODS', 'CRISP_MASKED', 'RESULT_COLUMNS', 'TEST_COLS',
            'PUBLISHED_CRISP_GAIN', 'ABLATION_COLS', 'CURVE_COLS', 'DATASET_ORDER', 'VERSUS_COLS', 'load_runs',
-           'load_crisp', 'check_results_file', 'paired_stats', 'holm', 'tost_paired', 'equivalence_verdict',
-           'family_of', 'paired_tests', 'crisp_tests', 'crisp_normalizer_tests', 'seed_deltas', 'single_seed_summary',
-           'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas', 'power_table',
-           'accuracy_ci', 'select_topk', 'alpha_long', 'pad_attention', 'time_ratios', 'layer_sparsity',
+           'load_crisp', 'check_results_file', 'paired_stats', 'holm', 'tost_paired', 'equivalence_word',
+           'equivalence_verdict', 'family_of', 'paired_tests', 'crisp_tests', 'crisp_normalizer_tests', 'seed_deltas',
+           'single_seed_summary', 'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas',
+           'power_table', 'accuracy_ci', 'select_topk', 'alpha_long', 'pad_attention', 'time_ratios', 'layer_sparsity',
            'crisp_learning_curve', 'crisp_by_lr', 'alpha_start_tests', 'prediction_interval', 'ablation_tests',
            'ablation_family', 'run_curves', 'versus_baseline', 'between_new_methods', 'pairing_check']
 
@@ -133,12 +133,17 @@ def tost_paired(a, b, margin):
     with _unrounded(): return float(_pg_get(pg.tost(a, b, bound=margin, paired=True).iloc[0], "pval", "p-val"))
 
 # %% ../nbs/05_stats.ipynb
-def equivalence_verdict(p_tost, p_diff, margin, alpha=0.05, unit="pt"):
-    "'equivalent within ±m', 'different' or 'undecided' from a TOST p and a (Holm) two-sided p."
-    m = f"±{100 * margin:.1f} pt" if unit == "pt" else f"±{margin:g}"
-    if np.isfinite(p_tost) and p_tost < alpha: return f"equivalent within {m}"
+def equivalence_word(p_tost, p_diff, alpha=0.05) -> str:
+    "'equivalent', 'different' or 'undecided' from a TOST p and a (Holm) two-sided p: the word tables carry as a column."
+    if np.isfinite(p_tost) and p_tost < alpha: return "equivalent"
     if np.isfinite(p_diff) and p_diff < alpha: return "different"
     return "undecided"
+
+def equivalence_verdict(p_tost, p_diff, margin, alpha=0.05, unit="pt"):
+    "The same reading in words for a reader: 'equivalent within ±m', 'different' or 'undecided'."
+    m = f"±{100 * margin:.1f} pt" if unit == "pt" else f"±{margin:g}"
+    w = equivalence_word(p_tost, p_diff, alpha)
+    return f"equivalent within {m}" if w == "equivalent" else w
 
 # %% ../nbs/05_stats.ipynb
 TEST_COLS = ["family", "profile", "dataset", "method", "baseline", "metric", "n", "mean_delta", "ci_low", "ci_high",
@@ -474,12 +479,13 @@ def ablation_tests(main, variant, rename=None, baseline=BASELINE):
 def ablation_family(tables: dict):
     "Concatenate `ablation_tests` tables (name -> table), Holm-adjust the gain changes across them all, add the change verdict."
     parts = [t.assign(ablation=name) for name, t in tables.items() if len(t)]
-    if not parts: return pd.DataFrame(columns=["ablation", *ABLATION_COLS, "gain_change_p_holm", "change_verdict"])
+    if not parts: return pd.DataFrame(columns=["ablation", *ABLATION_COLS, "gain_change_p_holm", "change_word", "change_verdict"])
     out = holm(pd.concat(parts, ignore_index=True).assign(_family="ablations"), family_cols=("_family",), p_col="gain_change_p")
     out = out.rename(columns={"p_holm": "gain_change_p_holm"}).drop(columns="_family")
+    out["change_word"] = [equivalence_word(a, b) for a, b in zip(out.gain_change_p_tost, out.gain_change_p_holm)]
     out["change_verdict"] = [equivalence_verdict(a, b, EQUIVALENCE_MARGINS["ablation"])
                              for a, b in zip(out.gain_change_p_tost, out.gain_change_p_holm)]
-    return out[["ablation", *ABLATION_COLS, "gain_change_p_holm", "change_verdict"]]
+    return out[["ablation", *ABLATION_COLS, "gain_change_p_holm", "change_word", "change_verdict"]]
 
 # %% ../nbs/05_stats.ipynb
 CURVE_COLS = ["dataset", "method", "seed", "lr", "epoch", "val_accuracy", "val_loss", "test_accuracy", "test_loss"]
