@@ -130,9 +130,11 @@ EQUIVALENCE_MARGINS = dict(hae_vs_entmax15=0.005, ablation=0.01, crisp=0.005, re
 # manifest, the report's file checks, the kill-and-resume test — needs a few facts of each study and nothing else: the
 # name its manifest and rows folder go by, its results file and the columns that identify one row, the column naming an
 # arm and its baseline, its parameterised notebook, and its run configuration (a dataclass of options, named by import
-# path so that this low-level module imports none of the training code). `STUDIES` declares both papers' studies and
-# the length study, which is that third study: one more `Study` here, its notebook, its configuration and its task
-# builder (`length_study`).
+# path so that this low-level module imports none of the training code). It also names, by import path, the study's
+# **planner** (a typed request of `run_request` → the papermill tasks and the options that define its results folder) and
+# its **loader** (a results folder → its successful rows, with at least `keys` and `metric`): `Study.plan` and
+# `Study.load` are all the command line and the report call. `STUDIES` declares both papers' studies and the length
+# study, which is that third study: one more `Study` here, its notebook, its configuration, its planner and its loader.
 
 # %%
 #| export
@@ -151,25 +153,41 @@ class Study:
     baseline: str           # the arm every other is compared with
     notebook: str           # the parameterised notebook under nbs/experiments/
     config: str             # "module:Class" of its run configuration (the options a manifest records)
+    planner: str            # "module:function": its request -> (papermill tasks, the options of its results folder)
+    loader: str             # "module:function": its results file -> the successful rows (None when there is none)
+    metric: str = "accuracy"   # the column its comparisons are made on
 
+    @property
+    def columns(self) -> tuple: return (*self.keys, self.metric)       # what its results file must hold
     def results_path(self, out) -> Path: return Path(out) / self.results
     def rows_dir(self, out) -> Path: return Path(out) / "rows" / self.name
-    def config_class(self):
-        "Its run configuration's dataclass (imported on first use)."
-        module, name = self.config.split(":")
-        return getattr(importlib.import_module(module), name)
+    def config_class(self): return _imported(self.config)
+    def plan(self, request) -> tuple:
+        "(tasks, options) of `request`, every part of it checked: nothing is written."
+        return _imported(self.planner)(request)
+    def load(self, out):
+        "The successful rows of the results folder `out` (None where it holds no results file)."
+        return _imported(self.loader)(self.results_path(out))
+
+def _imported(ref: str):
+    "The object `module:name` names (imported on first use)."
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)
 
 STUDIES = {s.name: s for s in [
     Study("study_a", "study A", "runs.csv", ("dataset", "method", "seed"), "method", BASELINE, "study_a.ipynb",
-          "sparse_attention_repro.train:TrainConfig"),
+          "sparse_attention_repro.train:TrainConfig", "sparse_attention_repro.run_request:grid_tasks", "sparse_attention_repro.stats:load_runs"),
     Study("crisp", "Crisp", "crisp_runs.csv", ("config", "seed", "split"), "config", CRISP_BASELINE, "crisp.ipynb",
-          "sparse_attention_repro.crisp:FinetuneConfig"),
+          "sparse_attention_repro.crisp:FinetuneConfig", "sparse_attention_repro.run_request:crisp_tasks", "sparse_attention_repro.stats:load_crisp"),
     Study("length", "length study", "length_runs.csv", ("task", "normalizer", "positions", "lr", "seed", "steps", "split", "step", "length"),
-          "normalizer", BASELINE, "length.ipynb", "sparse_attention_repro.length_train:LengthRunConfig"),
+          "normalizer", BASELINE, "length.ipynb", "sparse_attention_repro.length_train:LengthRunConfig",
+          "sparse_attention_repro.length_study:length_tasks", "sparse_attention_repro.length_analysis:load_length_runs"),
 ]}
 
 # %%
 test_eq([s.results_path("out").as_posix() for s in STUDIES.values()], ["out/runs.csv", "out/crisp_runs.csv", "out/length_runs.csv"])
 test_eq(STUDIES["crisp"].rows_dir("out").as_posix(), "out/rows/crisp")
 test_eq([s.config_class().__name__ for s in STUDIES.values()], ["TrainConfig", "FinetuneConfig", "LengthRunConfig"])
+test_eq([_imported(s.planner).__name__ for s in STUDIES.values()], ["grid_tasks", "crisp_tasks", "length_tasks"])   # each resolves
+test_eq([_imported(s.loader)(None) for s in STUDIES.values()], [None] * 3)                                          # no results file: None
 assert all(s.arm in s.keys for s in STUDIES.values())

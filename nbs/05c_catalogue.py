@@ -39,6 +39,10 @@ class Design:
     options: dict = field(default_factory=dict)
     seeds: tuple | None = None
     rename: dict = field(default_factory=dict)      # a method that stands in for a paper method in the analysis
+    profile: str = ""               # the profile its committed runs used ("": its study's, `STUDY_PROFILES`)
+    baseline: str | None = None     # a results root whose main grid it is paired with, seed by seed (`grid --baseline`)
+
+STUDY_PROFILES = {"study_a": "paper", "crisp": "quick", "length": "protocol"}   # the profiles of the committed runs
 
 @dataclass(frozen=True)
 class Analysis:
@@ -95,13 +99,14 @@ CATALOGUE = {e.name: e for e in [
                "ablations/original_gradient", Design(datasets=("twenty_news", "fashion_mnist"),
                                                       methods=("entmax15_bisect", "headwise_adaptive_entmax_bisect"),
                                                       rename={"entmax15_bisect": "entmax15",
-                                                              "headwise_adaptive_entmax_bisect": "headwise_adaptive_entmax"}),
+                                                              "headwise_adaptive_entmax_bisect": "headwise_adaptive_entmax"},
+                                                      seeds=tuple(range(6))),
                Analysis("ablation", family="ablations", margin=EQUIVALENCE_MARGINS["ablation"]), runner="ablations"),
     Experiment("patch4", "Does top-k's image gain survive with 4×4 patches (T = 50), where top-k is no longer a 3-of-17 gate?",
                "ablations/patch4", Design(datasets=("fashion_mnist",), methods=(BASELINE, "topk_softmax_0125", "topk_softmax_025", "topk_softmax_05"),
                                           options=dict(patch_size=4)), Analysis("ablation", family="ablations", margin=EQUIVALENCE_MARGINS["ablation"]), runner="ablations"),
     Experiment("learnable_marker", "Does any normalizer find the marker when the task can be learned?",
-               "ablations/learnable_marker", Design(datasets=("synthetic_marker",), options=dict(marker_vocab=12)),
+               "ablations/learnable_marker", Design(datasets=("synthetic_marker",), options=dict(marker_vocab=12), seeds=tuple(range(6))),
                Analysis("ablation", family="ablations", margin=EQUIVALENCE_MARGINS["ablation"]), runner="ablations"),
     Experiment("jpeg_control", "Does lossy input (JPEG quality 75, as the offline CIFAR-10 copy) change the top-k gains on Fashion-MNIST?",
                "ablations/jpeg_control", Design(datasets=("fashion_mnist",), options=dict(jpeg_quality=75)),
@@ -136,32 +141,35 @@ CATALOGUE = {e.name: e for e in [
     Experiment("attention_maps", "Where does the CLS token look, per method (one seed, a few test items)?", "attention_maps",
                Design(datasets=("fashion_mnist", "cifar10", "twenty_news"), seeds=(0,)), Analysis("record"), runner="attention-maps"),
     Experiment("crisp", "Does percentile masking before the softmax beat dense fine-tuning on SST-2, over seeds, on validation and test?",
-               ".", Design(study="crisp", methods=CRISP_CONFIGS), Analysis("crisp", family="crisp", margin=EQUIVALENCE_MARGINS["crisp"]), runner="crisp"),
+               ".", Design(study="crisp", methods=CRISP_CONFIGS, seeds=tuple(range(5))), Analysis("crisp", family="crisp", margin=EQUIVALENCE_MARGINS["crisp"]), runner="crisp"),
     Experiment("crisp_normalizers", "Does any of study A's normalizers, in every layer of the pretrained encoder, beat dense on SST-2?",
-               "crisp_normalizers", Design(study="crisp"), Analysis("crisp", family="crisp normalizers", margin=EQUIVALENCE_MARGINS["crisp"]), runner="crisp"),
+               "crisp_normalizers", Design(study="crisp", methods=(
+                   "sparsemax", "entmax15", "headwise_adaptive_entmax", "topk_softmax_0125", "topk_softmax_025", "topk_softmax_05",
+                   "sigmoid_attention", "scalable_softmax", "softpick", "relu_attention", "softmax_sink", "stick_breaking", "normmax",
+                   "learned_temperature_softmax"), seeds=tuple(range(5))), Analysis("crisp", family="crisp normalizers", margin=EQUIVALENCE_MARGINS["crisp"]), runner="crisp"),
     Experiment("crisp_lr_check", "Does Crisp's verdict hold at another learning rate (2e-5)?", "crisp_lr_check",
-               Design(study="crisp", methods=("dense", "adaptive_080"), options=dict(lr=2e-5)), Analysis("crisp", margin=EQUIVALENCE_MARGINS["crisp"]), runner="crisp"),
+               Design(study="crisp", methods=("dense", "adaptive_080"), options=dict(lr=2e-5), seeds=tuple(range(5))), Analysis("crisp", margin=EQUIVALENCE_MARGINS["crisp"]), runner="crisp"),
     Experiment("literature", "Do three normalizers from recent papers (sigmoid attention, Scalable-Softmax, softpick) beat the seven paper "
                "methods, paired by seed with the committed runs under the paper's recipe?", ".",
                Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "synthetic_marker", "kmnist"),
-                      methods=("sigmoid_attention", "scalable_softmax", "softpick")),
+                      methods=("sigmoid_attention", "scalable_softmax", "softpick"), baseline="paper"),
                Analysis("versus_baseline", family="each new method's own"), root="literature"),
     Experiment("literature_later", "Do four later normalizers of the example package (ReLU attention, softmax with a sink, stick-breaking, "
                "normmax) beat the seven paper methods under the paper's recipe, trained in the same folder as the first three?", ".",
                Design(datasets=("cifar10", "fashion_mnist", "twenty_news", "kmnist"),
-                      methods=("relu_attention", "softmax_sink", "stick_breaking", "normmax")),
+                      methods=("relu_attention", "softmax_sink", "stick_breaking", "normmax"), baseline="paper"),
                Analysis("versus_baseline", family="each new method's own"), root="literature"),
     Experiment("learned_temperature", "Is Scalable-Softmax's 20 Newsgroups gain length scaling? At a fixed length s·log n is a learned "
                "per-head temperature: the learned-temperature softmax control, trained beside Scalable-Softmax and paired with it and "
                "with the committed runs under the paper's recipe",
-               "learned_temperature", Design(datasets=("twenty_news",), methods=("learned_temperature_softmax", "scalable_softmax")),
+               "learned_temperature", Design(datasets=("twenty_news",), methods=("learned_temperature_softmax", "scalable_softmax"), baseline="paper"),
                Analysis("versus_baseline", family="each new method's own"), root="literature"),
     Experiment("literature_masked_padding", "With 20 Newsgroups' padding masked (n = the real length), do the literature normalizers and "
                "the learned-temperature control still beat softmax? Paired with the masked-padding ablation's runs",
                "masked_padding", Design(datasets=("twenty_news",), methods=("scalable_softmax", "learned_temperature_softmax",
                                                                             "sigmoid_attention", "softpick", "relu_attention",
                                                                             "softmax_sink", "stick_breaking", "normmax"),
-                                        options=dict(mask_padding=True)),
+                                        options=dict(mask_padding=True), baseline="paper/ablations/masked_padding"),
                Analysis("versus_baseline", family="each new method's own"), root="literature"),
     *[Experiment(f"fair_{name}", f"At its own learning rate and length, chosen on validation (the tuned-recipe protocol, with "
                  f"halving), does {label} beat softmax and the other paper methods at theirs?", f"fair/{name}",

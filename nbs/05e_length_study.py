@@ -431,3 +431,51 @@ hours, unmeasured = estimate_core_hours(runs, measured)
 # softmax: seed 0 has 10 steps left, seed 1 all 20, at 3.6 s a step; each tests 16 inputs at 0.72 s at 64 tokens (128: unmeasured)
 test_close(hours * 3600, (10 * 3.6 + 16 * 0.72) + (20 * 3.6 + 16 * 0.72), eps=1e-9)
 test_eq(unmeasured, 2)
+
+# %% [markdown]
+# ## From a request
+#
+# The study's planner (`STUDIES["length"].planner`): a `LengthRequest` — the plain grid, or one stage of the protocol —
+# checked name by name, its runs planned from the profile, and turned into papermill tasks with the options that define
+# the folder. `length_runs` also returns the stage's notes (an arm on an edge that needs the runs extended first).
+
+# %%
+#| export
+import sys
+from sparse_attention_repro.run_request import LengthRequest, UsageError, grid_threads
+from sparse_attention_repro.options import config_from_options, option_defaults
+
+def length_runs(req: LengthRequest) -> tuple:
+    "(runs, notes) of `req`, every name and option checked (one-line errors); nothing is written."
+    req.execution.check()
+    if req.profile not in PROFILES: raise UsageError(f"unknown profile {req.profile!r}; choose one of {', '.join(PROFILES)}")
+    prof = PROFILES[req.profile]
+    try: run = config_from_options(LengthRunConfig, req.options)
+    except ValueError as e: raise UsageError(str(e)) from None
+    positions = list(req.positions or prof.positions)
+    tasks, specs = check_request(prof, req.tasks or prof.tasks, req.normalizers or prof.normalizers, positions, req.test_lengths or prof.test_lengths)
+    names = ([t.name for t in tasks], [s.name for s in specs])
+    if any(s < 0 for s in req.seeds): raise UsageError(f"seeds must be >= 0, got {min(req.seeds)}")
+    if req.stage:
+        return stage_runs(req.stage, req.out, prof, *names, positions, read_recipes(req.out), list(req.rates) or None, **run)
+    return plan_runs(req.out, prof, *names, positions, req.rates or prof.rates, req.seeds or prof.seeds, req.test_lengths or None, **run), []
+
+def length_tasks(req: LengthRequest) -> tuple:
+    "(papermill tasks, the folder's options) of `req`: the study's planner."
+    runs, _ = length_runs(req)
+    if not runs: return [], {}
+    threads, note = grid_threads(req.out, LENGTH.name, req.execution.jobs)
+    if note: print(note, file=sys.stderr)
+    options = dict(profile=req.profile, **{k: v for k, v in asdict(runs[0].cfg).items() if k in option_defaults(LengthRunConfig)},
+                   test_examples=PROFILES[req.profile].test_examples)
+    return [notebook_task(r, threads) for r in runs], options
+
+# %%
+_lq = LengthRequest(str(Path(tempfile.mkdtemp()) / "len"), "smoke", normalizers=("softmax",), seeds=(0, 1), options=dict(steps=10))
+_lt, _lo = length_tasks(_lq)
+test_eq([t.name for t in _lt], ["flip_flop/softmax/nape/lr0.001/seed0/steps10_test10", "flip_flop/softmax/nape/lr0.001/seed1/steps10_test10"])
+test_eq((_lo["steps"], _lo["profile"], _lo["test_examples"]), (10, "smoke", 16))
+assert not Path(_lq.out).exists()                                                       # planned, nothing written
+test_fail(lambda: length_tasks(replace(_lq, tasks=("copy",))), contains="unknown task 'copy'")
+test_fail(lambda: length_tasks(replace(_lq, options=dict(steps=-1))), exc=UsageError, contains="--steps")
+test_fail(lambda: length_tasks(replace(_lq, profile="huge")), exc=UsageError, contains="unknown profile 'huge'")

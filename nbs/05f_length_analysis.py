@@ -35,6 +35,14 @@ from fastcore.test import test_eq, test_close
 
 # %%
 #| export
+def load_length_runs(path):
+    """The rows of a length grid's `length_runs.csv` (a path), every one kept: a run that diverged counts 0 from the
+    step it failed at; None where the file is missing (the study's loader)."""
+    from pathlib import Path
+    return pd.read_csv(path) if path is not None and Path(path).is_file() else None
+
+# %%
+#| export
 ARM = ("task", "normalizer", "positions")
 SELECTION_SEEDS = (0, 1, 2)
 EDGE_FRACTION = 5 / 6                     # a chosen step beyond this fraction of its run is on an edge
@@ -340,7 +348,7 @@ def length_tables(folder, recipes=None) -> dict:
     from sparse_attention_repro.runner import save_rows
     from sparse_attention_repro.study import STUDIES
     folder = Path(folder)
-    rows = pd.read_csv(STUDIES["length"].results_path(folder))
+    rows = STUDIES["length"].load(folder)
     recipes = choose_recipes(rows) if recipes is None else recipes
     acc = length_accuracy(rows, recipes)
     tables = {"length_recipes.csv": recipes, "length_accuracy.csv": acc, "length_gains.csv": length_gains(rows, recipes),

@@ -18,6 +18,7 @@
 import os, sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 from sparse_attention_repro.runner import NotebookTask, TaskGroup, run_task_groups, check_manifest, results_lock, experiments_dir
 from sparse_attention_repro.study import STUDIES
 from sparse_attention_repro.options import option_defaults, check_options, option_flags
@@ -43,9 +44,10 @@ def _check_dataset(name):
 # %% [markdown]
 # ## The requests
 #
-# `Execution` says how a request's notebooks run; `GridRequest` and `CrispRequest` say what runs. A field left empty
+# `Execution` says how a request's notebooks run; `GridRequest`, `CrispRequest` and `LengthRequest` say what runs, and
+# each names its study (`STUDIES`), whose planner checks it and turns it into tasks (`execute`). A field left empty
 # (`()`) takes the profile's value (or the baseline's); `options` holds the run options that differ from their
-# defaults, by the names of the study's configuration (`TrainConfig`, `FinetuneConfig`), and `command_line` writes the
+# defaults, by the names of the study's configuration (`TrainConfig`, `FinetuneConfig`, `LengthRunConfig`), and `command_line` writes the
 # request as the command that makes it, to print.
 
 # %%
@@ -82,6 +84,7 @@ def _checked_seeds(seeds) -> list:
 @dataclass(frozen=True)
 class GridRequest:
     "One study A grid: datasets × methods × seeds of a profile into `out`, with its run options and how it executes."
+    study: ClassVar[str] = "study_a"
     out: str
     profile: str = "smoke"
     datasets: tuple = ()              # () : the profile's, or the baseline's
@@ -114,6 +117,7 @@ class GridRequest:
 @dataclass(frozen=True)
 class CrispRequest:
     "One Crisp grid: configurations × seeds of a profile into `out`, on `model`, with its fine-tuning options."
+    study: ClassVar[str] = "crisp"
     out: str
     profile: str = "smoke"
     configs: tuple = ()               # () : the paper's four
@@ -127,6 +131,23 @@ class CrispRequest:
         from sparse_attention_repro.crisp import FinetuneConfig
         return {**option_defaults(FinetuneConfig), **self.options}
 
+@dataclass(frozen=True)
+class LengthRequest:
+    """One length-study grid: tasks × normalizers × position schemes × rates × seeds of a profile, or one `stage` of its
+    fair protocol (select, complete, budgets), into `out`."""
+    study: ClassVar[str] = "length"
+    out: str
+    profile: str = "smoke"
+    tasks: tuple = ()                 # registered names, package.module:name or entry points; () : the profile's
+    normalizers: tuple = ()           # () : the profile's
+    positions: tuple = ()             # () : the profile's
+    rates: tuple = ()                 # () : the profile's (select: its ladder)
+    seeds: tuple = ()                 # () : the profile's (a stage: the protocol's)
+    test_lengths: tuple = ()          # () : the profile's
+    stage: str | None = None          # None: the plain grid, each run tested at its last step
+    options: dict = field(default_factory=dict)   # `LengthRunConfig` options that differ from their defaults
+    execution: Execution = Execution()
+
 # %%
 _r = GridRequest("res", "paper", ("kmnist",), ("softmax",), (0, 1), dict(lr=3e-3, epoch_eval=True), keep_state=True)
 test_eq(_r.command_line(), "sparse-repro grid --profile paper --out res --datasets kmnist --methods softmax --seeds 0 1 --lr 0.003 --epoch-eval --keep-state")
@@ -134,6 +155,7 @@ test_eq((_r.run_options()["lr"], _r.run_options()["epochs"]), (3e-3, 0))        
 test_fail(lambda: Execution(jobs=0).check(), exc=UsageError, contains="--jobs must be >= 1")
 test_fail(lambda: Execution(scheduler="tcp://h:1").check(), exc=UsageError, contains="needs --executor dask")
 test_fail(lambda: Execution(device="tpu").check(), exc=UsageError, contains="unknown device 'tpu'")
+test_eq([r.study for r in (_r, CrispRequest("x"), LengthRequest("x"))], ["study_a", "crisp", "length"])
 
 
 # %% [markdown]
@@ -495,6 +517,12 @@ def study_group(study, out, tasks, options, name="") -> TaskGroup:
     check_manifest(out, study.name, options, defaults=option_defaults(study.config_class()))
     if tasks: record_threads(out, study.name, tasks[0].parameters["threads"])   # the folder's count from now on
     return TaskGroup(list(tasks), study.results_path(out), study.keys, study.rows_dir(out), Path(out), name=name)
+
+def execute(request, then=None) -> dict:
+    "Plan `request` through its study (`Study.plan`: everything checked first) and run it into its folder; returns the failures."
+    study = STUDIES[request.study]
+    tasks, options = study.plan(request)
+    return run_study(study, request.out, request.execution, tasks, options, then)
 
 def run_study(study, out, execution: Execution, tasks, options, then=None) -> dict:
     "Run `study`'s `tasks` into `out` by `execution`, the folder held and its manifest checked (then `then()`, still held); returns the failures."

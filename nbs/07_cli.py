@@ -343,19 +343,17 @@ test_eq((_cr.configs, _cr.options, _cr.execution.jobs), (("dense", "fixed_080"),
 #| export
 def run_grid(req: GridRequest) -> dict:
     "Run the study A grid `req` (and, with a baseline, write the comparison with its runs); returns the failures."
-    tasks, options = grid_tasks(req)
     def versus():
         if req.baseline and STUDY_A.results_path(req.out).exists():
             from sparse_attention_repro.report import versus_report
             print(f"versus baseline: {versus_report(req.out, req.baseline)}")
-    return run_study(STUDY_A, req.out, req.execution, tasks, options, then=versus)
+    return execute(req, then=versus)
 
 def cmd_grid(args): return run_grid(grid_request(args))
 
 def cmd_crisp(args):
     "Run the Crisp grid; returns the failures."
-    req = crisp_request(args)
-    return run_study(CRISP, req.out, req.execution, *crisp_tasks(req))
+    return execute(crisp_request(args))
 
 # %% [markdown]
 # ## Report, site, and the whole study
@@ -451,9 +449,83 @@ def cmd_reproduce(args):
                        execution=execution)
     crisp = CrispRequest(out, args.profile, model=args.model or "", execution=execution)
     grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
-    fails = {**run_grid(grid), **run_study(CRISP, out, execution, *crisp_tasks(crisp))}
+    fails = {**run_grid(grid), **execute(crisp)}
     write_report(out)
     return fails
+
+# %% [markdown]
+# ## One catalogue entry, from its declaration
+#
+# `sparse-repro run ENTRY` makes one entry of the catalogue (`catalogue.CATALOGUE`) from its declaration alone: its
+# design (study, datasets, methods, options, seeds, profile, and the folder it is paired with) becomes one typed request
+# into `<outputs>/<root>/<folder>`, and the study's planner checks it and runs what is not done yet — so rerunning a
+# committed entry finds nothing to do, and a stopped one resumes. The entries made in stages that read their own results
+# as they go (the tuned-recipe searches, the length study) and the records (attention maps, benchmarks, `reproduce`)
+# name the command that makes them instead.
+
+# %%
+#| export
+RUN_BY_REQUEST = ("grid", "ablations", "follow-ups", "crisp")     # the runners whose entries are one request
+
+def _run_args(sub):
+    "`run`: one catalogue entry, from its declaration."
+    r = sub.add_parser("run", help="make one entry of the catalogue of experiments (outputs/README.md) from its declaration")
+    r.add_argument("entry", help="the entry's name (the catalogue's; outputs/README.md lists them)")
+    r.add_argument("--outputs", default="outputs", help="the folder of results roots: the entry runs into <outputs>/<root>/<folder>")
+    r.add_argument("--seeds", nargs="+", help="only these seeds (default: the entry's, else its profile's)")
+    r.add_argument("--dry-run", action="store_true", help="print the entry's command and how many notebooks it still needs; run nothing")
+    _executor_args(r)
+    return r
+
+SUBCOMMANDS["run"] = _run_args
+
+def entry_request(e, outputs, seeds=(), execution=Execution()):
+    "The typed request that makes catalogue entry `e` under `outputs`, or a one-line `UsageError` naming the command that makes it."
+    from sparse_attention_repro.catalogue import STUDY_PROFILES
+    if e.runner not in RUN_BY_REQUEST:
+        raise UsageError(f"{e.name} is made by `sparse-repro {e.runner}` (in stages, or as a record), not from one request; "
+                         f"its line in {Path(outputs) / 'README.md'} says where its results are")
+    d, out = e.design, str(Path(outputs) / e.root / e.folder)
+    seeds, profile = tuple(seeds) or tuple(d.seeds or ()), d.profile or STUDY_PROFILES[d.study]
+    if d.study == "crisp": return CrispRequest(out, profile, d.methods, seeds, options=dict(d.options), execution=execution)
+    return GridRequest(out, profile, d.datasets, d.methods, seeds, {k: v for k, v in d.options.items() if k != "fast"},
+                       fast=bool(d.options.get("fast")), baseline=str(Path(outputs) / d.baseline) if d.baseline else None, execution=execution)
+
+def cmd_run(args):
+    "Make the catalogue entry `args.entry` (or, with --dry-run, say what it still needs); returns the failures."
+    from sparse_attention_repro.catalogue import CATALOGUE
+    if args.entry not in CATALOGUE: raise UsageError(f"unknown entry {args.entry!r}; choose one of {', '.join(CATALOGUE)}")
+    req = entry_request(CATALOGUE[args.entry], args.outputs, tuple(_seeds(args.seeds)) if args.seeds else (), execution_of(args))
+    if args.dry_run:
+        tasks, _ = STUDIES[req.study].plan(req)
+        todo = [t for t in tasks if not all(Path(p).exists() for p in t.produces)]
+        print(f"{args.entry}: {len(todo)} of {len(tasks)} notebooks still to run into {req.out}")
+        return {}
+    return run_grid(req) if isinstance(req, GridRequest) else execute(req)
+
+# %%
+from sparse_attention_repro.catalogue import CATALOGUE
+_root = Path(sparse_attention_repro.__file__).parent.parent / "outputs"
+_pr = entry_request(CATALOGUE["patch4"], "out")
+test_eq((_pr.out, _pr.profile, _pr.datasets, _pr.options), ("out/paper/ablations/patch4", "paper", ("fashion_mnist",), dict(patch_size=4)))
+test_eq(entry_request(CATALOGUE["literature_masked_padding"], "out").baseline, "out/paper/ablations/masked_padding")
+test_eq(entry_request(CATALOGUE["fashion_mnist_fast"], "out").fast, True)
+test_eq((entry_request(CATALOGUE["crisp_lr_check"], "out").options, entry_request(CATALOGUE["crisp_lr_check"], "out").profile), (dict(lr=2e-5), "quick"))
+test_fail(lambda: entry_request(CATALOGUE["tuned"], "out"), exc=UsageError, contains="made by `sparse-repro tuned`")
+# every committed entry made by one request is complete: its own declaration plans nothing left to run in its committed folder
+# (the --fast entries apart: their folders predate the recorded calibration, so planning them would time the levers here)
+for _n, _e in CATALOGUE.items():
+    if (_e.runner in ("grid", "ablations", "follow-ups") and not _e.design.options.get("fast")
+            and (_root / _e.root / _e.folder / "runs.csv").is_file()):
+        _tasks, _ = grid_tasks(entry_request(_e, _root))
+        assert all(Path(p).exists() for t in _tasks for p in t.produces), f"{_n}: its declaration asks for runs its folder lacks"
+from sparse_attention_repro.data import resolve_data_root
+if resolve_data_root() and (resolve_data_root() / "sst2" / "train.tsv").is_file():
+    for _n, _e in CATALOGUE.items():
+        if _e.runner == "crisp" and (_root / _e.root / _e.folder / "crisp_runs.csv").is_file():
+            _tasks, _ = crisp_tasks(entry_request(_e, _root))
+            test_eq(len(_tasks), len(_e.design.methods) * len(_e.design.seeds or ()) or len(_tasks))
+            assert all(Path(p).exists() for t in _tasks for p in t.produces), f"{_n}: its declaration asks for runs its folder lacks"
 
 # %% [markdown]
 # ## Ablations
@@ -851,54 +923,43 @@ test_eq(set(_choices), set(BENCHES)); assert set(TIMED_BENCHES) <= set(BENCHES) 
 
 # %%
 #| export
+def length_request(args) -> LengthRequest:
+    "The `length` command line as a `LengthRequest`."
+    from sparse_attention_repro.length_train import LengthRunConfig
+    return LengthRequest(args.out, args.profile, tuple(args.tasks or ()), tuple(args.normalizers or ()), tuple(args.positions or ()),
+                         tuple(args.rates or ()), tuple(_seeds(args.seeds)) if args.seeds else (), tuple(args.test_lengths or ()),
+                         args.stage, _changed(LengthRunConfig, args), execution_of(args))
+
 def cmd_length(args):
     "Run the length study's grid (or, with --dry-run, print what it still needs); returns the failures."
-    execution = execution_of(args)
-    from sparse_attention_repro.length_study import (LENGTH, PROFILES, check_request, plan_runs, notebook_task, stage_runs, estimate_core_hours,
-                                                     read_recipes, freeze_recipes, RECIPES)
-    import pandas as pd
-    from sparse_attention_repro.length_train import LengthRunConfig
+    from sparse_attention_repro.length_study import LENGTH, length_runs, estimate_core_hours, freeze_recipes, RECIPES
     if args.tables:
         if not LENGTH.results_path(args.out).exists(): raise UsageError(f"{args.out} holds no {LENGTH.results}; run `sparse-repro length --out {args.out}` first")
         from sparse_attention_repro.length_analysis import length_tables
         from sparse_attention_repro.length_study import read_recipes
         for name, df in length_tables(args.out, read_recipes(args.out)).items(): print(f"{args.out}/tables/{name}: {len(df)} rows")
         return {}
-    if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
-    prof = PROFILES[args.profile]
-    run = config_from_options(LengthRunConfig, {k: vars(args)[k] for k in option_defaults(LengthRunConfig)})
-    tasks, specs = check_request(prof, args.tasks or prof.tasks, args.normalizers or prof.normalizers,
-                                 args.positions or prof.positions, args.test_lengths or prof.test_lengths)
-    names, positions = ([t.name for t in tasks], [s.name for s in specs]), args.positions or prof.positions
-    if args.stage:
-        runs, notes = stage_runs(args.stage, args.out, prof, *names, positions, read_recipes(args.out), args.rates, **run)
-        for note in notes: print(note, file=sys.stderr)
-    else:
-        runs = plan_runs(args.out, prof, *names, positions, args.rates or prof.rates, _seeds(args.seeds) if args.seeds else prof.seeds,
-                         args.test_lengths, **run)
+    req = length_request(args)
+    runs, notes = length_runs(req)
+    for note in notes: print(note, file=sys.stderr)
     if not runs: return {}
     todo = [r for r in runs if not r.rows.exists()]
     if args.dry_run:
-        results = LENGTH.results_path(args.out)
-        hours, unmeasured = estimate_core_hours(todo, pd.read_csv(results) if results.exists() else None)
+        hours, unmeasured = estimate_core_hours(todo, LENGTH.load(args.out))
         print(f"length grid in {args.out}: {len(runs)} runs, {len(todo)} still to run; about {hours:.1f} core-hours for the "
               f"{len(todo) - unmeasured} priced from this folder's runs" + (f", {unmeasured} not priced yet (nothing of their task "
               "and normalizer measured here)" if unmeasured else ""))
         for r in todo: print(f"  {r.key}: {r.cfg.steps} steps, " + (f"tested at step {r.test_step} at {', '.join(map(str, r.test_lengths))} tokens"
                                                                    if r.test_step else "validation only"))
         return {}
-    threads, note = grid_threads(args.out, LENGTH.name, args.jobs)
-    if note: print(note, file=sys.stderr)
-    options = dict(profile=args.profile, **{k: v for k, v in asdict(runs[0].cfg).items() if k in option_defaults(LengthRunConfig)},
-                   test_examples=prof.test_examples)
-    fails = run_study(LENGTH, args.out, execution, [notebook_task(r, threads) for r in runs], options)
-    if args.stage == "select" and not fails:
+    fails = execute(req)
+    if req.stage == "select" and not fails:
         print(f"{args.out}/{RECIPES}: {len(freeze_recipes(args.out))} arms' recipes, chosen on the selection seeds' validation curves")
     return fails
 
 COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "length": cmd_length, "report": cmd_report, "readme": cmd_readme, "index": cmd_index, "leaderboard": cmd_leaderboard, "card": cmd_card, "site": cmd_site, "reproduce": cmd_reproduce,
             "ablations": cmd_ablations, "follow-ups": cmd_follow_ups, "tuned": cmd_tuned,
-            "attention-maps": cmd_attention_maps, "bench": cmd_bench}
+            "attention-maps": cmd_attention_maps, "bench": cmd_bench, "run": cmd_run}
 
 def main(argv=None):
     "Entry point of `sparse-repro`; returns the exit status."

@@ -4,9 +4,9 @@
 
 # %% auto 0
 __all__ = ['ARM', 'SELECTION_SEEDS', 'EDGE_FRACTION', 'ACCURACY_COLS', 'LENGTH_MARGIN', 'LEARNED_AT', 'LENGTH_TABLES',
-           'LENGTH_MARKERS', 'ANSWER_RATIOS', 'validation_curves', 'choose_recipes', 'tested_at_recipes',
-           'length_accuracy', 'sign_flip_p', 'verdict', 'length_gains', 'length_budgets', 'task_learned',
-           'anchor_table', 'length_cost', 'length_tables', 'accuracy_figure', 'length_answer']
+           'LENGTH_MARKERS', 'ANSWER_RATIOS', 'load_length_runs', 'validation_curves', 'choose_recipes',
+           'tested_at_recipes', 'length_accuracy', 'sign_flip_p', 'verdict', 'length_gains', 'length_budgets',
+           'task_learned', 'anchor_table', 'length_cost', 'length_tables', 'accuracy_figure', 'length_answer']
 
 # %% ../nbs/05f_length_analysis.ipynb
 import numpy as np
@@ -15,6 +15,13 @@ from scipy import stats as sps
 
 from .stats import paired_stats, holm, tost_paired, EQUIVALENCE_MARGINS
 from .study import BASELINE
+
+# %% ../nbs/05f_length_analysis.ipynb
+def load_length_runs(path):
+    """The rows of a length grid's `length_runs.csv` (a path), every one kept: a run that diverged counts 0 from the
+    step it failed at; None where the file is missing (the study's loader)."""
+    from pathlib import Path
+    return pd.read_csv(path) if path is not None and Path(path).is_file() else None
 
 # %% ../nbs/05f_length_analysis.ipynb
 ARM = ("task", "normalizer", "positions")
@@ -181,7 +188,7 @@ def length_tables(folder, recipes=None) -> dict:
     from sparse_attention_repro.runner import save_rows
     from sparse_attention_repro.study import STUDIES
     folder = Path(folder)
-    rows = pd.read_csv(STUDIES["length"].results_path(folder))
+    rows = STUDIES["length"].load(folder)
     recipes = choose_recipes(rows) if recipes is None else recipes
     acc = length_accuracy(rows, recipes)
     tables = {"length_recipes.csv": recipes, "length_accuracy.csv": acc, "length_gains.csv": length_gains(rows, recipes),

@@ -5,7 +5,7 @@
 # %% auto 0
 __all__ = ['LENGTH', 'HEADLINE', 'OTHERS', 'PROFILES', 'STAGES', 'BUDGET_FRACTIONS', 'RECIPES', 'LengthProfile', 'causal_refusal',
            'check_request', 'LengthRun', 'plan_runs', 'notebook_task', 'seeds_of', 'lengths_of', 'freeze_recipes',
-           'read_recipes', 'stage_runs', 'estimate_core_hours']
+           'read_recipes', 'stage_runs', 'estimate_core_hours', 'length_runs', 'length_tasks']
 
 # %% ../nbs/05e_length_study.ipynb
 from dataclasses import asdict, dataclass, field, replace
@@ -216,3 +216,33 @@ def estimate_core_hours(runs, rows) -> tuple:
                        for L in r.test_lengths)
         hours += sec / 3600
     return hours, unmeasured
+
+# %% ../nbs/05e_length_study.ipynb
+import sys
+from .run_request import LengthRequest, UsageError, grid_threads
+from .options import config_from_options, option_defaults
+
+def length_runs(req: LengthRequest) -> tuple:
+    "(runs, notes) of `req`, every name and option checked (one-line errors); nothing is written."
+    req.execution.check()
+    if req.profile not in PROFILES: raise UsageError(f"unknown profile {req.profile!r}; choose one of {', '.join(PROFILES)}")
+    prof = PROFILES[req.profile]
+    try: run = config_from_options(LengthRunConfig, req.options)
+    except ValueError as e: raise UsageError(str(e)) from None
+    positions = list(req.positions or prof.positions)
+    tasks, specs = check_request(prof, req.tasks or prof.tasks, req.normalizers or prof.normalizers, positions, req.test_lengths or prof.test_lengths)
+    names = ([t.name for t in tasks], [s.name for s in specs])
+    if any(s < 0 for s in req.seeds): raise UsageError(f"seeds must be >= 0, got {min(req.seeds)}")
+    if req.stage:
+        return stage_runs(req.stage, req.out, prof, *names, positions, read_recipes(req.out), list(req.rates) or None, **run)
+    return plan_runs(req.out, prof, *names, positions, req.rates or prof.rates, req.seeds or prof.seeds, req.test_lengths or None, **run), []
+
+def length_tasks(req: LengthRequest) -> tuple:
+    "(papermill tasks, the folder's options) of `req`: the study's planner."
+    runs, _ = length_runs(req)
+    if not runs: return [], {}
+    threads, note = grid_threads(req.out, LENGTH.name, req.execution.jobs)
+    if note: print(note, file=sys.stderr)
+    options = dict(profile=req.profile, **{k: v for k, v in asdict(runs[0].cfg).items() if k in option_defaults(LengthRunConfig)},
+                   test_examples=PROFILES[req.profile].test_examples)
+    return [notebook_task(r, threads) for r in runs], options

@@ -55,7 +55,7 @@ def load_crisp(path):
     else: df = pd.read_csv(path)
     return _ok_rows(df, ["config", "seed", "split", "profile"])
 
-RESULT_COLUMNS = {s.results: (*s.keys, "accuracy") for s in STUDIES.values()}   # what each study's results file must hold
+RESULT_COLUMNS = {s.results: s.columns for s in STUDIES.values()}   # what each study's results file must hold
 
 def check_results_file(path):
     "Raise a one-line ValueError naming `path` and what is wrong when a results CSV cannot be analysed."
