@@ -90,6 +90,7 @@
 # | `nbs/04_crisp.ipynb` | Crisp attention on a transformers encoder; SST-2 fine-tuning |
 # | `nbs/05_stats.ipynb`, `nbs/05_verdicts.ipynb`, `nbs/05a_report.ipynb` | paired tests (pingouin), Holm families, single-seed critique; the verdict rules, the claims table and the reader's tables; the report |
 # | `nbs/05b_tuning.ipynb` | the tuned-recipe protocol: the declared search, the staged selection on validation, bracketing, TOST power, the tuned verdicts and the README's answer |
+# | `nbs/05h_analysis.ipynb` | every table of a results folder's report declared once (name, what a row is, producer) and written from its runs; the report notebook only displays them |
 # | `nbs/05g_sensitivity.ipynb` | each tuned label read again under a reviewer's analyses (every arm capped at the declared length, Holm over TOST, one family of 24): which labels are robust |
 # | `nbs/guide.ipynb` | this page |
 # | `nbs/05c_catalogue.ipynb` | the catalogue of experiments: each one's question, design (datasets, methods, options, seeds), folder and analysis as one typed entry; the ablation and follow-up commands run its entries, the report reads them, and it writes `outputs/README.md` |

@@ -6,8 +6,8 @@
 # # Reproduction report
 # > What our seed grids say about the headline claims of the sparse-attention study (A) and Crisp Attention (B).
 #
-# Executed by `sparse_attention_repro.report.make_report` (papermill). It holds calls and plots only; every number comes
-# from `sparse_attention_repro.stats`.
+# Executed by `sparse_attention_repro.report.make_report` (papermill). It only displays: every table comes from
+# `sparse_attention_repro.analysis` (which declares and writes `tables/`), every statistic from `sparse_attention_repro.stats`.
 
 # %% tags=["parameters"]
 results_dir: str = "outputs/smoke"  # folder holding runs.csv and/or crisp_runs.csv
@@ -26,7 +26,7 @@ import seaborn as sns
 import torch
 from IPython.display import Image, Markdown, display
 
-from sparse_attention_repro import stats as S, verdicts as V, tuning as T, catalogue as C
+from sparse_attention_repro import stats as S, verdicts as V, tuning as T, catalogue as C, analysis as A
 from sparse_attention_repro.study import CLAIMS, PAPER_SOFTMAX_ACCURACY
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
@@ -34,7 +34,9 @@ sns.set_theme(style="whitegrid", context="notebook")
 RES = Path(results_dir); OUT = Path(out_dir or results_dir)
 FIG, TAB = OUT / "figures", OUT / "tables"
 FIG.mkdir(parents=True, exist_ok=True); TAB.mkdir(parents=True, exist_ok=True)
-runs, crisp = S.load_runs(RES / "runs.csv"), S.load_crisp(RES / "crisp_runs.csv")
+R = A.Results(RES)                           # the folder's runs and readings, each computed once
+runs, crisp = R.runs, R.crisp
+tables = A.write_tables(R, TAB)              # every declared table the folder has the runs for (`analysis.TABLES`)
 
 def save(fig, name):
     "Save a figure to figures/ and show it inline."
@@ -77,21 +79,16 @@ md(f"**Results folder:** `{results_label or RES}`. " + (f"**Missing:** {', '.joi
 # `05b_tuning`, fixed before its runs); every number below comes from `tables/`.
 
 # %%
-fair = T.fair_recipe_readings(RES, runs)
+fair = R.fair
 tt, trec, tcur = fair["tests"], fair["recipes"], fair["curves"]
-paper_tests = S.paired_tests(runs) if runs is not None else None
-grid_rows = pd.concat([T.tuned_runs(RES, folder) for folder, _ in T.SOURCES.values()], ignore_index=True)
-reach = T.time_to_reach(tcur, trec, grid_rows) if len(trec) else None
-gains = T.budget_gains(tcur, T.epoch_cost_ratios(grid_rows)) if len(trec) else None
-matched = T.compute_matched(gains, trec) if gains is not None else None
+paper_tests = R.analysed["paired_tests"] if runs is not None else None
+reach, gains, matched = R.time_to_reach, R.budget_gains, R.compute_matched
 from sparse_attention_repro import sensitivity as SENS
-sens = SENS.label_sensitivity(tt, SENS.capped_tests(RES, runs)) if len(tt) else None   # each label under a reviewer's reanalyses
-if sens is not None: sens.to_csv(TAB / "label_sensitivity.csv", index=False)
+sens = R.label_sensitivity                                                    # each label under a reviewer's reanalyses
 answer = T.answer_lines(tt, paper_tests, reach, matched, sens)
 md("\n".join(f"{i}. {line}" for i, line in enumerate(answer, 1)))
-bud = T.recipe_budget(tcur) if len(tcur) else pd.DataFrame()
+bud = R.tuned_budget if R.tuned_budget is not None else pd.DataFrame()
 if len(bud):
-    bud.to_csv(TAB / "tuned_budget.csv", index=False)
     dsets = [d for d in S.DATASET_ORDER if d in set(bud.dataset)]
     fig, axes = plt.subplots(1, len(dsets), figsize=(4.6 * len(dsets), 3.9), squeeze=False)
     for ax, ds in zip(axes[0], dsets):
@@ -111,7 +108,6 @@ if len(bud):
        + (f" {len(few)} of the {len(bud)} points pair fewer than {len(T.TUNED_SEEDS)} seeds (as few as {int(few.n.min())}): at those "
           "lengths an arm's best rate is one that only the selection seeds ran, so their intervals are wide." if len(few) else ""))
 if len(tt):
-    tt.to_csv(TAB / "tuned_tests.csv", index=False)
     table(T.readable_tuned(tt, paper_tests))
     md(T.VERDICT_LEGEND + " " + T.PAPER_FAMILIES + " *Reading*: `tuned` = the protocol's grid, `first round` = the earlier "
        "three-method grid read with the same rule, for a dataset the protocol has not reached.")
@@ -138,9 +134,8 @@ if len(dev): table(dev.rename(columns={"study": "study", "paper": "the paper", "
 else: md("_No results, so nothing to compare with the papers._")
 
 # %%
-res = V.analyse(runs, crisp)
-for name, df in res.items(): df.to_csv(TAB / f"{name}.csv", index=False)
-md("Tables written: " + ", ".join(f"`tables/{n}.csv`" for n in res))
+res = R.analysed
+md("Tables written: " + ", ".join(f"`tables/{n}.csv`" for n in tables))
 
 # %% [markdown]
 # ## Claims
@@ -163,12 +158,8 @@ md("Tables written: " + ", ".join(f"`tables/{n}.csv`" for n in res))
 # %%
 cl = res["claims"]
 tuned = T.tuned_verdicts(cl, tt)
-lr_check = S.load_crisp(RES / "crisp_lr_check" / "crisp_runs.csv")      # Crisp at another learning rate (see its section)
-if lr_check is not None and crisp is not None and crisp.lr.nunique() == 1:
-    same = crisp[crisp.config.isin(set(lr_check.config)) & crisp.train_n.isin(set(lr_check.train_n))]
-    crisp_lr = S.crisp_by_lr(pd.concat([same, lr_check], ignore_index=True))
-    tuned.update(V.crisp_lr_verdicts(cl, crisp_lr, crisp.lr.iloc[0]))
-else: crisp_lr = None
+crisp_lr = R.crisp_by_lr                                                 # Crisp at another learning rate (see its section)
+if crisp_lr is not None: tuned.update(V.crisp_lr_verdicts(cl, crisp_lr, crisp.lr.iloc[0]))
 for prof in dict.fromkeys(cl.profile):
     if len(profiles) > 1:
         md("**" + " ".join(V.run_description(runs[runs.profile == prof] if runs is not None else None,
@@ -318,7 +309,6 @@ else: md("_The label-once marker task has not been run in this folder (`sparse-r
 
 # %%
 if len(trec):
-    trec.to_csv(TAB / "tuned_recipes.csv", index=False); fair["candidates"].to_csv(TAB / "tuned_candidates.csv", index=False)
     yes = {True: "yes", False: "no"}
     table(pd.DataFrame({"dataset": trec.dataset, "method": trec.method, "reading": trec.source, "learning rate": trec.lr.map("{:g}".format),
                         "epoch": trec.epoch, "of a run of": trec.run_epochs, "validation accuracy (%)": (100 * trec.val_accuracy).map("{:.1f}".format),
@@ -352,14 +342,13 @@ if len(trec):
            + "; ".join(done) + ". " + " ".join(f"At the paper's recipe, {r.identical} of {r.compared} of its {r.dataset} test accuracies "
                                                f"equal the committed ones" + (f" (differing: {r.differing_methods})." if r.differing_methods else ".")
                                                for r in psame.itertuples()))
-    ag = T.val_test_agreement(tcur); ag.to_csv(TAB / "val_test_agreement.csv", index=False)
+    ag = tables["val_test_agreement"]
     md("**Does validation predict test?** Spearman's ρ between the candidates' mean validation and mean test accuracy "
        "(every method, rate and epoch), and between their gains over softmax at the same rate and epoch:")
     table(pd.DataFrame({"dataset": ag.dataset, "candidates": ag.candidates, "ρ, accuracy": ag.spearman_rho.map("{:.3f}".format),
                         "ρ, gain over softmax": ag.gain_rho.map("{:.3f}".format),
                         "same best rate on validation and test": [f"{a} of {b}" for a, b in zip(ag.same_lr, ag.methods)],
                         "validation − test (pt)": ag.val_minus_test.map(lambda v: f"{100 * v:+.1f}")}))
-    reach.to_csv(TAB / "time_to_reach.csv", index=False)
     md("**What the early lead buys.** Epochs and training seconds (per epoch measured side by side in one lock-step "
        "process) each method needs at its chosen rate to reach softmax's best mean validation accuracy; – = never within the run:")
     table(pd.DataFrame({"dataset": reach.dataset, "method": reach.method, "learning rate": reach.lr.map("{:g}".format),
@@ -369,7 +358,6 @@ if len(trec):
                         "cost per epoch vs softmax": reach.cost_ratio.map("{:.2f}×".format),
                         "seconds per epoch": reach.seconds_per_epoch.map("{:.2f}".format),
                         "seconds to reach it": reach.seconds_to_reach.map(lambda v: "–" if not np.isfinite(v) else f"{v:.0f}")}))
-    gains.to_csv(TAB / "budget_gains.csv", index=False); matched.to_csv(TAB / "compute_matched.csv", index=False)
     pt = lambda v: "–" if not np.isfinite(v) else f"{100 * v:+.1f}"
     ci = lambda a, b: "–" if not np.isfinite(a) else f"{pt(a)} to {pt(b)}"
     md("**The compute-matched reading.** Each arm at its best recipe *within* a budget (the protocol's rule, stopping early "
@@ -417,15 +405,12 @@ if sens is not None:
 # and the dropout masks are unchanged and each run's test accuracy must equal the committed one bit for bit.
 
 # %%
-sel = res["selection"]
-rerun = S.load_runs(RES / "validation_rerun" / "runs.csv")
-if rerun is not None and runs is not None and not sel.val_selected.notna().any():
+sel, rerun = R.selection, R.validation_rerun
+if rerun is not None and runs is not None and not res["selection"].val_selected.notna().any():
     same = T.identical_to_main(S.run_curves(rerun), runs)
     total = len(S.PAPER_METHODS) * 10 * len(S.PAPER_SIZES)
     md(f"**{int(same.identical.sum())} of {int(same.compared.sum())}** re-run test accuracies equal the committed ones bit for bit "
        "(" + (f"all {total} runs re-run: " if len(rerun) == total else f"{len(rerun)} of the {total} runs re-run so far: ") + ", ".join(f"{d} {int(c)}" for d, c in rerun.groupby("dataset").size().items()) + ").")
-    sel = S.select_topk(rerun[rerun.groupby("dataset").method.transform("size") == 10 * len(S.PAPER_METHODS)])   # complete datasets
-    sel.to_csv(TAB / "selection.csv", index=False)                          # the validation choice replaces the NaN one
 if len(sel) and sel.val_selected.notna().any():
     table(pd.DataFrame({"dataset": sel.dataset, "ratio chosen on validation": sel.val_selected.map(short),
                         "its test gain over softmax (pt)": (100 * sel.val_selected_delta).map("{:+.1f}".format),
@@ -446,17 +431,15 @@ else: md("These runs have no validation split, so the top-k ratio cannot be chos
 # family; "no change" is claimed only when the change is equivalent to zero within ±1 pt (TOST).
 
 # %%
-found = {name: S.load_runs(RES / e.folder / "runs.csv") for name, e in C.ABLATIONS.items() if (RES / e.folder / "runs.csv").exists()}
+found = R.ablation_runs
 if not found:
     md("_No ablation results in this folder yet. They are run with:_\n\n" + "\n".join(
         f"* `{name}` — {e.question} `sparse-repro grid --profile paper --out <results>/{e.folder} {' '.join(e.grid_args())}`"
         for name, e in C.ABLATIONS.items()))
 else:
-    fam = S.ablation_family({name: S.ablation_tests(runs, vr, C.ABLATIONS[name].design.rename) for name, vr in found.items()})
-    fam.to_csv(TAB / "ablation_family.csv", index=False)
+    fam = R.ablation_family
     for name in found:
-        t = fam[fam.ablation == name].drop(columns="ablation").reset_index(drop=True)
-        t.to_csv(TAB / f"ablation_{name}.csv", index=False)
+        t = tables[f"ablation_{name}"]
         md(f"### `{name}`: {C.ABLATIONS[name].question}")
         md(V.ablation_answer(name, t))
         table(V.readable_ablation(t))
@@ -591,10 +574,8 @@ else: md("_No α histories (no HAE runs or no `learned_history`)._")
 # against the start, by TOST within ±0.05 (declared before the runs).
 
 # %%
-fu_alpha = S.load_runs(RES / "follow_ups" / "alpha_start" / "runs.csv")
-at = S.alpha_start_tests(runs, fu_alpha)
+at = R.alpha_start if R.alpha_start is not None else pd.DataFrame()
 if len(at):
-    at.to_csv(TAB / "alpha_start.csv", index=False)
     table(pd.DataFrame({"dataset": at.dataset, "start α": at.start.map("{:.1f}".format), "layer": at.layer.astype(str), "seeds": at.n,
                         "final α": at.alpha_final.map("{:.3f}".format), "final α, started at 1.5": at.alpha_from_15.map("{:.3f}".format),
                         "TOST p (settles)": at.p_tost_settle.map(V.fmt_p), "TOST p (stays)": at.p_tost_stay.map(V.fmt_p),
@@ -749,7 +730,6 @@ else: md("_No `crisp_runs.csv`: Study B figures skipped._")
 # %%
 if crisp_lr is not None:
     cb = crisp_lr                                                            # computed with the claims above
-    cb.to_csv(TAB / "crisp_by_lr.csv", index=False)
     pt_ = lambda v: f"{100 * v:+.1f}" if np.isfinite(v) else "–"
     table(pd.DataFrame({"learning rate": cb.lr.map("{:g}".format), "split": cb.split, "config vs dense": cb.method + " vs dense",
                         "seeds": cb.n, "dense accuracy (%)": (100 * cb.baseline_accuracy).map("{:.1f}".format),
@@ -772,11 +752,8 @@ else: md("The learning-rate check has not been run in this folder.")
 # paired by seed with their dense runs (Holm within this family; equivalence margin ±0.5 pt).
 
 # %%
-cnorm = S.load_crisp(RES / "crisp_normalizers" / "crisp_runs.csv")
-if cnorm is not None and crisp is not None:
-    dense_ = crisp[(crisp.config == S.CRISP_BASELINE) & crisp.train_n.isin(set(cnorm.train_n)) & crisp.lr.isin(set(cnorm.lr))]
-    cnt = S.crisp_normalizer_tests(pd.concat([dense_, cnorm], ignore_index=True))
-    cnt.to_csv(TAB / "crisp_normalizer_tests.csv", index=False)
+cnt = R.crisp_normalizer_tests
+if cnt is not None:
     table(V.readable_tests(cnt).drop(columns="dataset").rename(columns={"comparison": "normalizer vs dense"}))
 else: md("No registered normalizer has been run in Crisp's regime in this folder (`crisp_normalizers/`).")
 
