@@ -32,43 +32,19 @@ import sparse_attention_repro
 #| export
 from sparse_attention_repro.run_request import *
 from sparse_attention_repro.run_request import _check_dataset
-
-def _split(values):
-    "Accept both `--x a b` and `--x a,b`."
-    return [v for item in values for v in str(item).split(",") if v]
-
-def _seeds(values):
-    try: seeds = [int(s) for s in _split(values)]
-    except ValueError: raise UsageError(f"seeds must be integers, got {' '.join(map(str, values))}") from None
-    if any(s < 0 for s in seeds): raise UsageError(f"seeds must be >= 0, got {min(seeds)}")
-    return seeds
-
-
-# %%
-test_eq(_split(["a,b", "c"]), ["a", "b", "c"]); test_eq(_seeds(["0,2", 5]), [0, 2, 5])
-test_fail(lambda: _seeds(["-1"]), exc=UsageError, contains=">= 0"); test_fail(lambda: _seeds(["x"]), exc=UsageError, contains="integers")
+from sparse_attention_repro.argv import *
+from sparse_attention_repro.tuned_command import tuned_parser, tuned_grids, cmd_tuned
+from sparse_attention_repro.bench_command import bench_parser, cmd_bench
 
 # %% [markdown]
 # ## The parser
 #
 # Every command is a sub-command with its own options; an unknown option or a missing required one raises
 # `UsageError` (reported as one line, status 2) instead of argparse's usage dump and exit. The commands that run notebooks
-# share the options of `_executor_args`.
+# share the options of `add_executor_arguments`.
 
 # %%
 #| export
-class _Parser(argparse.ArgumentParser):
-    def error(self, message): raise UsageError(message)
-
-def _executor_args(sp):
-    "Options shared by the commands that run notebooks: parallelism, executor, data download, device."
-    jobs = dict(type=int, default=min(4, usable_cores()), help="notebooks run in parallel (local) / LocalCluster workers (dask)")
-    sp.add_argument("--jobs", **jobs)
-    sp.add_argument("--executor", default="local", help="local (threads driving kernels) or dask (dask.distributed)")
-    sp.add_argument("--scheduler", default=None, help="dask scheduler address (tcp://host:8786); none = a LocalCluster")
-    sp.add_argument("--download", action="store_true", help="fetch missing datasets from their official online sources")
-    sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto = CUDA when available, else CPU")
-
 # %%
 #| export
 FAST_HELP = ("the opt-in speed levers that pay on this machine: Philox dropout masks, bf16 autocast (where the CPU or GPU has "
@@ -94,7 +70,7 @@ def _grid_args(sub):
     g.add_argument("--continue-from", default=None, help="a results folder of this grid with fewer --epochs, made with --keep-state: "
                                                         "each group continues from its final state there (the same result, bit for bit, "
                                                         "as a run made at once; a group without one starts afresh)")
-    _executor_args(g)
+    add_executor_arguments(g)
     return g
 
 def _crisp_args(sub):
@@ -104,7 +80,7 @@ def _crisp_args(sub):
     c.add_argument("--configs", nargs="+", help="dense fixed_080 adaptive_060 adaptive_080 (the paper's), or any registered normalizer, e.g. entmax15"); c.add_argument("--seeds", nargs="+"); c.add_argument("--model", default="")
     from sparse_attention_repro.crisp import FinetuneConfig
     add_option_arguments(c, FinetuneConfig)                                    # the run options are FinetuneConfig's own fields
-    _executor_args(c)
+    add_executor_arguments(c)
     return c
 
 # %%
@@ -164,7 +140,7 @@ def _reproduce_args(sub):
     a.add_argument("--val-fraction", type=float, default=0.1, help="validation split for leakage-free ratio selection")
     a.add_argument("--stack-seeds", type=int, default=1, help="study A: seeds trained as one stacked model per task (the GPU path)")
     a.add_argument("--fast", action="store_true", help="study A: " + FAST_HELP)
-    _executor_args(a)
+    add_executor_arguments(a)
     return a
 
 # %%
@@ -177,7 +153,7 @@ def _named_grids_args(sub, command, text, names, stack_help, fast=False):
     x.add_argument("--stack-seeds", type=int, default=1, help=stack_help)
     if fast: x.add_argument("--fast", action="store_true", help=FAST_HELP)
     else: x.set_defaults(fast=False)
-    _executor_args(x)
+    add_executor_arguments(x)
     return x
 
 def _ablations_args(sub):
@@ -190,27 +166,6 @@ def _follow_ups_args(sub):
     return _named_grids_args(sub, "follow-ups", "the follow-up experiments of the catalogue (e.g. alpha_start), paired with a "
                              "main grid's seeds", "follow-up", "seeds trained as one stacked model per task")
 
-def _tuned_args(sub):
-    "`tuned`: the tuned-recipe protocol of `tuning.TUNED_SEARCH`, stage by stage, into `<out>/tuned/<dataset>_lr<rate>`."
-    x = sub.add_parser("tuned", help="every arm at its own learning rate and length, chosen on validation (the tuned-recipe protocol)")
-    x.add_argument("--out", required=True, help="the main results folder: the grids go to <out>/tuned/<dataset>_lr<rate>")
-    x.add_argument("--stage", default="select", choices=["select", "complete", "power"],
-                   help="select: every candidate learning rate on the selection seeds; complete: the other seeds at each arm's chosen "
-                        "rate; power: more seeds for the headline comparisons, at their chosen recipes, until TOST at ±1 pt has 80%% power")
-    x.add_argument("--datasets", nargs="+", help="datasets of the search (default: all of tuning.TUNED_SEARCH)")
-    x.add_argument("--profile", default="paper")
-    x.add_argument("--dry-run", action="store_true", help="print the grid commands the stage still needs and run nothing")
-    x.add_argument("--methods", nargs="+", help="search these normalizers only (a new one: by name, module:name or entry point), "
-                   "into --out; with --baseline, judged against the baselines' tuned grids at each arm's own recipe")
-    x.add_argument("--baseline", default=None, help="a results folder whose tuned/ grids are the baselines (e.g. outputs/paper): "
-                   "writes <out>/fair_verdict.md/.csv once the new method's grids exist")
-    x.add_argument("--stack-seeds", type=int, default=1, help="train this many seeds of a grid (all its methods) as one stacked model "
-                   "per notebook, learning curves included: the GPU path")
-    x.add_argument("--halving", action="store_true", help="select by successive halving: every rate for a third of the length, the best two "
-                   "continued to the end (two thirds of the select stage's cost; it chose the full stage's rate for every committed "
-                   "baseline arm); a new folder's choice, recorded in <out>/tuned/search.json")
-    _executor_args(x)
-
 def _maps_args(sub):
     "`attention-maps`: one seed's methods trained, the CLS attention of a few test items saved for the report."
     a = sub.add_parser("attention-maps", help="train one seed's methods and save where the CLS token looks on a few test items")
@@ -221,30 +176,6 @@ def _maps_args(sub):
     a.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     a.add_argument("--threads", type=int, default=1, help="torch CPU threads; results are bit-identical only at the thread count of the runs compared with (a grid job per core: 1)")
     return a
-
-def _bench_args(sub):
-    "`bench`: speed, side by side in one process."
-    b = sub.add_parser("bench", help="speed benchmarks: ratios measured side by side in one process")
-    b.add_argument("what", choices=["normalizers", "grid", "fast", "steps", "stack", "profile", "compare", "floor", "fair-cost", "long"],
-                   help="normalizers (forward+backward), grid (training epochs), fast (time --fast's lever combinations here, "
-                        "as its calibration does, and cache the choice), steps (one training step per attention path, "
-                        "the paths alternating step by step), stack (seeds in lock-step vs one stacked model), "
-                        "profile (a whole profile on the stacked path, beside one lock-step seed per dataset), "
-                        "compare (two results folders), floor (a results folder against the machine's matmul rate) "
-                        "or long (one causal attention layer at 256-4,096 tokens in query blocks against torch's SDPA, with peak memory)")
-    b.add_argument("--results", nargs="+", help="compare: two results folders (e.g. default path vs --plain)")
-    b.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 20 for normalizers, 1 for grid)")
-    b.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 = as in one grid job per core)")
-    b.add_argument("--datasets", nargs="+", help="grid: datasets (default fashion_mnist twenty_news)")
-    b.add_argument("--epochs", type=int, default=1, help="grid: epochs per run")
-    b.add_argument("--train-limit", type=int, default=0, help="grid: train examples (0 = the paper's)")
-    b.add_argument("--jobs", type=int, default=2, help="grid: parallel jobs assumed by the projection")
-    b.add_argument("--stack-seeds", type=int, nargs="+", default=[2], help="stack: stack sizes (seeds) to measure")
-    b.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="stack, profile: where to train (auto = CUDA when available)")
-    b.add_argument("--profile", default="paper", help="profile: the profile to run (its seeds, sizes and epochs)")
-    b.add_argument("--out", default=None, help="profile: a folder for its runs.csv (stacked), lockstep_runs.csv (the anchor's seeds) and times.csv; "
-                                               "long: a folder for long_attention.csv")
-    return b
 
 # %%
 #| export
@@ -267,18 +198,18 @@ def _length_args(sub):
     l.add_argument("--dry-run", action="store_true", help="print the runs the grid still needs and run nothing")
     l.add_argument("--tables", action="store_true", help="write the analysis of --out (recipes, accuracy against length, gains "
                                                        "over softmax, the figure) from its rows, and run nothing")
-    _executor_args(l)
+    add_executor_arguments(l)
     return l
 
 SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "length": _length_args, "report": _report_args, "readme": _readme_args, "index": _index_args, "leaderboard": _leaderboard_args, "card": _card_args, "site": _site_args,
                "reproduce": _reproduce_args,
-               "ablations": _ablations_args, "follow-ups": _follow_ups_args, "tuned": _tuned_args,
-               "attention-maps": _maps_args, "bench": _bench_args}
+               "ablations": _ablations_args, "follow-ups": _follow_ups_args, "tuned": tuned_parser,
+               "attention-maps": _maps_args, "bench": bench_parser}
 
 def build_parser(command=None):
     "The `sparse-repro` argument parser: one sub-command per task (only `command`'s, when it names one: its options may import the library)."
-    p = _Parser(prog="sparse-repro", description="Reproduce Canay (2026) and Crisp Attention with papermill-executed notebooks.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = Parser(prog="sparse-repro", description="Reproduce Canay (2026) and Crisp Attention with papermill-executed notebooks.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     for add in [SUBCOMMANDS[command]] if command in SUBCOMMANDS else dict.fromkeys(SUBCOMMANDS.values()): add(sub)
     return p
 
@@ -305,27 +236,18 @@ test_eq([_all.parse_args(a).command for a in (["grid", "--out", "x"], ["tuned", 
 
 # %%
 #| export
-def execution_of(args) -> Execution:
-    "The parsed executor options (`_executor_args`) as a checked `Execution`."
-    return Execution(args.jobs, args.executor, args.scheduler, args.device, args.download).check()
-
-def _changed(schema, args) -> dict:
-    "The options of `schema` given on the command line with a value other than their default."
-    given = vars(args)
-    return {k: given[k] for k, v in option_defaults(schema).items() if given[k] != v}
-
 def grid_request(args) -> GridRequest:
     "The `grid` command line as a `GridRequest`."
     from sparse_attention_repro.train import TrainConfig
-    return GridRequest(args.out, args.profile, tuple(_split(args.datasets or [])), tuple(_split(args.methods or [])),
-                       tuple(_seeds(args.seeds)) if args.seeds else (), _changed(TrainConfig, args), args.plain, args.stack_seeds,
+    return GridRequest(args.out, args.profile, tuple(split_values(args.datasets or [])), tuple(split_values(args.methods or [])),
+                       tuple(parse_seeds(args.seeds)) if args.seeds else (), changed_options(TrainConfig, args), args.plain, args.stack_seeds,
                        args.fast, args.baseline, args.keep_state, args.continue_from, execution_of(args))
 
 def crisp_request(args) -> CrispRequest:
     "The `crisp` command line as a `CrispRequest`."
     from sparse_attention_repro.crisp import FinetuneConfig
-    return CrispRequest(args.out, args.profile, tuple(_split(args.configs or [])), tuple(_seeds(args.seeds)) if args.seeds else (),
-                        args.model or "", _changed(FinetuneConfig, args), execution_of(args))
+    return CrispRequest(args.out, args.profile, tuple(split_values(args.configs or [])), tuple(parse_seeds(args.seeds)) if args.seeds else (),
+                        args.model or "", changed_options(FinetuneConfig, args), execution_of(args))
 
 # %%
 _gr = grid_request(build_parser().parse_args(["grid", "--out", "x", "--datasets", "kmnist,cifar10", "--seeds", "0,2", "--lr", "3e-3",
@@ -420,12 +342,12 @@ def cmd_card(args):
     "Write each named normalizer's card."
     from sparse_attention_repro.leaderboard import normalizer_card
     from sparse_attention_repro.normalizers import resolve_normalizer
-    for n in _split(args.names):
+    for n in split_values(args.names):
         try: resolve_normalizer(n)
         except (KeyError, ValueError, ImportError) as e: raise UsageError(str(e).splitlines()[0]) from None
     if args.repeats is not None and args.repeats < 1: raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     repeats = {} if args.repeats is None else {"cost_repeats": args.repeats}
-    for n in _split(args.names): print(f"card: {normalizer_card(args.outputs, n, args.main, measure=args.measure, **repeats)}")   # as given: the card's command reruns
+    for n in split_values(args.names): print(f"card: {normalizer_card(args.outputs, n, args.main, measure=args.measure, **repeats)}")   # as given: the card's command reruns
     return {}
 
 def cmd_readme(args):
@@ -474,7 +396,7 @@ def _run_args(sub):
     r.add_argument("--outputs", default="outputs", help="the folder of results roots: the entry runs into <outputs>/<root>/<folder>")
     r.add_argument("--seeds", nargs="+", help="only these seeds (default: the entry's, else its profile's)")
     r.add_argument("--dry-run", action="store_true", help="print the entry's command and how many notebooks it still needs; run nothing")
-    _executor_args(r)
+    add_executor_arguments(r)
     return r
 
 SUBCOMMANDS["run"] = _run_args
@@ -495,7 +417,7 @@ def cmd_run(args):
     "Make the catalogue entry `args.entry` (or, with --dry-run, say what it still needs); returns the failures."
     from sparse_attention_repro.catalogue import CATALOGUE
     if args.entry not in CATALOGUE: raise UsageError(f"unknown entry {args.entry!r}; choose one of {', '.join(CATALOGUE)}")
-    req = entry_request(CATALOGUE[args.entry], args.outputs, tuple(_seeds(args.seeds)) if args.seeds else (), execution_of(args))
+    req = entry_request(CATALOGUE[args.entry], args.outputs, tuple(parse_seeds(args.seeds)) if args.seeds else (), execution_of(args))
     if args.dry_run:
         tasks, _ = STUDIES[req.study].plan(req)
         todo = [t for t in tasks if not all(Path(p).exists() for p in t.produces)]
@@ -541,14 +463,14 @@ def ablation_grids(args, table=None, kind="ablation") -> list:
     "(name, `GridRequest`) of every requested catalogue entry of `table` (default `catalogue.ABLATIONS`), validated, in order."
     from sparse_attention_repro.catalogue import ABLATIONS
     table = ABLATIONS if table is None else table
-    names = _split(args.only) if args.only else list(table)
+    names = split_values(args.only) if args.only else list(table)
     for n in names:
         if n not in table: raise UsageError(f"unknown {kind} {n!r}; choose from {', '.join(table)}")
     grids, execution = [], execution_of(args)
     for n in names:
         d = table[n].design                                 # its declaration, typed: `fast` is how it runs, the rest its run options
         g = GridRequest(str(Path(args.out) / table[n].folder), args.profile, d.datasets, d.methods,
-                        tuple(_seeds(args.seeds)) if args.seeds else tuple(d.seeds or ()),
+                        tuple(parse_seeds(args.seeds)) if args.seeds else tuple(d.seeds or ()),
                         {k: v for k, v in d.options.items() if k != "fast"}, stack_seeds=args.stack_seeds,
                         fast=args.fast or bool(d.options.get("fast")), execution=execution)
         grid_tasks(g)
@@ -572,136 +494,8 @@ def cmd_follow_ups(args):
     from sparse_attention_repro.catalogue import FOLLOW_UPS
     return _run_named_grids(args, FOLLOW_UPS, "follow-up")
 
-# %% [markdown]
-# `tuned` runs the tuned-recipe protocol (`05b_tuning`): it reads what has run under `<out>/tuned/`, asks `tuned_plan`
-# for the grids the stage still needs, and runs each as a `grid` into its (dataset, learning rate) folder. The *select*
-# stage repeats until its plan is empty, because a learning rate chosen on the edge of its axis adds the next rate of
-# the ladder; *complete* then runs the other seeds at each arm's chosen rate. `--dry-run` prints the grid commands.
-
-# %%
-#| export
-def tuned_grids(args) -> list:
-    "(command line, `GridRequest`) of each grid the requested stage of the tuned-recipe protocol still needs, validated."
-    from sparse_attention_repro import tuning as T
-    datasets = _split(args.datasets) if args.datasets else list(T.TUNED_SEARCH)
-    for d in datasets:
-        if d not in T.TUNED_SEARCH: raise UsageError(f"dataset {d!r} has no declared recipe search; choose from {', '.join(T.TUNED_SEARCH)}")
-    methods = _split(args.methods) if args.methods else None
-    if methods:
-        from sparse_attention_repro.normalizers import resolve_normalizer
-        for m in methods:
-            try: resolve_normalizer(m)
-            except (KeyError, ValueError, ImportError) as e: raise UsageError(str(e).splitlines()[0]) from None
-        if args.stage == "power": raise UsageError("--stage power adds seeds to the paper's headline comparisons; drop --methods")
-    base = args.baseline
-    if base and not list(Path(base, "tuned").glob("*/runs.csv")):
-        raise UsageError(f"--baseline {base} holds no tuned grids ({Path(base) / 'tuned'}/*/runs.csv); run `sparse-repro tuned --out {base}` first")
-    search = T.search_for(methods) if methods else None
-    runs = T.tuned_runs(args.out)
-    rule = tuned_rule(args, runs)
-    curves, failed = T.tuned_curves(runs), T.diverged(runs)
-    if args.stage == "power":
-        rec = T.choose_recipes(curves, failed, rule=rule)
-        plan = [p for p in T.power_plan(curves, rec, T.tuned_tests(curves, rec)) if p["dataset"] in datasets] if len(rec) else []
-    else: plan = T.tuned_plan(curves, failed, search, stage=args.stage, datasets=datasets, rule=rule)
-    grids, execution = [], execution_of(args)
-    for p in plan:
-        shorter = Path(args.out) / "tuned" / p["continue_from"] if p.get("continue_from") else None
-        g = GridRequest(str(Path(args.out) / "tuned" / p["folder"]), args.profile, (p["dataset"],), tuple(p["methods"]), tuple(p["seeds"]),
-                        dict(lr=p["lr"], epochs=p["epochs"], epoch_eval=True, val_fraction=T.TUNED_VAL_FRACTION),
-                        stack_seeds=args.stack_seeds, keep_state=bool(p.get("keep_state")),
-                        continue_from=str(shorter) if shorter and (shorter / "manifest.json").is_file() else None,   # the shorter run's kept states
-                        execution=execution)
-        grid_tasks(g)
-        grids.append((g.command_line(), g))
-    return grids
-
-def tuned_rule(args, runs):
-    "The selection rule of `args.out`'s tuned grids: the one recorded there, or `--halving` for a folder with no tuned run yet."
-    from sparse_attention_repro import tuning as T
-    stored = T.search_rule(args.out)
-    if args.halving and stored is None and len(runs):
-        raise UsageError(f"{Path(args.out) / 'tuned'} was searched with the full select stage; --halving starts a new search (give another --out)")
-    return T.HALVING if args.halving or stored is not None else None
-
-def tuned_groups(stack, grids) -> list:
-    """One `TaskGroup` per grid of a tuned stage, each results folder held once (in `stack`, an `ExitStack`): the power
-    stage sends several grids into one folder (other methods on other seeds), whose notebooks must then be distinct.
-    `cmd_tuned` starts their notebooks seed by seed, so that a stopped stage leaves whole pairs of an arm and softmax,
-    but for the pairs in flight."""
-    groups, held = [], {}
-    for _, g in grids:
-        tasks, options = grid_tasks(g)
-        if g.out not in held: stack.enter_context(results_lock(g.out)); held[g.out] = set()
-        if clash := held[g.out] & {str(t.output) for t in tasks}:
-            raise ValueError(f"two grids of one stage would write {sorted(clash)[0]} (a bug in the stage's plan: please report it)")
-        held[g.out] |= {str(t.output) for t in tasks}
-        groups.append(study_group(STUDY_A, g.out, tasks, options, name=Path(g.out).name))
-    return groups
-
-def cmd_tuned(args):
-    "Run the requested stage of the tuned-recipe protocol until it needs nothing more (or a notebook fails); returns the failures."
-    from contextlib import ExitStack
-    execution_of(args)
-    fails = {}
-    ran = None
-    while grids := tuned_grids(args):                     # every argument checked before anything is written
-        if args.halving and not args.dry_run and ran is None:
-            from sparse_attention_repro import tuning as T
-            T.record_search_rule(args.out, T.HALVING)       # the folder's rule, read back by every later command
-        lines = [line for line, _ in grids]
-        if lines == ran:                                    # its rows should have changed the plan: never loop on a settled grid
-            raise ValueError(f"tuned ({args.stage}): the plan still asks for {lines[0]} after it ran; its runs.csv rows do not settle "
-                             f"the selection (a bug: please report it with {Path(args.out) / 'tuned'})")
-        for line in lines: print(f"tuned ({args.stage}): {line}")
-        if args.dry_run: return {}
-        with ExitStack() as stack:                          # every grid's folder held and checked, then one pool for all their notebooks
-            groups = tuned_groups(stack, grids)
-            fails = run_task_groups(groups, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
-                                    desc=f"tuned ({args.stage}) notebooks", order=lambda t: min(t.parameters["seeds"]))
-        if fails or args.stage != "select": break
-        ran = lines
-    else: print(f"tuned ({args.stage}): nothing left to run in {Path(args.out) / 'tuned'}")
-    if args.baseline and args.methods and not args.dry_run:
-        from sparse_attention_repro.tuning import write_fair_verdict
-        for m in _split(args.methods):
-            try: print(f"tuned: the fair verdict of {m}: {write_fair_verdict(args.out, args.baseline, m)}")
-            except ValueError as e: print(f"tuned: no verdict for {m} yet ({e})")
-    return fails
-
 # %%
 _out = Path(tempfile.mkdtemp()) / "res"
-_tg = tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "fashion_mnist", "--jobs", "1"]))
-test_eq([(g.options, g.seeds, len(g.methods), g.out) for _, g in _tg],
-        [(dict(lr=lr, epochs=36, epoch_eval=True, val_fraction=0.25), (0, 1, 2), 7, str(_out / "tuned" / f"fashion_mnist_lr{lr:g}"))
-         for lr in (3e-4, 1e-3, 3e-3, 1e-2)])
-assert _tg[1][0].startswith("sparse-repro grid --profile paper --out ") and "--lr 0.001 --epochs 36 --epoch-eval" in _tg[1][0]
-test_eq(tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "kmnist", "--stage", "complete"])), [])
-_tm = tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "fashion_mnist", "--methods", "sparsemax"]))
-test_eq([(g.methods, g.options["lr"], g.seeds) for _, g in _tm], [(("sparsemax",), lr, (0, 1, 2)) for lr in (3e-4, 1e-3, 3e-3, 1e-2)])   # its own search
-_ts = tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "fashion_mnist", "--stack-seeds", "3"]))
-test_eq([(g.stack_seeds, g.options["epoch_eval"]) for _, g in _ts], [(3, True)] * 4)                  # on a GPU: the selection seeds as one stack
-test_eq([len(grid_tasks(g)[0]) for _, g in _ts], [1] * 4)                                  # one notebook per rate
-test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--methods", "sparsemaxx"])), exc=UsageError,
-          contains="unknown normalizer 'sparsemaxx'")
-test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--methods", "sparsemax", "--baseline", str(_out)])),
-          exc=UsageError, contains="holds no tuned grids")
-test_eq(tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--stage", "power"])), [])   # nothing complete yet
-import tempfile
-from contextlib import ExitStack
-from sparse_attention_repro.runner import FolderBusyError
-with tempfile.TemporaryDirectory() as _td:                                    # the power stage: two grids into one folder
-    _pg = lambda methods, seeds: ("", GridRequest(f"{_td}/tuned/kmnist_lr0.001", "smoke", ("kmnist",), tuple(methods), tuple(seeds)))
-    with ExitStack() as _st:
-        _gs = tuned_groups(_st, [_pg(["softmax", "sparsemax"], [10]), _pg(["softmax"], [11, 12])])
-        test_eq([len(g.tasks) for g in _gs], [1, 2])                                # one folder, held once, notebooks by seed
-        test_fail(lambda: tuned_groups(ExitStack(), [_pg(["softmax"], [10])]), exc=FolderBusyError, contains="in use by")
-    with ExitStack() as _st:
-        test_fail(lambda: tuned_groups(_st, [_pg(["softmax"], [10]), _pg(["sparsemax"], [10])]), exc=ValueError, contains="two grids")
-test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", "x", "--datasets", "synthetic_marker"])), exc=UsageError,
-          contains="no declared recipe search")
-
-# %%
 _ab = ablation_grids(build_parser().parse_args(["ablations", "--profile", "smoke", "--out", str(_out), "--only", "learnable_marker,patch4", "--seeds", "0"]))
 test_eq([n for n, _ in _ab], ["learnable_marker", "patch4"])
 test_eq(ablation_grids(build_parser().parse_args(["ablations", "--profile", "smoke", "--out", str(_out), "--only", "patch4", "--fast"]))[0][1].fast, True)
@@ -717,10 +511,9 @@ test_eq(_fu[1][1].options, dict(marker_design="label_once", epochs=3, epoch_eval
 assert not _out.exists()
 
 # %% [markdown]
-# ## Benchmarks
+# ## Attention maps
 #
-# `bench` prints ratio tables measured side by side in one process (see `08_bench`): the normalizers, a training epoch of
-# every method, or two results folders compared per method.
+# `attention-maps` trains one seed of each dataset with every paper method and saves where the CLS token looks.
 
 # %%
 #| export
@@ -729,7 +522,7 @@ def cmd_attention_maps(args):
     from sparse_attention_repro.train import PROFILES, PAPER_SIZES, profile_config, attention_maps
     from sparse_attention_repro.study import PAPER_METHODS, BASELINE
     if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
-    datasets = _split(args.datasets) if args.datasets else ["fashion_mnist", "cifar10"]
+    datasets = split_values(args.datasets) if args.datasets else ["fashion_mnist", "cifar10"]
     real = [d for d in PAPER_SIZES if d != "synthetic_marker"]
     for d in datasets:
         if d not in real: raise UsageError(f"attention maps are drawn over image patches or 20 Newsgroups words: choose from {', '.join(real)}, not {d!r}")
@@ -751,171 +544,6 @@ def cmd_attention_maps(args):
         print(f"attention maps {d}: {out}{same}")
     return {}
 
-def _bench_fair_cost(args, bench):
-    "bench fair-cost: the core-hours of each arm of the tuned grids, and the cheaper searches checked against them."
-    if len(args.results or []) != 1 or not Path(args.results[0], "tuned").is_dir():
-        raise UsageError("bench fair-cost needs one results folder with tuned grids: --results DIR (e.g. outputs/paper)")
-    from sparse_attention_repro import tuning as T
-    cost_runs = bench.fair_cost_runs(args.results[0])                  # every executed notebook read once
-    cost = bench.fair_cost(args.results[0], runs=cost_runs)
-    print("core-hours per arm of the tuned-recipe protocol: the executed notebooks' wall times × the share of a core each "
-          f"process had (recorded for {cost_runs.core_share.notna().sum()} of {len(cost_runs)} runs; the others count their whole wall time, an upper bound):")
-    print(cost.round(3).to_string(index=False))
-    per = cost.groupby("dataset").core_hours.median()
-    print("median arm per dataset: " + ", ".join(f"{d} {h:.2f} h" for d, h in per.items()) + f"; sum {per.sum():.2f} core-hours")
-    if T.search_rule(args.results[0]) is not None:
-        print("\nthese grids were searched by halving: the cost above is that search as it ran (no full grid to replay cheaper searches on)")
-        return
-    runs = T.tuned_runs(args.results[0])
-    curves, failed = T.tuned_curves(runs), T.diverged(runs)
-    print("\ncheaper searches on these grids: the share of the selection stage each costs, and the arms whose rate it chooses "
-          "as the full stage did (a rule qualifies only with every arm right)")
-    print(T.cheaper_search_check(curves, failed).to_string(index=False))
-    proj = T.projected_cost(cost_runs, curves, failed)
-    per = proj.groupby("dataset")[["core_hours", "projected_core_hours"]].median()
-    print("\none new normalizer's fair search, charged from these runs' measured times: as run, and with --halving and continued "
-          "extensions (a projection from measured per-epoch costs, not a run); median arm per dataset, core-hours:")
-    print(per.round(2).to_string())
-    print(f"sum over datasets: {per.core_hours.sum():.2f} as run, {per.projected_core_hours.sum():.2f} projected")
-
-def _bench_floor(args, bench):
-    "bench floor: a results folder's training time per seed against the machine's matmul rate."
-    import torch, pandas as pd
-    if len(args.results or []) != 1 or not (Path(args.results[0]) / "runs.csv").exists():
-        raise UsageError("bench floor needs one results folder with a runs.csv: --results DIR")
-    rate = bench.matmul_rate(threads=args.threads)
-    print(f"best fp32 matmul rate at the model's shapes, {args.threads} thread(s): {rate:.1f} GFLOP/s "
-          f"(bf16: {bench.matmul_rate(threads=args.threads, dtype=torch.bfloat16):.1f})")
-    print("training time per seed (all methods) against the arithmetic floor (FLOPs / that rate):")
-    print(bench.floor_table(pd.read_csv(Path(args.results[0]) / "runs.csv"), rate).round(2).to_string(index=False))
-
-def _bench_compare(args, bench):
-    "bench compare: two results folders paired by (dataset, seed), and the study's conclusions on each."
-    if len(args.results or []) != 2: raise UsageError("bench compare needs two results folders: --results A B")
-    for d in args.results:
-        if not (Path(d) / "runs.csv").exists(): raise UsageError(f"{d}/runs.csv does not exist; run `sparse-repro grid --out {d}` first")
-    print(f"A = {args.results[0]}, B = {args.results[1]}: accuracy per method, paired by (dataset, seed)")
-    print(bench.compare_runs(*(Path(d) / "runs.csv" for d in args.results)).round(4).to_string(index=False))
-    print("\nthe study's conclusions on each path: gains over softmax (pt), Holm within each dataset, and their change A − B")
-    print(bench.compare_gains(*(Path(d) / "runs.csv" for d in args.results)).to_string(index=False))
-
-def _bench_normalizers(args, bench):
-    "bench normalizers: forward+backward of every paper method against softmax's, in one process."
-    df = bench.bench_normalizers(repeats=args.repeats)
-    print("forward+backward time as a ratio to softmax's (kernels = this library's default on CPU float32)")
-    print(bench.normalizer_table(df).to_string())
-    print("softmax ms: " + ", ".join(f"{r.shape}: {r.ms:.2f}" for r in df.query("normalizer == 'softmax'").itertuples()))
-
-def _bench_long(args, bench):
-    "bench long: one causal attention layer at long T, each normalizer in query blocks against softmax through torch's SDPA."
-    df = bench.bench_long_attention(repeats=args.repeats)
-    if args.out:
-        from sparse_attention_repro.runner import save_rows
-        from sparse_attention_repro.leaderboard import cpu_name
-        save_rows(df.assign(cpu=cpu_name(), threads=args.threads), Path(args.out) / "long_attention.csv")
-    print(df.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-
-def _bench_steps(args, bench):
-    "bench steps: one training step per attention path (torch, fused, fused_block), the paths alternating step by step."
-    from sparse_attention_repro.study import PAPER_METHODS
-    from sparse_attention_repro.data import has_bf16_units
-    paths = ("torch", "fused", "fused_block") if bench.fused_ok(PAPER_METHODS) else ("torch",)
-    for ds in args.datasets or ["fashion_mnist", "twenty_news"]:
-        for precision in ("fp32", "bf16") if has_bf16_units("cpu") else ("fp32",):
-            df = bench.bench_steps(ds, paths=paths, steps=args.repeats, precision=precision)
-            t = df.pivot_table(index="method", columns="path", values="ratio").reindex(columns=list(paths)).round(3)
-            print(f"{ds}, {precision}: ms per step on the torch path, and each path's median per-step ratio to it (below 1: faster)")
-            print(t.assign(torch_ms=df.query("path == 'torch'").set_index("method").ms_per_step.round(2)).to_string())
-
-def _bench_datasets(args) -> list:
-    "The datasets of a training benchmark (default Fashion-MNIST and 20 Newsgroups), checked, with --epochs."
-    from sparse_attention_repro.train import PAPER_SIZES
-    datasets = _split(args.datasets) if args.datasets else ["fashion_mnist", "twenty_news"]
-    for d in datasets:
-        _check_dataset(d)
-    if args.epochs < 1: raise UsageError(f"--epochs must be >= 1, got {args.epochs}")
-    return datasets
-
-def _bench_fast(args, bench):
-    "bench fast: --fast's lever combinations timed here, as its calibration does, and the choice cached."
-    import time, pandas as pd
-    from sparse_attention_repro.data import has_bf16_units
-    from sparse_attention_repro.study import PAPER_METHODS
-    t0 = time.perf_counter()
-    cal = bench.calibrate_fast(_bench_datasets(args), list(PAPER_METHODS), threads=args.threads, bf16=has_bf16_units("cpu"),
-                               fused=bench.fused_ok(PAPER_METHODS), remeasure=True, search="full")
-    print(f"milliseconds per training step of the {len(PAPER_METHODS)} paper methods in lock-step, per lever combination "
-          f"({cal['steps']} steps, median of {cal['repeats']} interleaved rounds; measured in {time.perf_counter() - t0:.0f} s, "
-          f"load average {cal['load_1min']}{', busy' if cal['busy'] else ''}):")
-    print(pd.DataFrame(cal["ms_per_step"]).round(2).to_string())
-    print(f"chosen for --fast on these datasets: {cal['label']}")
-
-def _stack_device(args):
-    "Check --stack-seeds and --device for the stacked benchmarks."
-    from sparse_attention_repro.data import resolve_device
-    if min(args.stack_seeds) < 1: raise UsageError(f"--stack-seeds must be >= 1, got {min(args.stack_seeds)}")
-    try: resolve_device(args.device)
-    except ValueError as e: raise UsageError(str(e)) from None
-
-def _bench_stack(args, bench):
-    "bench stack: all methods on several seeds, seed by seed in lock-step against one stacked model."
-    datasets = _bench_datasets(args); _stack_device(args)
-    t = bench.bench_stack(datasets, num_seeds=args.stack_seeds, epochs=args.epochs, repeats=args.repeats,
-                          train_limit=args.train_limit or None, device=args.device)
-    print(f"\nall methods on several seeds, {args.epochs} epoch(s): seed by seed in lock-step vs one stacked model (wall seconds, evaluation included)")
-    print(t.round(2).to_string(index=False))
-
-def _bench_profile(args, bench):
-    "bench profile: a whole profile on the stacked path, every dataset timed end to end beside one lock-step seed."
-    from sparse_attention_repro.train import PROFILES, PAPER_SIZES
-    _stack_device(args)
-    if args.profile not in PROFILES: raise UsageError(f"unknown profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
-    datasets = _split(args.datasets) if args.datasets else list(PAPER_SIZES)
-    for d in datasets:
-        _check_dataset(d)
-    rows, t, anchor = bench.bench_profile(args.profile, datasets, args.stack_seeds[0], args.device)
-    if args.out:
-        from sparse_attention_repro.files import atomic_write
-        for name, df in (("runs.csv", rows), ("times.csv", t), ("lockstep_runs.csv", anchor)):
-            atomic_write(Path(args.out) / name, lambda f, df=df: df.to_csv(f, index=False))
-    print(f"\nthe {args.profile} profile on the stacked path ({args.stack_seeds[0]} seeds per stack), wall seconds per dataset, "
-          f"beside the lock-step path's seed 0 projected to every seed")
-    print(t.round(2).to_string(index=False))
-    print(f"total: stacked {t.seconds_stacked.sum() / 60:.2f} min, lock-step projected {t.seconds_lockstep_projected.sum() / 60:.2f} min")
-
-def _bench_grid(args, bench):
-    "bench grid: training epochs of every method on each path, with a projection of the paper profile."
-    datasets = _bench_datasets(args)
-    med, summary = bench.bench_grid(datasets, epochs=args.epochs, repeats=args.repeats, train_limit=args.train_limit or None)
-    print("\ntrain time of each method relative to softmax (per path)")
-    print(bench.method_ratios(med).to_string())
-    print(f"\nwall seconds for the {med.method.nunique()} methods of one seed, {args.epochs} epoch(s)")
-    print(summary.round(2).to_string())
-    limits = {d: args.train_limit for d in datasets} if args.train_limit else None
-    proj = bench.project_paper(summary, args.epochs, jobs=args.jobs, train_limits=limits)
-    print(f"\npaper profile, projected from these epochs, {args.jobs} parallel job(s) (a projection, not a measurement)")
-    print(proj.round(1).to_string(index=False))
-
-BENCHES = {"steps": _bench_steps, "fair-cost": _bench_fair_cost, "floor": _bench_floor, "compare": _bench_compare, "normalizers": _bench_normalizers,
-           "fast": _bench_fast, "stack": _bench_stack, "profile": _bench_profile, "grid": _bench_grid, "long": _bench_long}
-TIMED_BENCHES = ("normalizers", "fast", "stack", "profile", "grid", "steps", "long")      # these print their thread count and repeats first
-
-def cmd_bench(args):
-    "Print the table of the benchmark `args.what` (see `BENCHES`)."
-    import torch
-    from sparse_attention_repro import bench
-    if args.repeats is None: args.repeats = {"normalizers": 20, "steps": 60, "long": 3}.get(args.what, 1)
-    if args.threads < 1: raise UsageError(f"--threads must be >= 1, got {args.threads}")
-    if args.repeats < 1: raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
-    torch.set_num_threads(args.threads)
-    if args.what in TIMED_BENCHES: print(f"{args.what} benchmark, {args.threads} thread(s), median of {args.repeats} interleaved repeat(s)")
-    BENCHES[args.what](args, bench)
-    return {}
-
-# %%
-_choices = next(a.choices for a in _bench_args(argparse.ArgumentParser().add_subparsers())._actions if a.dest == "what")
-test_eq(set(_choices), set(BENCHES)); assert set(TIMED_BENCHES) <= set(BENCHES)          # every choice has its benchmark
-
 # %% [markdown]
 # ## The entry point
 #
@@ -927,8 +555,8 @@ def length_request(args) -> LengthRequest:
     "The `length` command line as a `LengthRequest`."
     from sparse_attention_repro.length_train import LengthRunConfig
     return LengthRequest(args.out, args.profile, tuple(args.tasks or ()), tuple(args.normalizers or ()), tuple(args.positions or ()),
-                         tuple(args.rates or ()), tuple(_seeds(args.seeds)) if args.seeds else (), tuple(args.test_lengths or ()),
-                         args.stage, _changed(LengthRunConfig, args), execution_of(args))
+                         tuple(args.rates or ()), tuple(parse_seeds(args.seeds)) if args.seeds else (), tuple(args.test_lengths or ()),
+                         args.stage, changed_options(LengthRunConfig, args), execution_of(args))
 
 def cmd_length(args):
     "Run the length study's grid (or, with --dry-run, print what it still needs); returns the failures."

@@ -97,7 +97,8 @@
 # | `nbs/05d_leaderboard.ipynb` | the leaderboard: every normalizer with committed runs, joined from the committed tables (no statistic of its own) into `outputs/leaderboard.{csv,md,png}` |
 # | `nbs/06_runner.ipynb` | resumable papermill execution (local or dask) |
 # | `nbs/06b_run_request.ipynb` | the typed run requests (`GridRequest`, `CrispRequest`, `Execution`): built once from the command line, a catalogue entry, the tuned plan or `reproduce`, checked, and turned into papermill tasks |
-# | `nbs/07_cli.ipynb` | the command line: argv into requests, and the commands |
+# | `nbs/07a_argv.ipynb`, `nbs/07_cli.ipynb` | the command line: the parsing helpers every command shares, argv into requests, and the commands |
+# | `nbs/07b_bench_command.ipynb`, `nbs/07c_tuned_command.ipynb` | the `bench` and `tuned` commands |
 # | `nbs/08_bench.ipynb` | the benchmarks behind `sparse-repro bench` |
 # | `nbs/09_tutorial_own_normalizer.ipynb` | tutorial: write a normalizer, register it, run it against the committed baselines and read the answer |
 # | `nbs/experiments/` | the parameterised notebooks papermill executes: `study_a`, `crisp`, `report` |

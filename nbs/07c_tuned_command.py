@@ -1,0 +1,172 @@
+# %% [markdown]
+# # The `tuned` command
+# > The tuned-recipe protocol stage by stage from the command line: each grid a stage still needs, as a typed request.
+
+# %%
+#| default_exp tuned_command
+
+# %%
+#| export
+import argparse, sys
+from pathlib import Path
+from sparse_attention_repro.argv import split_values, parse_seeds, add_executor_arguments, execution_of
+from sparse_attention_repro.run_request import *
+from sparse_attention_repro.run_request import _check_dataset
+from sparse_attention_repro.runner import run_task_groups, results_lock
+
+# %%
+from fastcore.test import test_eq, test_fail
+import tempfile
+
+# %%
+#| export
+def tuned_parser(sub):
+    "`tuned`: the tuned-recipe protocol of `tuning.TUNED_SEARCH`, stage by stage, into `<out>/tuned/<dataset>_lr<rate>`."
+    x = sub.add_parser("tuned", help="every arm at its own learning rate and length, chosen on validation (the tuned-recipe protocol)")
+    x.add_argument("--out", required=True, help="the main results folder: the grids go to <out>/tuned/<dataset>_lr<rate>")
+    x.add_argument("--stage", default="select", choices=["select", "complete", "power"],
+                   help="select: every candidate learning rate on the selection seeds; complete: the other seeds at each arm's chosen "
+                        "rate; power: more seeds for the headline comparisons, at their chosen recipes, until TOST at ±1 pt has 80%% power")
+    x.add_argument("--datasets", nargs="+", help="datasets of the search (default: all of tuning.TUNED_SEARCH)")
+    x.add_argument("--profile", default="paper")
+    x.add_argument("--dry-run", action="store_true", help="print the grid commands the stage still needs and run nothing")
+    x.add_argument("--methods", nargs="+", help="search these normalizers only (a new one: by name, module:name or entry point), "
+                   "into --out; with --baseline, judged against the baselines' tuned grids at each arm's own recipe")
+    x.add_argument("--baseline", default=None, help="a results folder whose tuned/ grids are the baselines (e.g. outputs/paper): "
+                   "writes <out>/fair_verdict.md/.csv once the new method's grids exist")
+    x.add_argument("--stack-seeds", type=int, default=1, help="train this many seeds of a grid (all its methods) as one stacked model "
+                   "per notebook, learning curves included: the GPU path")
+    x.add_argument("--halving", action="store_true", help="select by successive halving: every rate for a third of the length, the best two "
+                   "continued to the end (two thirds of the select stage's cost; it chose the full stage's rate for every committed "
+                   "baseline arm); a new folder's choice, recorded in <out>/tuned/search.json")
+    add_executor_arguments(x)
+
+# %% [markdown]
+# `tuned` runs the tuned-recipe protocol (`05b_tuning`): it reads what has run under `<out>/tuned/`, asks `tuned_plan`
+# for the grids the stage still needs, and runs each as a `grid` into its (dataset, learning rate) folder. The *select*
+# stage repeats until its plan is empty, because a learning rate chosen on the edge of its axis adds the next rate of
+# the ladder; *complete* then runs the other seeds at each arm's chosen rate. `--dry-run` prints the grid commands.
+
+# %%
+#| export
+def tuned_grids(args) -> list:
+    "(command line, `GridRequest`) of each grid the requested stage of the tuned-recipe protocol still needs, validated."
+    from sparse_attention_repro import tuning as T
+    datasets = split_values(args.datasets) if args.datasets else list(T.TUNED_SEARCH)
+    for d in datasets:
+        if d not in T.TUNED_SEARCH: raise UsageError(f"dataset {d!r} has no declared recipe search; choose from {', '.join(T.TUNED_SEARCH)}")
+    methods = split_values(args.methods) if args.methods else None
+    if methods:
+        from sparse_attention_repro.normalizers import resolve_normalizer
+        for m in methods:
+            try: resolve_normalizer(m)
+            except (KeyError, ValueError, ImportError) as e: raise UsageError(str(e).splitlines()[0]) from None
+        if args.stage == "power": raise UsageError("--stage power adds seeds to the paper's headline comparisons; drop --methods")
+    base = args.baseline
+    if base and not list(Path(base, "tuned").glob("*/runs.csv")):
+        raise UsageError(f"--baseline {base} holds no tuned grids ({Path(base) / 'tuned'}/*/runs.csv); run `sparse-repro tuned --out {base}` first")
+    search = T.search_for(methods) if methods else None
+    runs = T.tuned_runs(args.out)
+    rule = tuned_rule(args, runs)
+    curves, failed = T.tuned_curves(runs), T.diverged(runs)
+    if args.stage == "power":
+        rec = T.choose_recipes(curves, failed, rule=rule)
+        plan = [p for p in T.power_plan(curves, rec, T.tuned_tests(curves, rec)) if p["dataset"] in datasets] if len(rec) else []
+    else: plan = T.tuned_plan(curves, failed, search, stage=args.stage, datasets=datasets, rule=rule)
+    grids, execution = [], execution_of(args)
+    for p in plan:
+        shorter = Path(args.out) / "tuned" / p["continue_from"] if p.get("continue_from") else None
+        g = GridRequest(str(Path(args.out) / "tuned" / p["folder"]), args.profile, (p["dataset"],), tuple(p["methods"]), tuple(p["seeds"]),
+                        dict(lr=p["lr"], epochs=p["epochs"], epoch_eval=True, val_fraction=T.TUNED_VAL_FRACTION),
+                        stack_seeds=args.stack_seeds, keep_state=bool(p.get("keep_state")),
+                        continue_from=str(shorter) if shorter and (shorter / "manifest.json").is_file() else None,   # the shorter run's kept states
+                        execution=execution)
+        grid_tasks(g)
+        grids.append((g.command_line(), g))
+    return grids
+
+def tuned_rule(args, runs):
+    "The selection rule of `args.out`'s tuned grids: the one recorded there, or `--halving` for a folder with no tuned run yet."
+    from sparse_attention_repro import tuning as T
+    stored = T.search_rule(args.out)
+    if args.halving and stored is None and len(runs):
+        raise UsageError(f"{Path(args.out) / 'tuned'} was searched with the full select stage; --halving starts a new search (give another --out)")
+    return T.HALVING if args.halving or stored is not None else None
+
+def tuned_groups(stack, grids) -> list:
+    """One `TaskGroup` per grid of a tuned stage, each results folder held once (in `stack`, an `ExitStack`): the power
+    stage sends several grids into one folder (other methods on other seeds), whose notebooks must then be distinct.
+    `cmd_tuned` starts their notebooks seed by seed, so that a stopped stage leaves whole pairs of an arm and softmax,
+    but for the pairs in flight."""
+    groups, held = [], {}
+    for _, g in grids:
+        tasks, options = grid_tasks(g)
+        if g.out not in held: stack.enter_context(results_lock(g.out)); held[g.out] = set()
+        if clash := held[g.out] & {str(t.output) for t in tasks}:
+            raise ValueError(f"two grids of one stage would write {sorted(clash)[0]} (a bug in the stage's plan: please report it)")
+        held[g.out] |= {str(t.output) for t in tasks}
+        groups.append(study_group(STUDY_A, g.out, tasks, options, name=Path(g.out).name))
+    return groups
+
+def cmd_tuned(args):
+    "Run the requested stage of the tuned-recipe protocol until it needs nothing more (or a notebook fails); returns the failures."
+    from contextlib import ExitStack
+    execution_of(args)
+    fails = {}
+    ran = None
+    while grids := tuned_grids(args):                     # every argument checked before anything is written
+        if args.halving and not args.dry_run and ran is None:
+            from sparse_attention_repro import tuning as T
+            T.record_search_rule(args.out, T.HALVING)       # the folder's rule, read back by every later command
+        lines = [line for line, _ in grids]
+        if lines == ran:                                    # its rows should have changed the plan: never loop on a settled grid
+            raise ValueError(f"tuned ({args.stage}): the plan still asks for {lines[0]} after it ran; its runs.csv rows do not settle "
+                             f"the selection (a bug: please report it with {Path(args.out) / 'tuned'})")
+        for line in lines: print(f"tuned ({args.stage}): {line}")
+        if args.dry_run: return {}
+        with ExitStack() as stack:                          # every grid's folder held and checked, then one pool for all their notebooks
+            groups = tuned_groups(stack, grids)
+            fails = run_task_groups(groups, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
+                                    desc=f"tuned ({args.stage}) notebooks", order=lambda t: min(t.parameters["seeds"]))
+        if fails or args.stage != "select": break
+        ran = lines
+    else: print(f"tuned ({args.stage}): nothing left to run in {Path(args.out) / 'tuned'}")
+    if args.baseline and args.methods and not args.dry_run:
+        from sparse_attention_repro.tuning import write_fair_verdict
+        for m in split_values(args.methods):
+            try: print(f"tuned: the fair verdict of {m}: {write_fair_verdict(args.out, args.baseline, m)}")
+            except ValueError as e: print(f"tuned: no verdict for {m} yet ({e})")
+    return fails
+
+# %%
+from sparse_attention_repro.cli import build_parser
+_out = Path(tempfile.mkdtemp()) / "res"
+_tg = tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "fashion_mnist", "--jobs", "1"]))
+test_eq([(g.options, g.seeds, len(g.methods), g.out) for _, g in _tg],
+        [(dict(lr=lr, epochs=36, epoch_eval=True, val_fraction=0.25), (0, 1, 2), 7, str(_out / "tuned" / f"fashion_mnist_lr{lr:g}"))
+         for lr in (3e-4, 1e-3, 3e-3, 1e-2)])
+assert _tg[1][0].startswith("sparse-repro grid --profile paper --out ") and "--lr 0.001 --epochs 36 --epoch-eval" in _tg[1][0]
+test_eq(tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "kmnist", "--stage", "complete"])), [])
+_tm = tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "fashion_mnist", "--methods", "sparsemax"]))
+test_eq([(g.methods, g.options["lr"], g.seeds) for _, g in _tm], [(("sparsemax",), lr, (0, 1, 2)) for lr in (3e-4, 1e-3, 3e-3, 1e-2)])   # its own search
+_ts = tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "fashion_mnist", "--stack-seeds", "3"]))
+test_eq([(g.stack_seeds, g.options["epoch_eval"]) for _, g in _ts], [(3, True)] * 4)                  # on a GPU: the selection seeds as one stack
+test_eq([len(grid_tasks(g)[0]) for _, g in _ts], [1] * 4)                                  # one notebook per rate
+test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--methods", "sparsemaxx"])), exc=UsageError,
+          contains="unknown normalizer 'sparsemaxx'")
+test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--methods", "sparsemax", "--baseline", str(_out)])),
+          exc=UsageError, contains="holds no tuned grids")
+test_eq(tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--stage", "power"])), [])   # nothing complete yet
+import tempfile
+from contextlib import ExitStack
+from sparse_attention_repro.runner import FolderBusyError
+with tempfile.TemporaryDirectory() as _td:                                    # the power stage: two grids into one folder
+    _pg = lambda methods, seeds: ("", GridRequest(f"{_td}/tuned/kmnist_lr0.001", "smoke", ("kmnist",), tuple(methods), tuple(seeds)))
+    with ExitStack() as _st:
+        _gs = tuned_groups(_st, [_pg(["softmax", "sparsemax"], [10]), _pg(["softmax"], [11, 12])])
+        test_eq([len(g.tasks) for g in _gs], [1, 2])                                # one folder, held once, notebooks by seed
+        test_fail(lambda: tuned_groups(ExitStack(), [_pg(["softmax"], [10])]), exc=FolderBusyError, contains="in use by")
+    with ExitStack() as _st:
+        test_fail(lambda: tuned_groups(_st, [_pg(["softmax"], [10]), _pg(["sparsemax"], [10])]), exc=ValueError, contains="two grids")
+test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", "x", "--datasets", "synthetic_marker"])), exc=UsageError,
+          contains="no declared recipe search")
