@@ -114,6 +114,7 @@ nav.site-nav li a:hover { background: #eaeef2; }
 nav.site-nav li a[aria-current="page"] { background: #ddf4ff; color: #1f2328; font-weight: 600; }
 body > main { margin-left: 15rem; padding: 1rem 2rem; max-width: 70rem; }
 math[display="block"] { margin: 0.6em 0; }
+.jp-RenderedHTMLCommon table { display: block; max-width: 100%; overflow-x: auto; }   /* a wide table scrolls inside the page */
 @media (max-width: 50rem) { nav.site-nav { position: static; width: auto; border-right: none; } body > main { margin-left: 0; } }
 """
 
