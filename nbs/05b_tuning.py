@@ -794,6 +794,88 @@ test_eq(power_plan(_full5, _rc5, _tp.assign(seeds_for_power=8.0), _search), []) 
 test_eq(max(max(x["seeds"]) for x in power_plan(_full5, _rc5, _tp.assign(seeds_for_power=90.0), _search)), MAX_SEEDS - 1)
 
 # %% [markdown]
+# ## The same length for every arm (the symmetric stage)
+#
+# The extension rule above is the same for every arm, but what it produced was not: it extends slow learners, softmax
+# among them, and left sparse arms on the edge of runs never extended. The **symmetric** stage, declared before its runs
+# (see the protocol), gives every arm of a dataset the same run length: first the longest that any arm of the dataset
+# has run, on every seed each arm has at its chosen rate; then, while any arm's best epoch on the selection seeds lies in
+# the last sixth of that common length, every arm of the dataset 1.5× longer together, up to a cap declared in advance
+# (`SYMMETRIC_CAP`). Each arm keeps its chosen rate (a longer run can only raise that rate's best, never another's), and
+# its epoch is chosen as before, on validation, within the common length. A stage is planned from what has run: rerun it
+# after its grids finish and it plans the next extension, or nothing.
+
+# %%
+#| export
+SYMMETRIC_CAP = {"cifar10": 81, "fashion_mnist": 81, "twenty_news": 54, "kmnist": 81}   # epochs; declared before the stage's runs
+
+def symmetric_plan(curves, failed=None, search=None, datasets=None, rule=None, cap=None, seeds=TUNED_SEEDS) -> list:
+    """Grids that bring every arm of each dataset whose recipes are complete to the dataset's common run length (and,
+    where an arm's best epoch is on the edge of it, every arm 1.5× longer, up to `cap`); the same dicts as `tuned_plan`."""
+    search, cap = TUNED_SEARCH if search is None else search, SYMMETRIC_CAP if cap is None else cap
+    rec = choose_recipes(curves, failed, search, seeds=seeds, rule=rule)
+    plan = []
+    for ds in datasets or list(search):
+        r = rec[rec.dataset == ds]
+        if not len(r) or not r.complete.all() or set(r.method) < set(search[ds].methods): continue   # the complete stage first
+        arm = lambda m, lr: curves[(curves.dataset == ds) & (curves.method == m) & np.isclose(curves.lr, lr)]
+        common = int(r.run_epochs.max())
+        if (r.run_epochs == common).all():                                    # every arm at the common length: any edge?
+            edge = [m for m, lr in zip(r.method, r.lr)
+                    if (c := _mean_curve(arm(m, lr)[lambda d: d.epoch <= common], SELECTION_SEEDS))[1] and c[0].idxmax() > LENGTH_EDGE * common]
+            if not edge or common >= cap[ds]: continue
+            common = min(cap[ds], int(round(LENGTH_EXTENSION * common)))
+        groups = {}
+        for m, lr in zip(r.method, r.lr):
+            a = arm(m, lr)
+            short = sorted(s for s, last in a.groupby("seed").epoch.max().items() if last < common)
+            for seed in short: groups.setdefault((float(lr), seed), []).append(m)
+        by_grid = {}
+        for (lr, seed), ms in sorted(groups.items()):
+            by_grid.setdefault((lr, tuple(method_order(ms))), []).append(seed)
+        for (lr, ms), seeds in by_grid.items():
+            plan.append(dict(dataset=ds, lr=lr, epochs=common, methods=list(ms), seeds=seeds, folder=tuned_folder(ds, lr, common),
+                             keep_state=False, continue_from=None))
+    return plan
+
+# %%
+#| export
+def plan_core_hours(plan, runs) -> float:
+    """Core-hours the grids of `plan` would take from scratch, priced per (dataset, method) by the median training seconds
+    per epoch of `runs` (the folder's tuned runs; a method not measured there is priced at its dataset's median)."""
+    if not plan or runs is None or not len(runs): return float("nan")
+    per_epoch = runs.assign(spe=runs.train_seconds / runs.epochs)
+    by_arm, by_ds = per_epoch.groupby(["dataset", "method"]).spe.median(), per_epoch.groupby("dataset").spe.median()
+    sec = sum(len(p["seeds"]) * p["epochs"] * by_arm.get((p["dataset"], m), by_ds.get(p["dataset"], np.nan)) for p in plan for m in p["methods"])
+    return float(sec / 3600)
+
+# %% [markdown]
+# On the hand-made curves of five seeds, top-k 0.25's run extended to 54 epochs on every seed, softmax and entmax-1.5
+# at the declared 36: both go to 54 on all five seeds, top-k has nothing to add. Once every arm is at 54 and no best
+# epoch lies in its last sixth, nothing more; with entmax-1.5's best at 54 of 54, every arm goes to 81 together, and no
+# further where the cap is 54. Before every seed has run at the chosen recipes (the complete stage), nothing.
+
+# %%
+_s34 = _cur[_cur.seed >= 3]
+_s5 = pd.concat([_late, _s34, _s34[(_s34.method == "topk_softmax_025") & (_s34.epoch <= 18)].assign(epoch=lambda d: d.epoch + 36, val_accuracy=0.80)])
+_S5 = dict(seeds=(0, 1, 2, 3, 4))
+_sym = symmetric_plan(_s5, _fail, _search, **_S5)
+test_eq([(x["lr"], x["epochs"], x["methods"], x["seeds"], x["folder"]) for x in _sym],
+        [(1e-3, 54, ["softmax"], [0, 1, 2, 3, 4], "cifar10_lr0.001_ep54"), (3e-3, 54, ["entmax15"], [0, 1, 2, 3, 4], "cifar10_lr0.003_ep54")])
+_grow = lambda c, m, lr, to, v: c[(c.method == m) & np.isclose(c.lr, lr) & (c.epoch == 36)].pipe(
+    lambda d: pd.concat([d.assign(epoch=e, val_accuracy=v(e)) for e in range(37, to + 1)]))
+_at54 = pd.concat([_s5, _grow(_s5, "softmax", 1e-3, 54, lambda e: 0.70), _grow(_s5, "entmax15", 3e-3, 54, lambda e: 0.70)], ignore_index=True)
+test_eq(symmetric_plan(_at54, _fail, _search, **_S5), [])                             # every arm at 54, none on its edge: settled
+_edge54 = pd.concat([_at54, _grow(_s5, "entmax15", 3e-3, 54, lambda e: 0.99)[lambda d: d.epoch == 54]]).drop_duplicates(
+    ["dataset", "method", "seed", "lr", "epoch"], keep="last")
+test_eq([(x["epochs"], x["methods"], x["seeds"]) for x in symmetric_plan(_edge54, _fail, _search, **_S5)],
+        [(81, ["softmax"], [0, 1, 2, 3, 4]), (81, ["entmax15", "topk_softmax_025"], [0, 1, 2, 3, 4])])   # entmax's best at 54 of 54
+test_eq(symmetric_plan(_edge54, _fail, _search, cap={"cifar10": 54}, **_S5), [])      # at the cap: no further
+test_eq(symmetric_plan(_s5[_s5.seed < 3], _fail, _search, **_S5), [])                 # seeds 3-4 not run: the complete stage first
+_priced = pd.DataFrame(dict(dataset="cifar10", method=["softmax", "softmax", "entmax15"], train_seconds=[36.0, 72.0, 360.0], epochs=[36, 36, 36]))
+test_close(plan_core_hours(_sym, _priced), (5 * 54 * 1.5 + 5 * 54 * 10.0) / 3600)   # softmax's median 1.5 s an epoch, entmax-1.5's 10 s
+
+# %% [markdown]
 # ## The committed runs, reproduced
 #
 # At the paper's learning rate, a grid read at the paper's epochs *is* the main grid's run of that (dataset, method,

@@ -200,8 +200,11 @@
 #    symmetric extension, Holm over TOST, one family); the others are shown as fragile with the analysis that moves them.
 #
 # Measured cost, from the committed runs' seconds per epoch (2.9 s CIFAR-10, 6.8 s Fashion-MNIST, 4.8 s KMNIST, 10.6 s
-# 20 Newsgroups per method on this project's CPU): step 1 up to the common length is about 3 core-hours; each further
-# common extension of a dataset about 2–4 more.
+# 20 Newsgroups per method on this project's CPU): step 1 up to the common length is about 3 core-hours where the shorter
+# runs' training states are kept and continued; they are not kept in the repository, so from a fresh checkout its runs
+# start afresh, and `sparse-repro tuned --out outputs/paper --stage symmetric --dry-run` prices it at 12.4 core-hours
+# (every arm of a dataset on every seed it has, power seeds included). Each further common extension of a dataset
+# costs about 2–4 more with kept states.
 
 # %% [markdown]
 # ## Study C — length: where the literature says sparse attention wins

@@ -18,9 +18,11 @@ def tuned_parser(sub):
     "`tuned`: the tuned-recipe protocol of `tuning.TUNED_SEARCH`, stage by stage, into `<out>/tuned/<dataset>_lr<rate>`."
     x = sub.add_parser("tuned", help="every arm at its own learning rate and length, chosen on validation (the tuned-recipe protocol)")
     x.add_argument("--out", required=True, help="the main results folder: the grids go to <out>/tuned/<dataset>_lr<rate>")
-    x.add_argument("--stage", default="select", choices=["select", "complete", "power"],
+    x.add_argument("--stage", default="select", choices=["select", "complete", "power", "symmetric"],
                    help="select: every candidate learning rate on the selection seeds; complete: the other seeds at each arm's chosen "
-                        "rate; power: more seeds for the headline comparisons, at their chosen recipes, until TOST at ±1 pt has 80%% power")
+                        "rate; power: more seeds for the headline comparisons, at their chosen recipes, until TOST at ±1 pt has 80%% power; "
+                        "symmetric: every arm of a dataset to the same run length, extended together while any arm's best epoch is on its "
+                        "edge, up to tuning.SYMMETRIC_CAP")
     x.add_argument("--datasets", nargs="+", help="datasets of the search (default: all of tuning.TUNED_SEARCH)")
     x.add_argument("--profile", default="paper")
     x.add_argument("--dry-run", action="store_true", help="print the grid commands the stage still needs and run nothing")
@@ -59,6 +61,7 @@ def tuned_grids(args) -> list:
     if args.stage == "power":
         rec = T.choose_recipes(curves, failed, rule=rule)
         plan = [p for p in T.power_plan(curves, rec, T.tuned_tests(curves, rec)) if p["dataset"] in datasets] if len(rec) else []
+    elif args.stage == "symmetric": plan = T.symmetric_plan(curves, failed, search, datasets=datasets, rule=rule)
     else: plan = T.tuned_plan(curves, failed, search, stage=args.stage, datasets=datasets, rule=rule)
     grids, execution = [], execution_of(args)
     for p in plan:
@@ -110,12 +113,17 @@ def cmd_tuned(args):
             raise ValueError(f"tuned ({args.stage}): the plan still asks for {lines[0]} after it ran; its runs.csv rows do not settle "
                              f"the selection (a bug: please report it with {Path(args.out) / 'tuned'})")
         for line in lines: print(f"tuned ({args.stage}): {line}")
-        if args.dry_run: return {}
+        if args.dry_run:
+            from sparse_attention_repro.tuning import plan_core_hours, tuned_runs
+            priced = [dict(dataset=g.datasets[0], methods=g.methods, seeds=g.seeds, epochs=g.options["epochs"]) for _, g in grids]
+            print(f"tuned ({args.stage}): about {plan_core_hours(priced, tuned_runs(args.out)):.1f} core-hours from scratch, "
+                  "priced from this folder's tuned runs")
+            return {}
         with ExitStack() as stack:                          # every grid's folder held and checked, then one pool for all their notebooks
             groups = tuned_groups(stack, grids)
             fails = run_task_groups(groups, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
                                     desc=f"tuned ({args.stage}) notebooks", order=lambda t: min(t.parameters["seeds"]))
-        if fails or args.stage != "select": break
+        if fails or args.stage not in ("select", "symmetric"): break   # these two plan again from what they ran
         ran = lines
     else: print(f"tuned ({args.stage}): nothing left to run in {Path(args.out) / 'tuned'}")
     if args.baseline and args.methods and not args.dry_run:

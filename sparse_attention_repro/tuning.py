@@ -5,15 +5,16 @@
 # %% auto 0
 __all__ = ['TUNED_SEARCH', 'SELECTION_SEEDS', 'TUNED_SEEDS', 'TUNED_VAL_FRACTION', 'LENGTH_EDGE', 'LENGTH_EXTENSION', 'PAPER_LR',
            'SPARSE', 'TUNED_MARGIN', 'POWER_TARGET', 'RECIPE_COLS', 'CHEAPER_SEARCHES', 'HALVING', 'TUNED_TEST_COLS',
-           'MAX_SEEDS', 'HEADLINE', 'BUDGET_COLS', 'MATCHED_COLS', 'FIRST_ROUND', 'SOURCES', 'RELAXED_TARGET',
-           'VERDICT_LEGEND', 'PAPER_FAMILIES', 'README_MARKERS', 'RecipeSearch', 'next_lr', 'tuned_folder',
-           'tuned_runs', 'diverged', 'tuned_curves', 'halving_length', 'halving_kept', 'choose_lr', 'arm_length',
-           'needs_longer', 'choose_recipes', 'CheaperSearch', 'search_rule', 'halving_note', 'record_search_rule',
-           'cheaper_search_check', 'tuned_plan', 'projected_cost', 'tuned_comparison', 'tuned_tests', 'tost_power',
-           'seeds_for_tost_power', 'power_plan', 'identical_to_main', 'recipe_budget', 'epoch_cost_ratios',
-           'budget_choice', 'budget_gains', 'compute_matched', 'fair_recipe_readings', 'tuned_verdicts',
-           'val_test_agreement', 'agreement_note', 'time_to_reach', 'readable_tuned', 'answer_lines', 'search_for',
-           'fair_verdict', 'write_fair_verdict', 'answer_markdown', 'sync_readme']
+           'MAX_SEEDS', 'HEADLINE', 'SYMMETRIC_CAP', 'BUDGET_COLS', 'MATCHED_COLS', 'FIRST_ROUND', 'SOURCES',
+           'RELAXED_TARGET', 'VERDICT_LEGEND', 'PAPER_FAMILIES', 'README_MARKERS', 'RecipeSearch', 'next_lr',
+           'tuned_folder', 'tuned_runs', 'diverged', 'tuned_curves', 'halving_length', 'halving_kept', 'choose_lr',
+           'arm_length', 'needs_longer', 'choose_recipes', 'CheaperSearch', 'search_rule', 'halving_note',
+           'record_search_rule', 'cheaper_search_check', 'tuned_plan', 'projected_cost', 'tuned_comparison',
+           'tuned_tests', 'tost_power', 'seeds_for_tost_power', 'power_plan', 'symmetric_plan', 'plan_core_hours',
+           'identical_to_main', 'recipe_budget', 'epoch_cost_ratios', 'budget_choice', 'budget_gains',
+           'compute_matched', 'fair_recipe_readings', 'tuned_verdicts', 'val_test_agreement', 'agreement_note',
+           'time_to_reach', 'readable_tuned', 'answer_lines', 'search_for', 'fair_verdict', 'write_fair_verdict',
+           'answer_markdown', 'sync_readme']
 
 # %% ../nbs/05b_tuning.ipynb
 import json, math
@@ -448,6 +449,48 @@ def power_plan(curves, recipes, tests, search=None) -> list:
         for (lr, length, ms), seeds in by_grid.items():
             plan.append(dict(dataset=ds, lr=lr, epochs=length, methods=list(ms), seeds=seeds, folder=tuned_folder(ds, lr, length)))
     return plan
+
+# %% ../nbs/05b_tuning.ipynb
+SYMMETRIC_CAP = {"cifar10": 81, "fashion_mnist": 81, "twenty_news": 54, "kmnist": 81}   # epochs; declared before the stage's runs
+
+def symmetric_plan(curves, failed=None, search=None, datasets=None, rule=None, cap=None, seeds=TUNED_SEEDS) -> list:
+    """Grids that bring every arm of each dataset whose recipes are complete to the dataset's common run length (and,
+    where an arm's best epoch is on the edge of it, every arm 1.5× longer, up to `cap`); the same dicts as `tuned_plan`."""
+    search, cap = TUNED_SEARCH if search is None else search, SYMMETRIC_CAP if cap is None else cap
+    rec = choose_recipes(curves, failed, search, seeds=seeds, rule=rule)
+    plan = []
+    for ds in datasets or list(search):
+        r = rec[rec.dataset == ds]
+        if not len(r) or not r.complete.all() or set(r.method) < set(search[ds].methods): continue   # the complete stage first
+        arm = lambda m, lr: curves[(curves.dataset == ds) & (curves.method == m) & np.isclose(curves.lr, lr)]
+        common = int(r.run_epochs.max())
+        if (r.run_epochs == common).all():                                    # every arm at the common length: any edge?
+            edge = [m for m, lr in zip(r.method, r.lr)
+                    if (c := _mean_curve(arm(m, lr)[lambda d: d.epoch <= common], SELECTION_SEEDS))[1] and c[0].idxmax() > LENGTH_EDGE * common]
+            if not edge or common >= cap[ds]: continue
+            common = min(cap[ds], int(round(LENGTH_EXTENSION * common)))
+        groups = {}
+        for m, lr in zip(r.method, r.lr):
+            a = arm(m, lr)
+            short = sorted(s for s, last in a.groupby("seed").epoch.max().items() if last < common)
+            for seed in short: groups.setdefault((float(lr), seed), []).append(m)
+        by_grid = {}
+        for (lr, seed), ms in sorted(groups.items()):
+            by_grid.setdefault((lr, tuple(method_order(ms))), []).append(seed)
+        for (lr, ms), seeds in by_grid.items():
+            plan.append(dict(dataset=ds, lr=lr, epochs=common, methods=list(ms), seeds=seeds, folder=tuned_folder(ds, lr, common),
+                             keep_state=False, continue_from=None))
+    return plan
+
+# %% ../nbs/05b_tuning.ipynb
+def plan_core_hours(plan, runs) -> float:
+    """Core-hours the grids of `plan` would take from scratch, priced per (dataset, method) by the median training seconds
+    per epoch of `runs` (the folder's tuned runs; a method not measured there is priced at its dataset's median)."""
+    if not plan or runs is None or not len(runs): return float("nan")
+    per_epoch = runs.assign(spe=runs.train_seconds / runs.epochs)
+    by_arm, by_ds = per_epoch.groupby(["dataset", "method"]).spe.median(), per_epoch.groupby("dataset").spe.median()
+    sec = sum(len(p["seeds"]) * p["epochs"] * by_arm.get((p["dataset"], m), by_ds.get(p["dataset"], np.nan)) for p in plan for m in p["methods"])
+    return float(sec / 3600)
 
 # %% ../nbs/05b_tuning.ipynb
 def identical_to_main(curves, runs):
