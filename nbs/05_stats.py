@@ -635,6 +635,15 @@ test_close(pw.query("n_eval == 872 and test.str.startswith('two')").mde.item(), 
 
 # %%
 #| export
+def fmt_pt(v, signed=True) -> str:
+    "A fraction as points with one decimal (`+1.2`; unsigned `1.2`), `–` where there is none: every table's and sentence's way."
+    return "–" if v is None or not np.isfinite(v) else (f"{100 * v:+.1f}" if signed else f"{100 * v:.1f}")
+
+# %%
+test_eq([fmt_pt(0.0123), fmt_pt(-0.004), fmt_pt(0.5, signed=False), fmt_pt(np.nan), fmt_pt(None)], ["+1.2", "-0.4", "50.0", "–", "–"])
+
+# %%
+#| export
 def accuracy_ci(acc, n, n_boot=10000, level=0.95, seed=0):
     "Wald, Wilson and bootstrap CIs of one run's accuracy `acc` measured on `n` items."
     k = int(round(acc * n)); ph = k / n; z = sps.norm.ppf(0.5 + level / 2)

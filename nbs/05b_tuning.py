@@ -44,7 +44,7 @@ import pandas as pd
 from scipy import stats as sps
 from sparse_attention_repro.study import BASELINE, PAPER_METHODS, method_order
 from sparse_attention_repro.data import PAPER_SIZES
-from sparse_attention_repro.stats import (run_curves, paired_stats, tost_paired, holm, equivalence_verdict, equivalence_word,
+from sparse_attention_repro.stats import (run_curves, paired_stats, tost_paired, holm, equivalence_verdict, equivalence_word, fmt_pt,
                                           family_of, paired_tests, EQUIVALENCE_MARGINS, CURVE_COLS)
 from sparse_attention_repro.verdicts import gain_verdict, gain_word
 
@@ -1331,7 +1331,6 @@ assert np.isnan(_tr.loc["entmax15", "epochs_to_reach"])     # entmax's best (0.7
 
 # %%
 #| export
-def _pt(v, signed=True): return "–" if not np.isfinite(v) else (f"{100 * v:+.1f}" if signed else f"{100 * v:.1f}")
 
 VERDICT_LEGEND = ("Verdicts: **persists** — the tuned gain is positive with Holm p < 0.05; **reversed** — negative with Holm p < 0.05; "
                   "**gone** — equivalent to zero within ±1 pt (TOST p < 0.05, not Holm-adjusted); **undecided** — neither. "
@@ -1365,8 +1364,8 @@ def readable_tuned(tests, paper_tests=None) -> pd.DataFrame:
         + ("" if r.bracketed else ", on an edge")
     return pd.DataFrame({"dataset": t.dataset, "comparison": t.method + " vs " + t.baseline, "recipes (its; the baseline's)":
                          [f"{a}; {b}" for a, b in zip(t.recipe, t.baseline_recipe)], "seeds": t.n.astype(int),
-                         "gain, paper's recipe (pt)": t.gain_paper_recipe.map(_pt), "gain, tuned (pt)": t.gain.map(_pt),
-                         "95% CI (pt)": [f"{_pt(a)} to {_pt(b)}" for a, b in zip(t.ci_low, t.ci_high)],
+                         "gain, paper's recipe (pt)": t.gain_paper_recipe.map(fmt_pt), "gain, tuned (pt)": t.gain.map(fmt_pt),
+                         "95% CI (pt)": [f"{fmt_pt(a)} to {fmt_pt(b)}" for a, b in zip(t.ci_low, t.ci_high)],
                          "Holm p": t.p_holm.map(fmt_p), "TOST p": t.p_tost.map(fmt_p), "verdict": t.verdict,
                          "seeds for 80% power": t.seeds_for_power.map(lambda v: "–" if not np.isfinite(v) else f"{int(v)}"),
                          "reading": [note(r) for r in t.itertuples()]}).reset_index(drop=True)
@@ -1390,11 +1389,11 @@ def answer_lines(tests, paper_tests=None, reach=None, matched=None, sensitivity=
         pp = paper_tests[(paper_tests.baseline == BASELINE).to_numpy() & np.array([(d, m) in pairs for d, m in zip(paper_tests.dataset, paper_tests.method)])]
         won = int(((pp.mean_delta > 0) & (pp.p_holm < 0.05)).sum())
         lines.append(f"**Under the paper's recipe** (AdamW at 10⁻³ for 6–8 epochs) {won} of the {len(pp)} sparse-vs-softmax "
-                     f"comparisons below show a significant gain after Holm (mean gain of all {len(pp)}: {_pt(pp.mean_delta.mean())} pt).")
+                     f"comparisons below show a significant gain after Holm (mean gain of all {len(pp)}: {fmt_pt(pp.mean_delta.mean())} pt).")
     counts = vs.word.value_counts()
     committed = (f"{counts.get('persists', 0)} persist, {counts.get('gone', 0)} are gone (equivalent to zero within ±1 pt), "
                  f"{counts.get('reversed', 0)} are reversed and {counts.get('undecided', 0)} are undecided "
-                 f"(tuned gains {_pt(vs.gain.min())} to {_pt(vs.gain.max())} pt)")
+                 f"(tuned gains {fmt_pt(vs.gain.min())} to {fmt_pt(vs.gain.max())} pt)")
     if sensitivity is not None and len(sensitivity):
         kept = sensitivity[_flag(sensitivity.robust)].committed.value_counts()
         words = ", ".join(f"{n} {w}" for w, n in kept.items()) or "none"
@@ -1406,7 +1405,7 @@ def answer_lines(tests, paper_tests=None, reach=None, matched=None, sensitivity=
         lines.append(f"**With every arm at its own learning rate and length, chosen on validation,** {committed}.")
     base = vs.drop_duplicates("dataset")
     lift = (base.baseline_lift if "baseline_lift" in base else base.baseline_accuracy - base.baseline_accuracy_paper_recipe).dropna()
-    if len(lift): lines.append(f"Tuning lifts softmax itself by {_pt(lift.min())} to {_pt(lift.max())} pt"
+    if len(lift): lines.append(f"Tuning lifts softmax itself by {fmt_pt(lift.min())} to {fmt_pt(lift.max())} pt"
                                + (": no paper-recipe gain survives as a significant gain; those gains are consistent with faster "
                                   "early learning against an under-trained baseline (figure)." if not counts.get("persists", 0) else "."))
     buys = []
@@ -1566,7 +1565,7 @@ def write_fair_verdict(new_dir, base_dir, method, baselines=PAPER_METHODS, searc
              f"`{method}` against the seven paper methods, every arm at its own learning rate and length chosen on validation "
              f"(the tuned-recipe protocol), paired by seed on test accuracy; Holm within `{method}`'s own family, TOST at "
              f"±{100 * TUNED_MARGIN:g} pt. Baselines from `{base_dir}`.", ""]
-    if len(vs): lines += [f"**Against tuned softmax:** " + "; ".join(f"{r.dataset} {_pt(r.gain)} pt ({r.verdict}; {int(r.n)} seeds"
+    if len(vs): lines += [f"**Against tuned softmax:** " + "; ".join(f"{r.dataset} {fmt_pt(r.gain)} pt ({r.verdict}; {int(r.n)} seeds"
                                                                     + ("" if done else ", provisional") + ")"
                                                                     for r, done in zip(vs.itertuples(), _flag(vs.complete))) + ".", ""]
     if missing: lines += [f"**Not judged yet** (no baseline grid there): {', '.join(missing)}.", ""]

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from sparse_attention_repro.stats import paired_stats, holm, tost_paired, EQUIVALENCE_MARGINS
+from sparse_attention_repro.stats import paired_stats, holm, tost_paired, fmt_pt, EQUIVALENCE_MARGINS
 from sparse_attention_repro.study import BASELINE
 
 # %%
@@ -399,7 +399,6 @@ with tempfile.TemporaryDirectory() as d:
 #| export
 LENGTH_MARKERS = ("<!-- length:start (generated from outputs/length/tables by `sparse-repro readme`; do not edit) -->", "<!-- length:end -->")
 
-def _pt(v): return f"{100 * v:+.1f}"
 
 ANSWER_RATIOS = (16, 64)                   # the protocol's: 16× for every normalizer, 64× for the headline ones
 
@@ -419,7 +418,7 @@ def length_answer(acc: pd.DataFrame, gains: pd.DataFrame, learned: pd.DataFrame,
             base = a[(a.normalizer == BASELINE) & (a.length == L)]
             at = g[g.length == L]
             if base.empty or at.empty: continue
-            words = [f"{w} {', '.join(f'`{x.normalizer}` {_pt(x.mean_delta)}' for x in at[at.verdict == w].itertuples())}"
+            words = [f"{w} {', '.join(f'`{x.normalizer}` {fmt_pt(x.mean_delta)}' for x in at[at.verdict == w].itertuples())}"
                      for w in ("better", "worse", "equivalent", "undecided") if (at.verdict == w).any()]
             parts.append(f"at {L:,} tokens ({L // int(r.length)}×) softmax {100 * base.accuracy.iloc[0]:.1f} %, against it (pt, "
                          f"{int(at.n.min())}–{int(at.n.max())} seeds): " + "; ".join(words))

@@ -274,11 +274,13 @@ def fused_ok(methods) -> bool:
     return fused_refusal(methods) is None
 
 def calibrate_fast(datasets, methods, profile="paper", options=None, threads=1, device="cpu", bf16=False, fused=False,
-                   cache_dir=None, remeasure=False, search="features") -> dict:
+                   cache_dir=None, remeasure=False, search="features", state=None) -> dict:
     """The fast path's levers for a grid of `methods` on `datasets` (its `profile` and variant `options`), measured on this
     machine and cached. Returns `levers` (TrainConfig overrides), their `label`, every candidate's median `ms_per_step`
     per dataset, the machine's load when measured (`load_1min`, `busy`), and what it was measured on. A calibration made
-    on a busy machine is measured again once the machine is not busy."""
+    on a busy machine is measured again once the machine is not busy; `state(threads)` reads the machine's (load, busy),
+    `machine_busy` unless given."""
+    state = machine_busy if state is None else state
     device, variant = getattr(device, "type", str(device)), variant_options(options)
     key = dict(cpu=_cpu_tag(), kernels=hashlib.sha256(kernel_source().encode()).hexdigest()[:12], torch=torch.__version__,
                threads=threads, device=device, datasets=sorted(datasets), methods=sorted(methods), profile=profile,
@@ -286,9 +288,9 @@ def calibrate_fast(datasets, methods, profile="paper", options=None, threads=1, 
     path = _calibration_path(key, cache_dir)
     if path.exists() and not remeasure:
         cached = json.loads(path.read_text())
-        if not (cached.get("busy") and not machine_busy(threads)[1]): return cached
+        if not (cached.get("busy") and not state(threads)[1]): return cached
     candidates = lever_candidates(bf16, fused, search)
-    load, busy = machine_busy(threads)
+    load, busy = state(threads)
     t0 = time.perf_counter()
     measured = pd.concat([measure_levers(d, methods, candidates, profile, variant, threads, device) for d in datasets], ignore_index=True)
     levers = choose_levers(measured, candidates)
@@ -296,7 +298,7 @@ def calibrate_fast(datasets, methods, profile="paper", options=None, threads=1, 
     record = dict(levers=levers, label=lever_label(levers), cpu_capability=torch.backends.cpu.get_cpu_capability(),
                   torch_version=torch.__version__, threads=threads, profile=profile, options=variant, search=search,
                   steps=CALIBRATION_STEPS, repeats=CALIBRATION_REPEATS, clear_win=CLEAR_WIN, load_1min=load,
-                  busy=busy or machine_busy(threads)[1], seconds=round(time.perf_counter() - t0, 1),
+                  busy=busy or state(threads)[1], seconds=round(time.perf_counter() - t0, 1),
                   ms_per_step={d: {r.levers: round(r.ms_per_step, 3) for r in g.itertuples()} for d, g in median.groupby("dataset")})
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1)))
@@ -340,11 +342,14 @@ with _tf.TemporaryDirectory() as _d:
     test_eq(set(_ms), {"default", "fused"})
     assert _cal["label"] == "default" or _ms[_cal["label"]] <= (1 - CLEAR_WIN) * _ms["default"], _cal
     assert _cal["load_1min"] >= 0 and isinstance(_cal["busy"], bool) and _cal["seconds"] > 0
-    test_eq(calibrate_fast(["fashion_mnist"], ["softmax", "sparsemax"], cache_dir=_d, fused=True,
-                           options=dict(lr=3e-3, epochs=12)) == _cal, not _cal["busy"] or machine_busy()[1])   # cached unless measured busy
-    _p = next(Path(_d).rglob("fast-*.json")); _p.write_text(json.dumps({**_cal, "busy": True, "label": "stale"}))
-    _again = calibrate_fast(["fashion_mnist"], ["softmax", "sparsemax"], cache_dir=_d, fused=True)
-    test_eq(_again["label"] == "stale", machine_busy()[1])                  # measured under load: measured again once idle
+    _idle, _busy = (lambda threads: (0.0, False)), (lambda threads: (9.0, True))      # the machine's state, given
+    _p = next(Path(_d).rglob("fast-*.json")); _p.write_text(json.dumps({**_cal, "busy": False, "label": "kept"}))
+    test_eq(calibrate_fast(["fashion_mnist"], ["softmax", "sparsemax"], cache_dir=_d, fused=True, options=dict(lr=3e-3, epochs=12),
+                           state=_idle)["label"], "kept")                  # measured idle: cached (the lr and length are no lever)
+    _p.write_text(json.dumps({**_cal, "busy": True, "label": "stale"}))
+    test_eq(calibrate_fast(["fashion_mnist"], ["softmax", "sparsemax"], cache_dir=_d, fused=True, state=_busy)["label"], "stale")   # still busy: kept
+    _again = calibrate_fast(["fashion_mnist"], ["softmax", "sparsemax"], cache_dir=_d, fused=True, state=_idle)
+    assert _again["label"] != "stale" and _again["busy"] is False            # measured under load, now idle: measured again
 _cal
 
 # %% [markdown]

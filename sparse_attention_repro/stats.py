@@ -8,9 +8,9 @@ __all__ = ['MAIN_DATASETS', 'FOLLOWUP_DATASETS', 'SPARSE_METHODS', 'TOPK_METHODS
            'load_crisp', 'check_results_file', 'paired_stats', 'holm', 'tost_paired', 'equivalence_word',
            'equivalence_verdict', 'family_of', 'paired_tests', 'crisp_tests', 'crisp_normalizer_tests', 'seed_deltas',
            'single_seed_summary', 'single_pair_exceedance', 'mde_paired', 'mde_unpaired', 'discordance_from_deltas',
-           'power_table', 'accuracy_ci', 'select_topk', 'alpha_long', 'pad_attention', 'time_ratios', 'layer_sparsity',
-           'crisp_learning_curve', 'crisp_by_lr', 'alpha_start_tests', 'prediction_interval', 'ablation_tests',
-           'ablation_family', 'run_curves', 'versus_baseline', 'between_new_methods', 'pairing_check']
+           'power_table', 'fmt_pt', 'accuracy_ci', 'select_topk', 'alpha_long', 'pad_attention', 'time_ratios',
+           'layer_sparsity', 'crisp_learning_curve', 'crisp_by_lr', 'alpha_start_tests', 'prediction_interval',
+           'ablation_tests', 'ablation_family', 'run_curves', 'versus_baseline', 'between_new_methods', 'pairing_check']
 
 # %% ../nbs/05_stats.ipynb
 import json, math, warnings
@@ -299,6 +299,11 @@ def power_table(n_evals=(872, 1821), discordances=(0.03, 0.06, 0.10), p=0.9, alp
         rows.append(dict(n_eval=n, test="two-proportion (unpaired)", assumption=f"p={p:g}", discordance=np.nan, p=p,
                          mde=u, mde_sentences=u * n))
     return pd.DataFrame(rows)
+
+# %% ../nbs/05_stats.ipynb
+def fmt_pt(v, signed=True) -> str:
+    "A fraction as points with one decimal (`+1.2`; unsigned `1.2`), `–` where there is none: every table's and sentence's way."
+    return "–" if v is None or not np.isfinite(v) else (f"{100 * v:+.1f}" if signed else f"{100 * v:.1f}")
 
 # %% ../nbs/05_stats.ipynb
 def accuracy_ci(acc, n, n_boot=10000, level=0.95, seed=0):
