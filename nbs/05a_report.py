@@ -311,7 +311,7 @@ test_eq(rebase_links("![f](../x.png) [a](b.md)", str.upper, images=False), "![f]
 def readme_blocks(index_nb) -> dict:
     """The home notebook's generated blocks, each from the committed tables under the repository's `outputs/`:
     {markers: markdown}, links relative to the notebook's folder. A block whose tables are absent is not filled."""
-    from sparse_attention_repro.tuning import README_MARKERS, answer_markdown
+    from sparse_attention_repro.tuned_reading import README_MARKERS, answer_markdown
     from sparse_attention_repro.leaderboard import LEADERBOARD_MARKERS, leaderboard_parts, leaderboard_short
     here = Path(index_nb).resolve().parent; out = here.parent / "outputs"
     blocks = {}

@@ -58,7 +58,7 @@ def _word(gain, p_holm, alpha=0.05) -> str:
 
 def _provisional(t):
     "Mark the tuned verdicts whose seeds have not all run at the chosen recipes (`provisional`)."
-    from sparse_attention_repro.tuning import _flag                       # yes/no as read back from a CSV
+    from sparse_attention_repro.tuned_reading import _flag                       # yes/no as read back from a CSV
     done = _flag(t.complete) if "complete" in t else pd.Series(True, index=t.index)
     return t.assign(provisional=~done.to_numpy(bool))
 
@@ -619,14 +619,15 @@ test_eq(len(length_curve(_L, "relu_attention")), 0)                       # not 
 #
 # The tuned verdict reads one (learning rate, epoch) per arm. The curve behind it says whether a gain is an early-training
 # effect: at each length, the normalizer and softmax each take their best learning rate for that many epochs (on
-# validation, `tuning.recipe_budget`), and the point is the mean paired test gain with its 95 % CI. The normalizer's
+# validation, `tuned_reading.recipe_budget`), and the point is the mean paired test gain with its 95 % CI. The normalizer's
 # grids are every `tuned/` folder under the outputs that holds its runs; softmax's are the main results' protocol grids.
 
 # %%
 #| export
 def gain_curves(outputs, name, main="paper") -> pd.DataFrame:
     "Per dataset and epoch: `name`'s test gain over softmax, each at its best rate for that length on validation (empty if unsearched)."
-    from sparse_attention_repro.tuning import tuned_runs, tuned_curves, recipe_budget
+    from sparse_attention_repro.tuning import tuned_runs, tuned_curves
+    from sparse_attention_repro.tuned_reading import recipe_budget
     outputs = Path(outputs); base = tuned_runs(outputs / main)
     others = sorted({f.parent.parent.parent for f in outputs.glob("**/tuned/*/runs.csv")} - {outputs / main})
     held = (r[r.method == name] for r in (base, *map(tuned_runs, others)) if len(r) and (r.method == name).any())

@@ -53,7 +53,7 @@ def tuned_parser(sub):
 #| export
 def tuned_grids(args) -> list:
     "(command line, `GridRequest`) of each grid the requested stage of the tuned-recipe protocol still needs, validated."
-    from sparse_attention_repro import tuning as T
+    from sparse_attention_repro import tuning as T, tuned_reading as TR
     datasets = split_values(args.datasets) if args.datasets else list(T.TUNED_SEARCH)
     for d in datasets:
         if d not in T.TUNED_SEARCH: raise UsageError(f"dataset {d!r} has no declared recipe search; choose from {', '.join(T.TUNED_SEARCH)}")
@@ -67,7 +67,7 @@ def tuned_grids(args) -> list:
     base = args.baseline
     if base and not list(Path(base, "tuned").glob("*/runs.csv")):
         raise UsageError(f"--baseline {base} holds no tuned grids ({Path(base) / 'tuned'}/*/runs.csv); run `sparse-repro tuned --out {base}` first")
-    search = T.search_for(methods) if methods else None
+    search = TR.search_for(methods) if methods else None
     runs = T.tuned_runs(args.out)
     rule = tuned_rule(args, runs)
     curves, failed = T.tuned_curves(runs), T.diverged(runs)
@@ -140,7 +140,7 @@ def cmd_tuned(args):
         ran = lines
     else: print(f"tuned ({args.stage}): nothing left to run in {Path(args.out) / 'tuned'}")
     if args.baseline and args.methods and not args.dry_run:
-        from sparse_attention_repro.tuning import write_fair_verdict
+        from sparse_attention_repro.tuned_reading import write_fair_verdict
         for m in split_values(args.methods):
             try: print(f"tuned: the fair verdict of {m}: {write_fair_verdict(args.out, args.baseline, m)}")
             except ValueError as e: print(f"tuned: no verdict for {m} yet ({e})")

@@ -14,7 +14,7 @@ from typing import Callable
 import pandas as pd
 
 from . import stats as S, verdicts as V, tuning as T, catalogue as C
-from . import sensitivity as SENS
+from . import sensitivity as SENS, tuned_reading as TR
 
 # %% ../nbs/05h_analysis.ipynb
 class Results:
@@ -39,14 +39,14 @@ class Results:
         return pd.concat([T.tuned_runs(self.folder, folder) for folder, _ in T.SOURCES.values()], ignore_index=True)
 
     @cached_property
-    def time_to_reach(self): return T.time_to_reach(self.fair["curves"], self.fair["recipes"], self.tuned_grid_rows) if len(self.fair["recipes"]) else None
+    def time_to_reach(self): return TR.time_to_reach(self.fair["curves"], self.fair["recipes"], self.tuned_grid_rows) if len(self.fair["recipes"]) else None
 
     @cached_property
     def budget_gains(self):
-        return T.budget_gains(self.fair["curves"], T.epoch_cost_ratios(self.tuned_grid_rows)) if len(self.fair["recipes"]) else None
+        return TR.budget_gains(self.fair["curves"], TR.epoch_cost_ratios(self.tuned_grid_rows)) if len(self.fair["recipes"]) else None
 
     @cached_property
-    def compute_matched(self): return T.compute_matched(self.budget_gains, self.fair["recipes"]) if self.budget_gains is not None else None
+    def compute_matched(self): return TR.compute_matched(self.budget_gains, self.fair["recipes"]) if self.budget_gains is not None else None
 
     @cached_property
     def label_sensitivity(self):
@@ -57,7 +57,7 @@ class Results:
     @cached_property
     def tuned_budget(self):
         cur = self.fair["curves"]
-        return T.recipe_budget(cur) if len(cur) else None
+        return TR.recipe_budget(cur) if len(cur) else None
 
     @cached_property
     def validation_rerun(self): return S.load_runs(self.folder / "validation_rerun" / "runs.csv")
@@ -137,7 +137,7 @@ TABLES = [
     Table("tuned_candidates", "a candidate learning rate of an arm, as the selection read it", _fair("candidates")),
     Table("label_sensitivity", "a tuned label under each reanalysis, and whether it is robust", lambda r: r.label_sensitivity),
     Table("tuned_budget", "an arm's best tuned gain over softmax within a training length", lambda r: r.tuned_budget),
-    Table("val_test_agreement", "how well validation ranks the candidates of a dataset as test does", lambda r: T.val_test_agreement(r.fair["curves"]) if len(r.fair["recipes"]) else None),
+    Table("val_test_agreement", "how well validation ranks the candidates of a dataset as test does", lambda r: TR.val_test_agreement(r.fair["curves"]) if len(r.fair["recipes"]) else None),
     Table("time_to_reach", "the epochs and seconds an arm needs to reach softmax's best", lambda r: r.time_to_reach),
     Table("budget_gains", "an arm's gain over softmax at its best recipe within a budget", lambda r: r.budget_gains),
     Table("compute_matched", "an arm's gain at the paper's budget and at softmax's, in equal epochs and equal seconds", lambda r: r.compute_matched),

@@ -234,7 +234,7 @@ def write_report(results, readme=None) -> dict:
     if readme and not Path(readme).is_file(): raise UsageError(f"--readme {readme} is not a file; give the README to update")
     print(f"report: {make_report(results)}")
     if readme:
-        from sparse_attention_repro.tuning import sync_readme
+        from sparse_attention_repro.tuned_reading import sync_readme
         from sparse_attention_repro.report import write_readme
         source = Path(readme).parent / "nbs" / "index.ipynb"            # the README's source, where it has one
         if not source.is_file(): print(f"readme: {readme} {'updated' if sync_readme(readme, results) else 'already current'}")

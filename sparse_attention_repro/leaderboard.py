@@ -39,7 +39,7 @@ def _word(gain, p_holm, alpha=0.05) -> str:
 
 def _provisional(t):
     "Mark the tuned verdicts whose seeds have not all run at the chosen recipes (`provisional`)."
-    from sparse_attention_repro.tuning import _flag                       # yes/no as read back from a CSV
+    from sparse_attention_repro.tuned_reading import _flag                       # yes/no as read back from a CSV
     done = _flag(t.complete) if "complete" in t else pd.Series(True, index=t.index)
     return t.assign(provisional=~done.to_numpy(bool))
 
@@ -378,7 +378,8 @@ def length_curve(outputs, name, positions=LENGTH_POSITIONS) -> pd.DataFrame:
 # %% ../nbs/05d_leaderboard.ipynb
 def gain_curves(outputs, name, main="paper") -> pd.DataFrame:
     "Per dataset and epoch: `name`'s test gain over softmax, each at its best rate for that length on validation (empty if unsearched)."
-    from sparse_attention_repro.tuning import tuned_runs, tuned_curves, recipe_budget
+    from sparse_attention_repro.tuning import tuned_runs, tuned_curves
+    from sparse_attention_repro.tuned_reading import recipe_budget
     outputs = Path(outputs); base = tuned_runs(outputs / main)
     others = sorted({f.parent.parent.parent for f in outputs.glob("**/tuned/*/runs.csv")} - {outputs / main})
     held = (r[r.method == name] for r in (base, *map(tuned_runs, others)) if len(r) and (r.method == name).any())

@@ -47,7 +47,7 @@ def test_readme_answer_is_generated_from_the_committed_tables():
     """The README's answer block is exactly what the committed tables give — no number in it is typed by hand — the
     committed README is what the home notebook and the tables give, and the notebook itself holds no numbers there."""
     from pathlib import Path
-    from sparse_attention_repro.tuning import answer_markdown, README_MARKERS
+    from sparse_attention_repro.tuned_reading import answer_markdown, README_MARKERS
     from sparse_attention_repro.report import readme_markdown
     root = Path(__file__).resolve().parent.parent
     index = root / "nbs" / "index.ipynb"

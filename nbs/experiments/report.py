@@ -26,7 +26,7 @@ import seaborn as sns
 import torch
 from IPython.display import Image, Markdown, display
 
-from sparse_attention_repro import stats as S, verdicts as V, tuning as T, catalogue as C, analysis as A
+from sparse_attention_repro import stats as S, verdicts as V, tuning as T, tuned_reading as TR, catalogue as C, analysis as A
 from sparse_attention_repro.study import CLAIMS, PAPER_SOFTMAX_ACCURACY
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
@@ -85,7 +85,7 @@ paper_tests = R.analysed["paired_tests"] if runs is not None else None
 reach, gains, matched = R.time_to_reach, R.budget_gains, R.compute_matched
 from sparse_attention_repro import sensitivity as SENS
 sens = R.label_sensitivity                                                    # each label under a reviewer's reanalyses
-answer = T.answer_lines(tt, paper_tests, reach, matched, sens)
+answer = TR.answer_lines(tt, paper_tests, reach, matched, sens)
 md("\n".join(f"{i}. {line}" for i, line in enumerate(answer, 1)))
 bud = R.tuned_budget if R.tuned_budget is not None else pd.DataFrame()
 if len(bud):
@@ -108,8 +108,8 @@ if len(bud):
        + (f" {len(few)} of the {len(bud)} points pair fewer than {len(T.TUNED_SEEDS)} seeds (as few as {int(few.n.min())}): at those "
           "lengths an arm's best rate is one that only the selection seeds ran, so their intervals are wide." if len(few) else ""))
 if len(tt):
-    table(T.readable_tuned(tt, paper_tests))
-    md(T.VERDICT_LEGEND + " " + T.PAPER_FAMILIES + " *Reading*: `tuned` = the protocol's grid, `first round` = the earlier "
+    table(TR.readable_tuned(tt, paper_tests))
+    md(TR.VERDICT_LEGEND + " " + TR.PAPER_FAMILIES + " *Reading*: `tuned` = the protocol's grid, `first round` = the earlier "
        "three-method grid read with the same rule, for a dataset the protocol has not reached.")
 
 # %% [markdown]
