@@ -129,7 +129,7 @@ def cmd_tuned(args):
         if args.dry_run:
             from sparse_attention_repro.tuning import plan_core_hours, tuned_runs
             priced = [dict(dataset=g.datasets[0], methods=g.methods, seeds=g.seeds, epochs=g.options["epochs"]) for _, g in grids]
-            print(f"tuned ({args.stage}): about {plan_core_hours(priced, tuned_runs(args.out)):.1f} core-hours from scratch, "
+            print(f"tuned ({args.stage}) cost: about {plan_core_hours(priced, tuned_runs(args.out)):.1f} core-hours from scratch, "
                   "priced from this folder's tuned runs")
             return {}
         with ExitStack() as stack:                          # every grid's folder held and checked, then one pool for all their notebooks
