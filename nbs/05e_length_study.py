@@ -466,15 +466,18 @@ def length_tasks(req: LengthRequest) -> tuple:
     if not runs: return [], {}
     threads, note = grid_threads(req.out, LENGTH.name, req.execution.jobs)
     if note: print(note, file=sys.stderr)
+    prof = PROFILES[req.profile]
     options = dict(profile=req.profile, **{k: v for k, v in asdict(runs[0].cfg).items() if k in option_defaults(LengthRunConfig)},
-                   test_examples=PROFILES[req.profile].test_examples)
+                   test_examples=prof.test_examples)
+    options["steps"] = prof.run["steps"]           # a longer run is keyed by its own steps: the folder's length stays the profile's
     return [notebook_task(r, threads) for r in runs], options
 
 # %%
 _lq = LengthRequest(str(Path(tempfile.mkdtemp()) / "len"), "smoke", normalizers=("softmax",), seeds=(0, 1), options=dict(steps=10))
 _lt, _lo = length_tasks(_lq)
 test_eq([t.name for t in _lt], ["flip_flop/softmax/nape/lr0.001/seed0/steps10_test10", "flip_flop/softmax/nape/lr0.001/seed1/steps10_test10"])
-test_eq((_lo["steps"], _lo["profile"], _lo["test_examples"]), (10, "smoke", 16))
+test_eq((_lo["steps"], _lo["profile"], _lo["test_examples"]), (PROFILES["smoke"].run["steps"], "smoke", 16))
+test_eq([t.parameters["run"]["steps"] for t in _lt], [10, 10])                        # the runs are 10 steps long; the folder's length stays the profile's
 assert not Path(_lq.out).exists()                                                       # planned, nothing written
 test_fail(lambda: length_tasks(replace(_lq, tasks=("copy",))), contains="unknown task 'copy'")
 test_fail(lambda: length_tasks(replace(_lq, options=dict(steps=-1))), exc=UsageError, contains="--steps")

@@ -243,6 +243,8 @@ def length_tasks(req: LengthRequest) -> tuple:
     if not runs: return [], {}
     threads, note = grid_threads(req.out, LENGTH.name, req.execution.jobs)
     if note: print(note, file=sys.stderr)
+    prof = PROFILES[req.profile]
     options = dict(profile=req.profile, **{k: v for k, v in asdict(runs[0].cfg).items() if k in option_defaults(LengthRunConfig)},
-                   test_examples=PROFILES[req.profile].test_examples)
+                   test_examples=prof.test_examples)
+    options["steps"] = prof.run["steps"]           # a longer run is keyed by its own steps: the folder's length stays the profile's
     return [notebook_task(r, threads) for r in runs], options
