@@ -63,12 +63,17 @@ LENGTH_ROOT, LENGTH_POSITIONS = CATALOGUE["length"].root, "nape"
 
 def length_leaderboard_rows(outputs, baseline=BASELINE, positions=LENGTH_POSITIONS) -> pd.DataFrame:
     """The length study's rows: per task, each normalizer's exact-match gain over `baseline` at the longest test length
-    that every normalizer of the task was tested at, under the study's primary position scheme."""
+    that every normalizer of the task was tested at, under the study's primary position scheme; provisional where an arm
+    of the task chose a step still climbing (the edge rule lengthens every arm and reads the selection again)."""
     f = Path(outputs) / LENGTH_ROOT / "tables" / "length_gains.csv"
     if not f.exists(): return pd.DataFrame(columns=LEADERBOARD_COLS)
     t = pd.read_csv(f).query("positions == @positions and baseline == @baseline")
     shared = t.groupby(["task", "normalizer"]).length.max().groupby("task").min()   # the longest length every normalizer reached
     t = t[t.length == t.task.map(shared)]
+    rec = f.parent / "length_recipes.csv"
+    if rec.exists():
+        r = pd.read_csv(rec).query("positions == @positions")
+        t = t.assign(provisional=t.task.isin(set(r[r.step_edge.astype(bool)].task)))
     return _rows(t, "length", f.relative_to(outputs).as_posix(), method="normalizer", verdict="verdict", dataset="task")
 
 def leaderboard_rows(outputs, main="paper", baseline=BASELINE) -> pd.DataFrame:
@@ -299,7 +304,7 @@ def verdict_words(rows) -> str:
            "`leaderboard.csv`); **undecided** — neither.")
     if rows.first_round.astype(bool).any():
         out += " *First round*: the earlier, smaller grid (three methods, two or three rates), read where the protocol's grid has not run yet."
-    if rows.provisional.astype(bool).any(): out += " *Provisional*: not every seed has run at the chosen recipes (the tuned column) or fewer seeds than the column's most (the encoder)."
+    if rows.provisional.astype(bool).any(): out += " *Provisional*: not every seed has run at the chosen recipes (the tuned column), fewer seeds than the column's most (the encoder), or a selection the edge rule is still lengthening (the length column)."
     return out
 
 # %% ../nbs/05d_leaderboard.ipynb

@@ -223,9 +223,19 @@ LENGTH_MARKERS = ("<!-- length:start (generated from outputs/length/tables by `s
 
 ANSWER_RATIOS = (16, 64)                   # the protocol's: 16× for every normalizer, 64× for the headline ones
 
-def length_answer(acc: pd.DataFrame, gains: pd.DataFrame, learned: pd.DataFrame, ratios=ANSWER_RATIOS) -> str:
+def _pending_extension(recipes, task, positions) -> str:
+    "A sentence where an arm of the task chose a step still climbing (the edge rule extends every arm), else ''."
+    if recipes is None: return ""
+    edge = recipes[(recipes.task == task) & (recipes.positions == positions) & recipes.step_edge.astype(bool)]
+    if not len(edge): return ""
+    e = edge.iloc[0]
+    return (f" *Provisional:* `{e.normalizer}` chose step {int(e.step):,} of {int(e.steps):,}, still climbing, so the protocol "
+            f"extends every arm to {2 * int(e.steps):,} steps and reads the selection again; these verdicts are at the shorter recipes.")
+
+def length_answer(acc: pd.DataFrame, gains: pd.DataFrame, learned: pd.DataFrame, ratios=ANSWER_RATIOS, recipes=None) -> str:
     """The README's length lines from the `length_accuracy`, `length_gains` and `task_learned` tables (markdown): per
-    task, the verdicts at `ratios` times the shortest test length (where tested), else at the longest tested."""
+    task, the verdicts at `ratios` times the shortest test length (where tested), else at the longest tested; with the
+    frozen `recipes`, a task whose selection an edge is still lengthening says its verdicts are provisional."""
     lines = []
     for r in learned.itertuples():
         a = acc[(acc.task == r.task) & (acc.positions == r.positions)]
@@ -243,5 +253,6 @@ def length_answer(acc: pd.DataFrame, gains: pd.DataFrame, learned: pd.DataFrame,
                      for w in ("better", "worse", "equivalent", "undecided") if (at.verdict == w).any()]
             parts.append(f"at {L:,} tokens ({L // int(r.length)}×) softmax {100 * base.accuracy.iloc[0]:.1f} %, against it (pt, "
                          f"{int(at.n.min())}–{int(at.n.max())} seeds): " + "; ".join(words))
-        lines.append(head + "): " + ". ".join(x[0].upper() + x[1:] if i else x for i, x in enumerate(parts)) + ".")
+        lines.append(head + "): " + ". ".join(x[0].upper() + x[1:] if i else x for i, x in enumerate(parts)) + "."
+                     + _pending_extension(recipes, r.task, r.positions))
     return "\n".join(lines) if lines else "No length run tested yet."

@@ -205,7 +205,8 @@ def readme_blocks(index_nb) -> dict:
     from sparse_attention_repro.length_analysis import LENGTH_MARKERS, length_answer
     if (lt := out / LENGTH_ROOT / "tables").is_dir() and all((lt / f).is_file() for f in ("length_accuracy.csv", "length_gains.csv", "length_learned.csv")):
         import pandas as pd
-        blocks[LENGTH_MARKERS] = length_answer(*(pd.read_csv(lt / f) for f in ("length_accuracy.csv", "length_gains.csv", "length_learned.csv")))
+        blocks[LENGTH_MARKERS] = length_answer(*(pd.read_csv(lt / f) for f in ("length_accuracy.csv", "length_gains.csv", "length_learned.csv")),
+                                               recipes=pd.read_csv(lt / "length_recipes.csv") if (lt / "length_recipes.csv").is_file() else None)
     return blocks
 
 def fill_blocks(nb, blocks, where):
