@@ -81,7 +81,10 @@ PROFILES = {
 #   decay (a pilot softmax run reached 100 % validation exact match by step 250, and 98 % of 200 test inputs at 1,024
 #   tokens). Multi-query associative recall, reverse and sort are declared with their own sizes once pilots show a size
 #   at which softmax learns them on this machine; a task on which softmax does not reach 95 % exact match at 1× answers
-#   nothing and is reported as such.
+#   nothing and is reported as such. The pilots so far (`outputs/length/pilots.csv`, one softmax run each): recall at
+#   width 64 stayed near 0 (≤ 2.7 % over 4,000 steps); reverse at width 128 flattened near 40 %; sort at width 128 and
+#   3·10⁻³ was at 88 % after 5,500 steps and still climbing, at about a third of a second a step here — a sort protocol
+#   near 8,000 steps a run would need on the order of a hundred core-hours for its select stage alone on this machine.
 # * **Arms.** 14 normalizers: the headline six (softmax, entmax-1.5, the adaptive α-entmax, Scalable-Softmax, ASEntmax,
 #   stick-breaking) and eight others (sparsemax, top-k 0.25, sigmoid attention, softpick, softmax with a sink, ReLU
 #   attention, normmax, the learned-temperature control), every one under NAPE; the headline six also under RoPE, as a
