@@ -876,6 +876,56 @@ _priced = pd.DataFrame(dict(dataset="cifar10", method=["softmax", "softmax", "en
 test_close(plan_core_hours(_sym, _priced), (5 * 54 * 1.5 + 5 * 54 * 10.0) / 3600)   # softmax's median 1.5 s an epoch, entmax-1.5's 10 s
 
 # %% [markdown]
+# ## A finer rate ladder where 3·10⁻³ was chosen (the finer stage)
+#
+# Thirteen arms of the committed search chose 3·10⁻³, just below a 10⁻² that often collapses: the half-decade ladder is
+# coarse exactly there. The **finer** stage, declared with the symmetric one and run after it, runs 2·10⁻³ and 5·10⁻³ on
+# the selection seeds for every arm that chose 3·10⁻³, at the dataset's common run length (a dataset whose symmetric
+# stage still has runs to make waits for them), and the same selection rule reads every rate
+# tried (`choose_lr` reads every rate a grid has run). A finer rate that wins then needs the other seeds at it: the
+# complete stage plans them, as for any chosen rate.
+
+# %%
+#| export
+FINER_RATES = {3e-3: (2e-3, 5e-3)}     # a chosen rate -> its neighbours on the finer ladder; declared before the stage's runs
+
+def finer_plan(curves, failed=None, search=None, datasets=None, rule=None, seeds=TUNED_SEEDS) -> list:
+    "Grids of the finer ladder's rates on the selection seeds, for every arm whose chosen rate has neighbours in `FINER_RATES`."
+    search = TUNED_SEARCH if search is None else search
+    rec = choose_recipes(curves, failed, search, seeds=seeds, rule=rule)
+    settled = [ds for ds in datasets or list(search) if not symmetric_plan(curves, failed, search, [ds], rule, seeds=seeds)]
+    groups = {}
+    for r in rec[rec.dataset.isin(settled)].itertuples():
+        for chosen, finer in FINER_RATES.items():
+            if not np.isclose(r.lr, chosen): continue
+            for lr in finer:
+                have = curves[(curves.dataset == r.dataset) & (curves.method == r.method) & np.isclose(curves.lr, lr)]
+                ran = set(have[have.epoch >= r.run_epochs].seed)
+                if missing := [x for x in SELECTION_SEEDS if x not in ran]:
+                    groups.setdefault((r.dataset, lr, int(r.run_epochs), tuple(missing)), []).append(r.method)
+    return [dict(dataset=ds, lr=lr, epochs=ep, methods=method_order(ms), seeds=list(sd), folder=tuned_folder(ds, lr, ep),
+                 keep_state=False, continue_from=None) for (ds, lr, ep, sd), ms in sorted(groups.items())]
+
+# %% [markdown]
+# On the hand-made curves: entmax-1.5 and top-k chose 3·10⁻³, softmax 10⁻³. Before the symmetric stage has brought every
+# arm to 54 epochs, nothing; then the finer stage runs 2·10⁻³ and 5·10⁻³ for the two at 54 epochs; once they have run,
+# nothing more — and a finer rate that beats 3·10⁻³ on the selection seeds is chosen by the same rule.
+
+# %%
+test_eq(finer_plan(_s5, _fail, _search, **_S5), [])                                      # the symmetric stage first
+_fp = finer_plan(_at54, _fail, _search, **_S5)
+test_eq([(x["lr"], x["epochs"], x["methods"], x["seeds"]) for x in _fp],
+        [(2e-3, 54, ["entmax15", "topk_softmax_025"], [0, 1, 2]), (5e-3, 54, ["entmax15", "topk_softmax_025"], [0, 1, 2])])
+_ent = _at54[(_at54.method == "entmax15") & np.isclose(_at54.lr, 3e-3) & (_at54.seed < 3)]
+_top = _at54[(_at54.method == "topk_softmax_025") & np.isclose(_at54.lr, 3e-3) & (_at54.seed < 3)]
+_fin = pd.concat([_at54, _ent.assign(lr=2e-3, val_accuracy=_ent.val_accuracy + 0.01), _ent.assign(lr=5e-3, val_accuracy=0.5),
+                  _top.assign(lr=2e-3, val_accuracy=0.5), _top.assign(lr=5e-3, val_accuracy=0.5)], ignore_index=True)
+test_eq(finer_plan(_fin, _fail, _search, **_S5), [])                                     # every finer rate run: nothing more
+_fl = choose_lr(_fin, _fail, _search)
+test_eq(_fl[_fl.chosen].set_index("method").lr.to_dict(), {"softmax": 1e-3, "entmax15": 2e-3, "topk_softmax_025": 3e-3})
+test_eq(bool(_fl[_fl.chosen & (_fl.method == "entmax15")].bracketed.item()), True)        # 2e-3 between 1e-3 and 3e-3
+
+# %% [markdown]
 # ## The committed runs, reproduced
 #
 # At the paper's learning rate, a grid read at the paper's epochs *is* the main grid's run of that (dataset, method,

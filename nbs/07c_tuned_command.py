@@ -24,11 +24,12 @@ def tuned_parser(sub):
     "`tuned`: the tuned-recipe protocol of `tuning.TUNED_SEARCH`, stage by stage, into `<out>/tuned/<dataset>_lr<rate>`."
     x = sub.add_parser("tuned", help="every arm at its own learning rate and length, chosen on validation (the tuned-recipe protocol)")
     x.add_argument("--out", required=True, help="the main results folder: the grids go to <out>/tuned/<dataset>_lr<rate>")
-    x.add_argument("--stage", default="select", choices=["select", "complete", "power", "symmetric"],
+    x.add_argument("--stage", default="select", choices=["select", "complete", "power", "symmetric", "finer"],
                    help="select: every candidate learning rate on the selection seeds; complete: the other seeds at each arm's chosen "
                         "rate; power: more seeds for the headline comparisons, at their chosen recipes, until TOST at ±1 pt has 80%% power; "
                         "symmetric: every arm of a dataset to the same run length, extended together while any arm's best epoch is on its "
-                        "edge, up to tuning.SYMMETRIC_CAP")
+                        "edge, up to tuning.SYMMETRIC_CAP; finer: 2e-3 and 5e-3 on the selection seeds where an arm chose 3e-3 "
+                        "(tuning.FINER_RATES)")
     x.add_argument("--datasets", nargs="+", help="datasets of the search (default: all of tuning.TUNED_SEARCH)")
     x.add_argument("--profile", default="paper")
     x.add_argument("--dry-run", action="store_true", help="print the grid commands the stage still needs and run nothing")
@@ -75,6 +76,11 @@ def tuned_grids(args) -> list:
         rec = T.choose_recipes(curves, failed, rule=rule)
         plan = [p for p in T.power_plan(curves, rec, T.tuned_tests(curves, rec)) if p["dataset"] in datasets] if len(rec) else []
     elif args.stage == "symmetric": plan = T.symmetric_plan(curves, failed, search, datasets=datasets, rule=rule)
+    elif args.stage == "finer":
+        plan = T.finer_plan(curves, failed, search, datasets=datasets, rule=rule)
+        if not plan and (waiting := T.symmetric_plan(curves, failed, search, datasets=datasets, rule=rule)):
+            raise UsageError(f"the finer stage runs after the symmetric one, which still needs {len(waiting)} grid(s): "
+                             f"run `sparse-repro tuned --out {args.out} --stage symmetric` first")
     else: plan = T.tuned_plan(curves, failed, search, stage=args.stage, datasets=datasets, rule=rule)
     grids, execution = [], execution_of(args)
     for p in plan:
@@ -165,6 +171,7 @@ test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", str(_
 test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--methods", "sparsemax", "--baseline", str(_out)])),
           exc=UsageError, contains="holds no tuned grids")
 test_eq(tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--stage", "power"])), [])   # nothing complete yet
+test_eq(tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--stage", "finer"])), [])   # nothing chosen yet: nothing waits
 import tempfile
 from contextlib import ExitStack
 from sparse_attention_repro.runner import FolderBusyError

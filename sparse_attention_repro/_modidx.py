@@ -1533,6 +1533,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                            'sparse_attention_repro/tuning.py'),
                                                'sparse_attention_repro.tuning.fair_recipe_readings': ( 'tuning.html#fair_recipe_readings',
                                                                                                        'sparse_attention_repro/tuning.py'),
+                                               'sparse_attention_repro.tuning.finer_plan': ( 'tuning.html#finer_plan',
+                                                                                             'sparse_attention_repro/tuning.py'),
                                                'sparse_attention_repro.tuning.halving_kept': ( 'tuning.html#halving_kept',
                                                                                                'sparse_attention_repro/tuning.py'),
                                                'sparse_attention_repro.tuning.halving_length': ( 'tuning.html#halving_length',

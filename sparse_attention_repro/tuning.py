@@ -5,12 +5,12 @@
 # %% auto 0
 __all__ = ['TUNED_SEARCH', 'SELECTION_SEEDS', 'TUNED_SEEDS', 'TUNED_VAL_FRACTION', 'LENGTH_EDGE', 'LENGTH_EXTENSION', 'PAPER_LR',
            'SPARSE', 'TUNED_MARGIN', 'POWER_TARGET', 'RECIPE_COLS', 'CHEAPER_SEARCHES', 'HALVING', 'TUNED_TEST_COLS',
-           'MAX_SEEDS', 'HEADLINE', 'SYMMETRIC_CAP', 'FIRST_ROUND', 'SOURCES', 'RecipeSearch', 'next_lr',
+           'MAX_SEEDS', 'HEADLINE', 'SYMMETRIC_CAP', 'FINER_RATES', 'FIRST_ROUND', 'SOURCES', 'RecipeSearch', 'next_lr',
            'tuned_folder', 'tuned_runs', 'diverged', 'tuned_curves', 'halving_length', 'halving_kept', 'choose_lr',
            'arm_length', 'needs_longer', 'choose_recipes', 'CheaperSearch', 'search_rule', 'halving_note',
            'record_search_rule', 'cheaper_search_check', 'tuned_plan', 'projected_cost', 'tuned_comparison',
            'tuned_tests', 'tost_power', 'seeds_for_tost_power', 'power_plan', 'symmetric_plan', 'plan_core_hours',
-           'identical_to_main', 'fair_recipe_readings', 'tuned_verdicts']
+           'finer_plan', 'identical_to_main', 'fair_recipe_readings', 'tuned_verdicts']
 
 # %% ../nbs/05b_tuning.ipynb
 import json, math
@@ -487,6 +487,26 @@ def plan_core_hours(plan, runs) -> float:
     by_arm, by_ds = per_epoch.groupby(["dataset", "method"]).spe.median(), per_epoch.groupby("dataset").spe.median()
     sec = sum(len(p["seeds"]) * p["epochs"] * by_arm.get((p["dataset"], m), by_ds.get(p["dataset"], np.nan)) for p in plan for m in p["methods"])
     return float(sec / 3600)
+
+# %% ../nbs/05b_tuning.ipynb
+FINER_RATES = {3e-3: (2e-3, 5e-3)}     # a chosen rate -> its neighbours on the finer ladder; declared before the stage's runs
+
+def finer_plan(curves, failed=None, search=None, datasets=None, rule=None, seeds=TUNED_SEEDS) -> list:
+    "Grids of the finer ladder's rates on the selection seeds, for every arm whose chosen rate has neighbours in `FINER_RATES`."
+    search = TUNED_SEARCH if search is None else search
+    rec = choose_recipes(curves, failed, search, seeds=seeds, rule=rule)
+    settled = [ds for ds in datasets or list(search) if not symmetric_plan(curves, failed, search, [ds], rule, seeds=seeds)]
+    groups = {}
+    for r in rec[rec.dataset.isin(settled)].itertuples():
+        for chosen, finer in FINER_RATES.items():
+            if not np.isclose(r.lr, chosen): continue
+            for lr in finer:
+                have = curves[(curves.dataset == r.dataset) & (curves.method == r.method) & np.isclose(curves.lr, lr)]
+                ran = set(have[have.epoch >= r.run_epochs].seed)
+                if missing := [x for x in SELECTION_SEEDS if x not in ran]:
+                    groups.setdefault((r.dataset, lr, int(r.run_epochs), tuple(missing)), []).append(r.method)
+    return [dict(dataset=ds, lr=lr, epochs=ep, methods=method_order(ms), seeds=list(sd), folder=tuned_folder(ds, lr, ep),
+                 keep_state=False, continue_from=None) for (ds, lr, ep, sd), ms in sorted(groups.items())]
 
 # %% ../nbs/05b_tuning.ipynb
 def identical_to_main(curves, runs):
