@@ -430,8 +430,9 @@ def length_answer(acc: pd.DataFrame, gains: pd.DataFrame, learned: pd.DataFrame,
             if base.empty or at.empty: continue
             words = [f"{w} {', '.join(f'`{x.normalizer}` {fmt_pt(x.mean_delta)}' for x in at[at.verdict == w].itertuples())}"
                      for w in ("better", "worse", "equivalent", "undecided") if (at.verdict == w).any()]
+            seeds = f"{int(at.n.min())}–{int(at.n.max())}" if at.n.min() != at.n.max() else f"{int(at.n.min())}"
             parts.append(f"at {L:,} tokens ({L // int(r.length)}×) softmax {100 * base.accuracy.iloc[0]:.1f} %, against it (pt, "
-                         f"{int(at.n.min())}–{int(at.n.max())} seeds): " + "; ".join(words))
+                         f"{seeds} seeds): " + "; ".join(words))
         lines.append(head + "): " + ". ".join(x[0].upper() + x[1:] if i else x for i, x in enumerate(parts)) + "."
                      + _pending_extension(recipes, r.task, r.positions))
     return "\n".join(lines) if lines else "No length run tested yet."
