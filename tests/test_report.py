@@ -64,7 +64,8 @@ def test_readme_answer_is_generated_from_the_committed_tables():
     tables = root / "outputs" / "length" / "tables"
     a, b = LENGTH_MARKERS
     assert readme[readme.index(a) + len(a):readme.index(b)].strip() == length_answer(
-        *(pd.read_csv(tables / f) for f in ("length_accuracy.csv", "length_gains.csv", "length_learned.csv"))).strip()
+        *(pd.read_csv(tables / f) for f in ("length_accuracy.csv", "length_gains.csv", "length_learned.csv")),
+        recipes=pd.read_csv(tables / "length_recipes.csv")).strip()
 
 def test_tuned_tests_recomputed_with_scipy():
     "Each committed tuned comparison: its paired t-test recomputed with scipy from the committed learning curves."
