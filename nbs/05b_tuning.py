@@ -759,6 +759,14 @@ MAX_SEEDS = 30
 HEADLINE = {"cifar10": ("topk_softmax_025",), "fashion_mnist": ("topk_softmax_0125",), "kmnist": ("topk_softmax_025",),
             "twenty_news": SPARSE}
 
+def _grids(ds, wants: dict) -> list:
+    "Plan dicts of dataset `ds` from `wants` {(lr, epochs, seed): methods}: one grid per (lr, epochs, methods), its seeds in order."
+    by_grid = {}
+    for (lr, epochs, seed), ms in sorted(wants.items()):
+        by_grid.setdefault((float(lr), int(epochs), tuple(method_order(ms))), []).append(seed)
+    return [dict(dataset=ds, lr=lr, epochs=epochs, methods=list(ms), seeds=seeds, folder=tuned_folder(ds, lr, epochs),
+                 keep_state=False, continue_from=None) for (lr, epochs, ms), seeds in by_grid.items()]
+
 def power_plan(curves, recipes, tests, search=None) -> list:
     "Grids that bring each complete headline comparison to the seeds its TOST power needs (capped at `MAX_SEEDS`)."
     search = TUNED_SEARCH if search is None else search
@@ -776,11 +784,7 @@ def power_plan(curves, recipes, tests, search=None) -> list:
             have = set(curves[(curves.dataset == ds) & (curves.method == m) & np.isclose(curves.lr, r.lr) & (curves.epoch == length)].seed)
             for seed in [x for x in range(len(TUNED_SEEDS), n) if x not in have]:     # beyond the complete stage's seeds
                 groups.setdefault((r.lr, length, seed), []).append(m)
-        by_grid = {}
-        for (lr, length, seed), ms in sorted(groups.items()):
-            by_grid.setdefault((lr, length, tuple(method_order(ms))), []).append(seed)
-        for (lr, length, ms), seeds in by_grid.items():
-            plan.append(dict(dataset=ds, lr=lr, epochs=length, methods=list(ms), seeds=seeds, folder=tuned_folder(ds, lr, length)))
+        plan += _grids(ds, groups)
     return plan
 
 # %%
@@ -809,34 +813,28 @@ test_eq(max(max(x["seeds"]) for x in power_plan(_full5, _rc5, _tp.assign(seeds_f
 #| export
 SYMMETRIC_CAP = {"cifar10": 81, "fashion_mnist": 81, "twenty_news": 54, "kmnist": 81}   # epochs; declared before the stage's runs
 
+def _symmetric_grids(curves, r, ds, s, cap: int) -> list:
+    "The symmetric stage's grids of dataset `ds` (`s` its search), from its recipes `r` (`choose_recipes` rows)."
+    if not len(r) or not r.complete.all() or set(r.method) < set(s.methods): return []   # the complete stage first
+    arm = lambda m, lr: curves[(curves.dataset == ds) & (curves.method == m) & np.isclose(curves.lr, lr)]
+    common = int(r.run_epochs.max())
+    if (r.run_epochs == common).all():                                    # every arm at the common length: any edge?
+        edge = [m for m, lr in zip(r.method, r.lr)
+                if (c := _mean_curve(arm(m, lr)[lambda d: d.epoch <= common], SELECTION_SEEDS))[1] and c[0].idxmax() > LENGTH_EDGE * common]
+        if not edge or common >= cap: return []
+        common = min(cap, int(round(LENGTH_EXTENSION * common)))
+    wants = {}
+    for m, lr in zip(r.method, r.lr):
+        for seed, last in arm(m, lr).groupby("seed").epoch.max().items():
+            if last < common: wants.setdefault((lr, common, seed), []).append(m)
+    return _grids(ds, wants)
+
 def symmetric_plan(curves, failed=None, search=None, datasets=None, rule=None, cap=None, seeds=TUNED_SEEDS) -> list:
     """Grids that bring every arm of each dataset whose recipes are complete to the dataset's common run length (and,
     where an arm's best epoch is on the edge of it, every arm 1.5× longer, up to `cap`); the same dicts as `tuned_plan`."""
     search, cap = TUNED_SEARCH if search is None else search, SYMMETRIC_CAP if cap is None else cap
     rec = choose_recipes(curves, failed, search, seeds=seeds, rule=rule)
-    plan = []
-    for ds in datasets or list(search):
-        r = rec[rec.dataset == ds]
-        if not len(r) or not r.complete.all() or set(r.method) < set(search[ds].methods): continue   # the complete stage first
-        arm = lambda m, lr: curves[(curves.dataset == ds) & (curves.method == m) & np.isclose(curves.lr, lr)]
-        common = int(r.run_epochs.max())
-        if (r.run_epochs == common).all():                                    # every arm at the common length: any edge?
-            edge = [m for m, lr in zip(r.method, r.lr)
-                    if (c := _mean_curve(arm(m, lr)[lambda d: d.epoch <= common], SELECTION_SEEDS))[1] and c[0].idxmax() > LENGTH_EDGE * common]
-            if not edge or common >= cap[ds]: continue
-            common = min(cap[ds], int(round(LENGTH_EXTENSION * common)))
-        groups = {}
-        for m, lr in zip(r.method, r.lr):
-            a = arm(m, lr)
-            short = sorted(s for s, last in a.groupby("seed").epoch.max().items() if last < common)
-            for seed in short: groups.setdefault((float(lr), seed), []).append(m)
-        by_grid = {}
-        for (lr, seed), ms in sorted(groups.items()):
-            by_grid.setdefault((lr, tuple(method_order(ms))), []).append(seed)
-        for (lr, ms), seeds in by_grid.items():
-            plan.append(dict(dataset=ds, lr=lr, epochs=common, methods=list(ms), seeds=seeds, folder=tuned_folder(ds, lr, common),
-                             keep_state=False, continue_from=None))
-    return plan
+    return [g for ds in datasets or list(search) for g in _symmetric_grids(curves, rec[rec.dataset == ds], ds, search[ds], cap[ds])]
 
 # %%
 #| export
@@ -893,18 +891,20 @@ def finer_plan(curves, failed=None, search=None, datasets=None, rule=None, seeds
     "Grids of the finer ladder's rates on the selection seeds, for every arm whose chosen rate has neighbours in `FINER_RATES`."
     search = TUNED_SEARCH if search is None else search
     rec = choose_recipes(curves, failed, search, seeds=seeds, rule=rule)
-    settled = [ds for ds in datasets or list(search) if not symmetric_plan(curves, failed, search, [ds], rule, seeds=seeds)]
-    groups = {}
-    for r in rec[rec.dataset.isin(settled)].itertuples():
-        for chosen, finer in FINER_RATES.items():
-            if not np.isclose(r.lr, chosen): continue
-            for lr in finer:
-                have = curves[(curves.dataset == r.dataset) & (curves.method == r.method) & np.isclose(curves.lr, lr)]
-                ran = set(have[have.epoch >= r.run_epochs].seed)
-                if missing := [x for x in SELECTION_SEEDS if x not in ran]:
-                    groups.setdefault((r.dataset, lr, int(r.run_epochs), tuple(missing)), []).append(r.method)
-    return [dict(dataset=ds, lr=lr, epochs=ep, methods=method_order(ms), seeds=list(sd), folder=tuned_folder(ds, lr, ep),
-                 keep_state=False, continue_from=None) for (ds, lr, ep, sd), ms in sorted(groups.items())]
+    plan = []
+    for ds in datasets or list(search):
+        r = rec[rec.dataset == ds]
+        if _symmetric_grids(curves, r, ds, search[ds], SYMMETRIC_CAP[ds]): continue      # the symmetric stage first
+        wants = {}
+        for x in r.itertuples():
+            for chosen, finer in FINER_RATES.items():
+                if not np.isclose(x.lr, chosen): continue
+                for lr in finer:
+                    have = curves[(curves.dataset == ds) & (curves.method == x.method) & np.isclose(curves.lr, lr)]
+                    ran = set(have[have.epoch >= x.run_epochs].seed)
+                    for seed in [s for s in SELECTION_SEEDS if s not in ran]: wants.setdefault((lr, x.run_epochs, seed), []).append(x.method)
+        plan += _grids(ds, wants)
+    return plan
 
 # %% [markdown]
 # On the hand-made curves: entmax-1.5 and top-k chose 3·10⁻³, softmax 10⁻³. Before the symmetric stage has brought every

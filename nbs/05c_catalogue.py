@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pandas as pd
 from sparse_attention_repro.study import BASELINE, PAPER_METHODS, CRISP_CONFIGS, STUDIES, EQUIVALENCE_MARGINS
-from sparse_attention_repro.options import option_flags
 
 # %%
 from fastcore.test import test_eq, test_fail
@@ -62,13 +61,6 @@ class Experiment:
     analysis: Analysis
     runner: str = "grid"            # the `sparse-repro` command that makes it: grid, ablations, follow-ups, tuned, crisp, …
     root: str = "paper"             # the committed results root under `outputs/` that holds this project's runs of it
-
-    def grid_args(self) -> list:
-        "The design as `sparse-repro grid` arguments (datasets, methods, seeds and every option as its flag)."
-        d = self.design
-        args = (["--datasets", *d.datasets] if d.datasets else []) + (["--methods", *d.methods] if d.methods else [])
-        args += ["--seeds", *map(str, d.seeds)] if d.seeds is not None else []
-        return args + option_flags(d.options)
 
     def expected_tests(self) -> set:
         "The (dataset, method) comparisons with the baseline this experiment contributes when complete (methods renamed)."
@@ -223,10 +215,6 @@ CATALOGUE = {e.name: e for e in [
 
 # %%
 test_eq(len({e.folder for e in CATALOGUE.values() if e.folder != "."}), len([e for e in CATALOGUE.values() if e.folder != "."]))
-test_eq(CATALOGUE["patch4"].grid_args(), ["--datasets", "fashion_mnist", "--methods", "softmax", "topk_softmax_0125", "topk_softmax_025",
-                                          "topk_softmax_05", "--patch-size", "4"])
-test_eq(CATALOGUE["masked_padding"].grid_args()[-1], "--mask-padding")
-test_eq(CATALOGUE["selection_marker"].grid_args()[2:], ["--marker-design", "label_once", "--epochs", "3", "--epoch-eval", "--val-fraction", "0.25"])
 test_eq(CATALOGUE["patch4"].expected_tests(), {("fashion_mnist", m) for m in _SPARSE if m.startswith("topk")})
 test_eq(CATALOGUE["original_gradient"].expected_tests(),
         {(d, m) for d in ("twenty_news", "fashion_mnist") for m in ("entmax15", "headwise_adaptive_entmax")})

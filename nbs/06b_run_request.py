@@ -71,12 +71,8 @@ class Execution:
         if self.device not in DEVICES: raise UsageError(f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")
         return self
 
-    def flags(self) -> list:
-        "The command-line flags that give this execution (to print)."
-        return (["--jobs", str(self.jobs), "--executor", self.executor, "--device", self.device]
-                + (["--scheduler", self.scheduler] if self.scheduler else []) + (["--download"] if self.download else []))
-
-def _checked_seeds(seeds) -> list:
+def checked_seeds(seeds) -> list:
+    "`seeds` as integers, or a one-line `UsageError` for a negative one."
     seeds = [int(s) for s in seeds]
     if any(s < 0 for s in seeds): raise UsageError(f"seeds must be >= 0, got {min(seeds)}")
     return seeds
@@ -156,6 +152,36 @@ test_fail(lambda: Execution(jobs=0).check(), exc=UsageError, contains="--jobs mu
 test_fail(lambda: Execution(scheduler="tcp://h:1").check(), exc=UsageError, contains="needs --executor dask")
 test_fail(lambda: Execution(device="tpu").check(), exc=UsageError, contains="unknown device 'tpu'")
 test_eq([r.study for r in (_r, CrispRequest("x"), LengthRequest("x"))], ["study_a", "crisp", "length"])
+
+# %% [markdown]
+# A catalogue entry's design (`catalogue.Design`) becomes a request here, and only here: its study, datasets, methods,
+# options, seeds and profile; `fast` in its options is how it runs, not a run option; the folder it is paired with is
+# named relative to a results root.
+
+# %%
+#| export
+def design_request(e, out, profile=None, seeds=(), execution=Execution(), baseline_root=None, stack_seeds=1, fast=False):
+    """The request that makes catalogue entry `e`'s design into `out`: at `profile` (default: the design's, else its
+    study's committed one), on `seeds` (default: the design's, else the profile's), paired with its baseline folder
+    under `baseline_root` where it names one."""
+    from sparse_attention_repro.catalogue import STUDY_PROFILES
+    d = e.design
+    seeds, profile = tuple(seeds) or tuple(d.seeds or ()), profile or d.profile or STUDY_PROFILES[d.study]
+    if d.study == "crisp": return CrispRequest(str(out), profile, d.methods, seeds, options=dict(d.options), execution=execution)
+    return GridRequest(str(out), profile, d.datasets, d.methods, seeds, {k: v for k, v in d.options.items() if k != "fast"},
+                       stack_seeds=stack_seeds, fast=fast or bool(d.options.get("fast")),
+                       baseline=str(Path(baseline_root) / d.baseline) if d.baseline and baseline_root else None, execution=execution)
+
+# %%
+from sparse_attention_repro.catalogue import CATALOGUE
+test_eq(design_request(CATALOGUE["patch4"], "x").command_line(),
+        "sparse-repro grid --profile paper --out x --datasets fashion_mnist --methods softmax topk_softmax_0125 topk_softmax_025 topk_softmax_05 --patch-size 4")
+test_eq(design_request(CATALOGUE["masked_padding"], "x").command_line().split()[-1], "--mask-padding")
+test_eq(design_request(CATALOGUE["selection_marker"], "x").command_line().split()[8:],
+        ["--marker-design", "label_once", "--epochs", "3", "--epoch-eval", "--val-fraction", "0.25"])
+test_eq((design_request(CATALOGUE["fashion_mnist_fast"], "x").fast, design_request(CATALOGUE["fashion_mnist_fast"], "x").options), (True, {}))
+test_eq(design_request(CATALOGUE["literature"], "x", baseline_root="o").baseline, "o/paper")
+test_eq(type(design_request(CATALOGUE["crisp_lr_check"], "x")).__name__, "CrispRequest")
 
 
 # %% [markdown]
@@ -385,7 +411,7 @@ def grid_tasks(req: GridRequest):
     methods = [s.name for s in specs]
     if len(set(methods)) < len(methods): raise UsageError(f"--methods names a method twice: {' '.join(refs)}")
     ref_of = dict(zip(methods, refs))                                   # what a notebook resolves: the name, or package.module:name
-    seeds = _checked_seeds(req.seeds) if req.seeds else list(PROFILES[req.profile]["seeds"]) if base is None else sorted(set(base.seed.astype(int)))
+    seeds = checked_seeds(req.seeds) if req.seeds else list(PROFILES[req.profile]["seeds"]) if base is None else sorted(set(base.seed.astype(int)))
     opts = req.run_options()
     for d in datasets:                           # data present and readable? (also warms the decode cache once)
         try: load_dataset(d, 0, 1, 1, DataOptions(patch_size=opts["patch_size"] or None, marker_vocab=opts["marker_vocab"],
@@ -554,7 +580,7 @@ def crisp_tasks(req: CrispRequest):
     for c in configs:
         try: crisp_normalizer(c)                                     # the paper's four, or any registered normalizer
         except ValueError as e: raise UsageError(str(e)) from None
-    seeds = _checked_seeds(req.seeds) if req.seeds else list(CRISP_PROFILES[req.profile]["seeds"])
+    seeds = checked_seeds(req.seeds) if req.seeds else list(CRISP_PROFILES[req.profile]["seeds"])
     run = req.run_options()                                            # FinetuneConfig's options, checked by their own rules
     try: check_options(FinetuneConfig, run)
     except ValueError as e: raise UsageError(str(e)) from None

@@ -173,7 +173,7 @@ def _maps_args(sub):
     a.add_argument("--datasets", nargs="+", help="image datasets or twenty_news (default: fashion_mnist cifar10)"); a.add_argument("--seed", type=int, default=0)
     a.add_argument("--examples", type=int, default=4, help="test items per dataset"); a.add_argument("--profile", default="paper")
     a.add_argument("--download", action="store_true", help="fetch missing datasets from their official online sources")
-    a.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    a.add_argument("--device", default="auto", choices=DEVICES)
     a.add_argument("--threads", type=int, default=1, help="torch CPU threads; results are bit-identical only at the thread count of the runs compared with (a grid job per core: 1)")
     return a
 
@@ -403,15 +403,10 @@ SUBCOMMANDS["run"] = _run_args
 
 def entry_request(e, outputs, seeds=(), execution=Execution()):
     "The typed request that makes catalogue entry `e` under `outputs`, or a one-line `UsageError` naming the command that makes it."
-    from sparse_attention_repro.catalogue import STUDY_PROFILES
     if e.runner not in RUN_BY_REQUEST:
         raise UsageError(f"{e.name} is made by `sparse-repro {e.runner}` (in stages, or as a record), not from one request; "
                          f"its line in {Path(outputs) / 'README.md'} says where its results are")
-    d, out = e.design, str(Path(outputs) / e.root / e.folder)
-    seeds, profile = tuple(seeds) or tuple(d.seeds or ()), d.profile or STUDY_PROFILES[d.study]
-    if d.study == "crisp": return CrispRequest(out, profile, d.methods, seeds, options=dict(d.options), execution=execution)
-    return GridRequest(out, profile, d.datasets, d.methods, seeds, {k: v for k, v in d.options.items() if k != "fast"},
-                       fast=bool(d.options.get("fast")), baseline=str(Path(outputs) / d.baseline) if d.baseline else None, execution=execution)
+    return design_request(e, Path(outputs) / e.root / e.folder, seeds=seeds, execution=execution, baseline_root=outputs)
 
 def cmd_run(args):
     "Make the catalogue entry `args.entry` (or, with --dry-run, say what it still needs); returns the failures."
@@ -468,11 +463,8 @@ def ablation_grids(args, table=None, kind="ablation") -> list:
         if n not in table: raise UsageError(f"unknown {kind} {n!r}; choose from {', '.join(table)}")
     grids, execution = [], execution_of(args)
     for n in names:
-        d = table[n].design                                 # its declaration, typed: `fast` is how it runs, the rest its run options
-        g = GridRequest(str(Path(args.out) / table[n].folder), args.profile, d.datasets, d.methods,
-                        tuple(parse_seeds(args.seeds)) if args.seeds else tuple(d.seeds or ()),
-                        {k: v for k, v in d.options.items() if k != "fast"}, stack_seeds=args.stack_seeds,
-                        fast=args.fast or bool(d.options.get("fast")), execution=execution)
+        g = design_request(table[n], Path(args.out) / table[n].folder, args.profile, tuple(parse_seeds(args.seeds)) if args.seeds else (),
+                           execution, stack_seeds=args.stack_seeds, fast=args.fast)
         grid_tasks(g)
         grids.append((n, g))
     return grids

@@ -42,7 +42,7 @@ def bench_parser(sub):
     b.add_argument("--train-limit", type=int, default=0, help="grid: train examples (0 = the paper's)")
     b.add_argument("--jobs", type=int, default=2, help="grid: parallel jobs assumed by the projection")
     b.add_argument("--stack-seeds", type=int, nargs="+", default=[2], help="stack: stack sizes (seeds) to measure")
-    b.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="stack, profile: where to train (auto = CUDA when available)")
+    b.add_argument("--device", default="auto", choices=DEVICES, help="stack, profile: where to train (auto = CUDA when available)")
     b.add_argument("--profile", default="paper", help="profile: the profile to run (its seeds, sizes and epochs)")
     b.add_argument("--out", default=None, help="profile: a folder for its runs.csv (stacked), lockstep_runs.csv (the anchor's seeds) and times.csv; "
                                                "long: a folder for long_attention.csv")

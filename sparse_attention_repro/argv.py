@@ -7,7 +7,7 @@ __all__ = ['split_values', 'parse_seeds', 'Parser', 'add_executor_arguments', 'e
 
 # %% ../nbs/07a_argv.ipynb
 import argparse
-from .run_request import Execution, UsageError, usable_cores
+from .run_request import DEVICES, Execution, UsageError, checked_seeds, usable_cores
 from .options import option_defaults
 
 # %% ../nbs/07a_argv.ipynb
@@ -16,10 +16,11 @@ def split_values(values):
     return [v for item in values for v in str(item).split(",") if v]
 
 def parse_seeds(values):
-    try: seeds = [int(s) for s in split_values(values)]
-    except ValueError: raise UsageError(f"seeds must be integers, got {' '.join(map(str, values))}") from None
-    if any(s < 0 for s in seeds): raise UsageError(f"seeds must be >= 0, got {min(seeds)}")
-    return seeds
+    "Seeds given on the command line, as integers (`checked_seeds`), or a one-line `UsageError`."
+    try: return checked_seeds(split_values(values))
+    except ValueError as e:
+        if isinstance(e, UsageError): raise
+        raise UsageError(f"seeds must be integers, got {' '.join(map(str, values))}") from None
 
 class Parser(argparse.ArgumentParser):
     "An argument parser whose refusals are `UsageError`s: one line on stderr and status 2, not a usage dump."
@@ -32,7 +33,7 @@ def add_executor_arguments(sp):
     sp.add_argument("--executor", default="local", help="local (threads driving kernels) or dask (dask.distributed)")
     sp.add_argument("--scheduler", default=None, help="dask scheduler address (tcp://host:8786); none = a LocalCluster")
     sp.add_argument("--download", action="store_true", help="fetch missing datasets from their official online sources")
-    sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto = CUDA when available, else CPU")
+    sp.add_argument("--device", default="auto", choices=DEVICES, help="auto = CUDA when available, else CPU")
 
 def execution_of(args) -> Execution:
     "The parsed executor options (`add_executor_arguments`) as a checked `Execution`."

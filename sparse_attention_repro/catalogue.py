@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pandas as pd
 from .study import BASELINE, PAPER_METHODS, CRISP_CONFIGS, STUDIES, EQUIVALENCE_MARGINS
-from .options import option_flags
 
 # %% ../nbs/05c_catalogue.ipynb
 @dataclass(frozen=True)
@@ -47,13 +46,6 @@ class Experiment:
     analysis: Analysis
     runner: str = "grid"            # the `sparse-repro` command that makes it: grid, ablations, follow-ups, tuned, crisp, …
     root: str = "paper"             # the committed results root under `outputs/` that holds this project's runs of it
-
-    def grid_args(self) -> list:
-        "The design as `sparse-repro grid` arguments (datasets, methods, seeds and every option as its flag)."
-        d = self.design
-        args = (["--datasets", *d.datasets] if d.datasets else []) + (["--methods", *d.methods] if d.methods else [])
-        args += ["--seeds", *map(str, d.seeds)] if d.seeds is not None else []
-        return args + option_flags(d.options)
 
     def expected_tests(self) -> set:
         "The (dataset, method) comparisons with the baseline this experiment contributes when complete (methods renamed)."

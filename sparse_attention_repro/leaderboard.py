@@ -72,8 +72,8 @@ def length_leaderboard_rows(outputs, baseline=BASELINE, positions=LENGTH_POSITIO
     t = t[t.length == t.task.map(shared)]
     rec = f.parent / "length_recipes.csv"
     if rec.exists():
-        r = pd.read_csv(rec).query("positions == @positions")
-        t = t.assign(provisional=t.task.isin(set(r[r.step_edge.astype(bool)].task)))
+        from sparse_attention_repro.length_analysis import edge_arms
+        t = t.assign(provisional=t.task.isin(set(edge_arms(pd.read_csv(rec).query("positions == @positions")).task)))
     return _rows(t, "length", f.relative_to(outputs).as_posix(), method="normalizer", verdict="verdict", dataset="task")
 
 def leaderboard_rows(outputs, main="paper", baseline=BASELINE) -> pd.DataFrame:

@@ -4,9 +4,10 @@
 
 # %% auto 0
 __all__ = ['ARM', 'SELECTION_SEEDS', 'EDGE_FRACTION', 'ACCURACY_COLS', 'LENGTH_MARGIN', 'LEARNED_AT', 'LENGTH_TABLES',
-           'LENGTH_MARKERS', 'ANSWER_RATIOS', 'load_length_runs', 'validation_curves', 'choose_recipes',
+           'LENGTH_MARKERS', 'ANSWER_RATIOS', 'EXTENSION', 'load_length_runs', 'validation_curves', 'choose_recipes',
            'tested_at_recipes', 'length_accuracy', 'sign_flip_p', 'verdict', 'length_gains', 'length_budgets',
-           'task_learned', 'anchor_table', 'length_cost', 'length_tables', 'accuracy_figure', 'length_answer']
+           'task_learned', 'anchor_table', 'length_cost', 'length_tables', 'accuracy_figure', 'edge_arms',
+           'length_answer']
 
 # %% ../nbs/05f_length_analysis.ipynb
 import numpy as np
@@ -223,14 +224,20 @@ LENGTH_MARKERS = ("<!-- length:start (generated from outputs/length/tables by `s
 
 ANSWER_RATIOS = (16, 64)                   # the protocol's: 16× for every normalizer, 64× for the headline ones
 
+EXTENSION = 2        # an arm whose chosen step is still climbing lengthens every arm of its task this many times
+
+def edge_arms(recipes: pd.DataFrame) -> pd.DataFrame:
+    "The first arm of each (task, positions) whose chosen step is still climbing (`step_edge`): the edge rule's trigger."
+    return recipes[recipes.step_edge.astype(bool)].drop_duplicates(["task", "positions"])
+
 def _pending_extension(recipes, task, positions) -> str:
     "A sentence where an arm of the task chose a step still climbing (the edge rule extends every arm), else ''."
     if recipes is None: return ""
-    edge = recipes[(recipes.task == task) & (recipes.positions == positions) & recipes.step_edge.astype(bool)]
+    edge = edge_arms(recipes).query("task == @task and positions == @positions")
     if not len(edge): return ""
     e = edge.iloc[0]
     return (f" *Provisional:* `{e.normalizer}` chose step {int(e.step):,} of {int(e.steps):,}, still climbing, so the protocol "
-            f"extends every arm to {2 * int(e.steps):,} steps and reads the selection again; these verdicts are at the shorter recipes.")
+            f"extends every arm to {EXTENSION * int(e.steps):,} steps and reads the selection again; these verdicts are at the shorter recipes.")
 
 def length_answer(acc: pd.DataFrame, gains: pd.DataFrame, learned: pd.DataFrame, ratios=ANSWER_RATIOS, recipes=None) -> str:
     """The README's length lines from the `length_accuracy`, `length_gains` and `task_learned` tables (markdown): per

@@ -171,14 +171,15 @@ def stage_runs(stage: str, out, profile: LengthProfile, tasks, normalizers, posi
     if stage not in STAGES: raise ValueError(f"unknown stage {stage!r}; choose one of {', '.join(STAGES)}")
     if stage == "select":
         return plan_runs(out, profile, tasks, normalizers, positions, rates or profile.rates, profile.seeds[:3], test_step=0, **run_options), []
+    from sparse_attention_repro.length_analysis import EXTENSION, edge_arms
     runs, notes, blocked = [], [], set()
     for t in tasks:
         mine = recipes[recipes.task == t] if recipes is not None else None
-        edge = mine[mine.step_edge] if mine is not None else None
-        if edge is not None and len(edge) and 2 * int(mine.steps.max()) <= profile.step_cap:
+        edge = edge_arms(mine) if mine is not None else None
+        if edge is not None and len(edge) and EXTENSION * int(mine.steps.max()) <= profile.step_cap:
             e = edge.iloc[0]
             notes.append(f"{t}: {e.normalizer} ({e.positions}) chose step {e.step} of {e.steps}, in the last sixth: extend every arm of {t} "
-                         f"with --stage select --steps {2 * int(mine.steps.max())}"); blocked.add(t)
+                         f"with --stage select --steps {EXTENSION * int(mine.steps.max())}"); blocked.add(t)
     for t in tasks:
         for n in normalizers:
             for p in positions:
@@ -219,7 +220,7 @@ def estimate_core_hours(runs, rows) -> tuple:
 
 # %% ../nbs/05e_length_study.ipynb
 import sys
-from .run_request import LengthRequest, UsageError, grid_threads
+from .run_request import LengthRequest, UsageError, checked_seeds, grid_threads
 from .options import config_from_options, option_defaults
 
 def length_runs(req: LengthRequest) -> tuple:
@@ -232,7 +233,7 @@ def length_runs(req: LengthRequest) -> tuple:
     positions = list(req.positions or prof.positions)
     tasks, specs = check_request(prof, req.tasks or prof.tasks, req.normalizers or prof.normalizers, positions, req.test_lengths or prof.test_lengths)
     names = ([t.name for t in tasks], [s.name for s in specs])
-    if any(s < 0 for s in req.seeds): raise UsageError(f"seeds must be >= 0, got {min(req.seeds)}")
+    checked_seeds(req.seeds)
     if req.stage:
         return stage_runs(req.stage, req.out, prof, *names, positions, read_recipes(req.out), list(req.rates) or None, **run)
     return plan_runs(req.out, prof, *names, positions, req.rates or prof.rates, req.seeds or prof.seeds, req.test_lengths or None, **run), []

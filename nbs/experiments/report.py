@@ -26,7 +26,7 @@ import seaborn as sns
 import torch
 from IPython.display import Image, Markdown, display
 
-from sparse_attention_repro import stats as S, verdicts as V, tuning as T, tuned_reading as TR, catalogue as C, analysis as A
+from sparse_attention_repro import stats as S, verdicts as V, tuning as T, tuned_reading as TR, catalogue as C, analysis as A, run_request as RQ
 from sparse_attention_repro.study import CLAIMS, PAPER_SOFTMAX_ACCURACY
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
@@ -434,7 +434,7 @@ else: md("These runs have no validation split, so the top-k ratio cannot be chos
 found = R.ablation_runs
 if not found:
     md("_No ablation results in this folder yet. They are run with:_\n\n" + "\n".join(
-        f"* `{name}` — {e.question} `sparse-repro grid --profile paper --out <results>/{e.folder} {' '.join(e.grid_args())}`"
+        f"* `{name}` — {e.question} `{RQ.design_request(e, f'<results>/{e.folder}', 'paper').command_line()}`"
         for name, e in C.ABLATIONS.items()))
 else:
     fam = R.ablation_family
