@@ -415,7 +415,8 @@ def _pending_extension(recipes, task, positions) -> str:
     if not len(edge): return ""
     e = edge.iloc[0]
     return (f" *Provisional:* `{e.normalizer}` chose step {int(e.step):,} of {int(e.steps):,}, still climbing, so the protocol "
-            f"extends every arm to {EXTENSION * int(e.steps):,} steps and reads the selection again; these verdicts are at the shorter recipes.")
+            f"extends every arm ({EXTENSION}× the run length at a time, until no chosen step is still climbing or the cap) and reads "
+            f"the selection again; these verdicts are at the {int(e.steps):,}-step recipes.")
 
 def length_answer(acc: pd.DataFrame, gains: pd.DataFrame, learned: pd.DataFrame, ratios=ANSWER_RATIOS, recipes=None) -> str:
     """The README's length lines from the `length_accuracy`, `length_gains` and `task_learned` tables (markdown): per
@@ -456,6 +457,6 @@ assert _ans2.startswith("- **t** (nape positions; softmax 96.0 % at 64 tokens): 
 assert f"`entmax15` {100 * _g128.mean_delta:+.1f}" in _ans2 and f"{_g128.verdict} `entmax15`" in _ans2, _ans2
 _edge = tabs["length_recipes.csv"].assign(step_edge=lambda d: d.normalizer == "entmax15", step=950, steps=1000)
 assert length_answer(tabs["length_accuracy.csv"], tabs["length_gains.csv"], _learned, recipes=_edge).endswith(
-    "*Provisional:* `entmax15` chose step 950 of 1,000, still climbing, so the protocol extends every arm to 2,000 steps "
-    "and reads the selection again; these verdicts are at the shorter recipes.")
+    "*Provisional:* `entmax15` chose step 950 of 1,000, still climbing, so the protocol extends every arm (2× the run length at "
+    "a time, until no chosen step is still climbing or the cap) and reads the selection again; these verdicts are at the 1,000-step recipes.")
 test_eq(length_answer(tabs["length_accuracy.csv"], tabs["length_gains.csv"], _learned, recipes=_edge.assign(step_edge=False)), _ans2)

@@ -237,7 +237,8 @@ def _pending_extension(recipes, task, positions) -> str:
     if not len(edge): return ""
     e = edge.iloc[0]
     return (f" *Provisional:* `{e.normalizer}` chose step {int(e.step):,} of {int(e.steps):,}, still climbing, so the protocol "
-            f"extends every arm to {EXTENSION * int(e.steps):,} steps and reads the selection again; these verdicts are at the shorter recipes.")
+            f"extends every arm ({EXTENSION}× the run length at a time, until no chosen step is still climbing or the cap) and reads "
+            f"the selection again; these verdicts are at the {int(e.steps):,}-step recipes.")
 
 def length_answer(acc: pd.DataFrame, gains: pd.DataFrame, learned: pd.DataFrame, ratios=ANSWER_RATIOS, recipes=None) -> str:
     """The README's length lines from the `length_accuracy`, `length_gains` and `task_learned` tables (markdown): per
