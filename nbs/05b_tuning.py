@@ -759,7 +759,7 @@ MAX_SEEDS = 30
 HEADLINE = {"cifar10": ("topk_softmax_025",), "fashion_mnist": ("topk_softmax_0125",), "kmnist": ("topk_softmax_025",),
             "twenty_news": SPARSE}
 
-def _grids(ds, wants: dict) -> list:
+def grids_of(ds, wants: dict) -> list:
     "Plan dicts of dataset `ds` from `wants` {(lr, epochs, seed): methods}: one grid per (lr, epochs, methods), its seeds in order."
     by_grid = {}
     for (lr, epochs, seed), ms in sorted(wants.items()):
@@ -784,7 +784,7 @@ def power_plan(curves, recipes, tests, search=None) -> list:
             have = set(curves[(curves.dataset == ds) & (curves.method == m) & np.isclose(curves.lr, r.lr) & (curves.epoch == length)].seed)
             for seed in [x for x in range(len(TUNED_SEEDS), n) if x not in have]:     # beyond the complete stage's seeds
                 groups.setdefault((r.lr, length, seed), []).append(m)
-        plan += _grids(ds, groups)
+        plan += grids_of(ds, groups)
     return plan
 
 # %%
@@ -827,7 +827,7 @@ def _symmetric_grids(curves, r, ds, s, cap: int) -> list:
     for m, lr in zip(r.method, r.lr):
         for seed, last in arm(m, lr).groupby("seed").epoch.max().items():
             if last < common: wants.setdefault((lr, common, seed), []).append(m)
-    return _grids(ds, wants)
+    return grids_of(ds, wants)
 
 def symmetric_plan(curves, failed=None, search=None, datasets=None, rule=None, cap=None, seeds=TUNED_SEEDS) -> list:
     """Grids that bring every arm of each dataset whose recipes are complete to the dataset's common run length (and,
@@ -903,7 +903,7 @@ def finer_plan(curves, failed=None, search=None, datasets=None, rule=None, seeds
                     have = curves[(curves.dataset == ds) & (curves.method == x.method) & np.isclose(curves.lr, lr)]
                     ran = set(have[have.epoch >= x.run_epochs].seed)
                     for seed in [s for s in SELECTION_SEEDS if s not in ran]: wants.setdefault((lr, x.run_epochs, seed), []).append(x.method)
-        plan += _grids(ds, wants)
+        plan += grids_of(ds, wants)
     return plan
 
 # %% [markdown]

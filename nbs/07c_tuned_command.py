@@ -24,12 +24,13 @@ def tuned_parser(sub):
     "`tuned`: the tuned-recipe protocol of `tuning.TUNED_SEARCH`, stage by stage, into `<out>/tuned/<dataset>_lr<rate>`."
     x = sub.add_parser("tuned", help="every arm at its own learning rate and length, chosen on validation (the tuned-recipe protocol)")
     x.add_argument("--out", required=True, help="the main results folder: the grids go to <out>/tuned/<dataset>_lr<rate>")
-    x.add_argument("--stage", default="select", choices=["select", "complete", "power", "symmetric", "finer"],
+    x.add_argument("--stage", default="select", choices=["select", "complete", "power", "symmetric", "finer", "fresh"],
                    help="select: every candidate learning rate on the selection seeds; complete: the other seeds at each arm's chosen "
                         "rate; power: more seeds for the headline comparisons, at their chosen recipes, until TOST at ±1 pt has 80%% power; "
                         "symmetric: every arm of a dataset to the same run length, extended together while any arm's best epoch is on its "
                         "edge, up to tuning.SYMMETRIC_CAP; finer: 2e-3 and 5e-3 on the selection seeds where an arm chose 3e-3 "
-                        "(tuning.FINER_RATES)")
+                        "(tuning.FINER_RATES); fresh: once the recipes are final, seeds 30-39 at the chosen recipes of every label that reads "
+                        "persists or reversed, and of softmax (fresh_seeds.FRESH_SEEDS), into <out>/fresh/")
     x.add_argument("--datasets", nargs="+", help="datasets of the search (default: all of tuning.TUNED_SEARCH)")
     x.add_argument("--profile", default="paper")
     x.add_argument("--dry-run", action="store_true", help="print the grid commands the stage still needs and run nothing")
@@ -81,11 +82,14 @@ def tuned_grids(args) -> list:
         if not plan and (waiting := T.symmetric_plan(curves, failed, search, datasets=datasets, rule=rule)):
             raise UsageError(f"the finer stage runs after the symmetric one, which still needs {len(waiting)} grid(s): "
                              f"run `sparse-repro tuned --out {args.out} --stage symmetric` first")
+    elif args.stage == "fresh": plan = fresh_stage_plan(args, search, methods)
     else: plan = T.tuned_plan(curves, failed, search, stage=args.stage, datasets=datasets, rule=rule)
+    plan = [p for p in plan if p["dataset"] in datasets]
     grids, execution = [], execution_of(args)
     for p in plan:
         shorter = Path(args.out) / "tuned" / p["continue_from"] if p.get("continue_from") else None
-        g = GridRequest(str(Path(args.out) / "tuned" / p["folder"]), args.profile, (p["dataset"],), tuple(p["methods"]), tuple(p["seeds"]),
+        g = GridRequest(str(Path(p.get("root", args.out)) / p.get("under", "tuned") / p["folder"]), args.profile, (p["dataset"],),
+                        tuple(p["methods"]), tuple(p["seeds"]),
                         dict(lr=p["lr"], epochs=p["epochs"], epoch_eval=True, val_fraction=T.TUNED_VAL_FRACTION),
                         stack_seeds=args.stack_seeds, keep_state=bool(p.get("keep_state")),
                         continue_from=str(shorter) if shorter and (shorter / "manifest.json").is_file() else None,   # the shorter run's kept states
@@ -93,6 +97,24 @@ def tuned_grids(args) -> list:
         grid_tasks(g)
         grids.append((g.command_line(), g))
     return grids
+
+def fresh_stage_plan(args, search, methods) -> list:
+    """The fresh stage's grids (`fresh_seeds.fresh_plan`), each with the folder it runs under (`root`, `under`): a new
+    normalizer's under `--out`, softmax's under `--baseline`, where every comparison with it reads them."""
+    from sparse_attention_repro import fresh_seeds as F
+    from sparse_attention_repro.stats import load_runs
+    folders = [(args.out, search)] + ([(args.baseline, None)] if args.baseline else [])
+    for folder, s in folders:
+        if waiting := F.waiting_stages(folder, s):
+            raise UsageError(f"the fresh stage runs once the recipes are final, and {Path(folder) / 'tuned'} still needs "
+                             + ", ".join(f"{n} {k} grid(s)" for k, n in waiting.items()) + ": run those stages first")
+    if args.baseline and not methods: raise UsageError("--stage fresh with --baseline confirms new normalizers' verdicts: give them with --methods")
+    try: recipes, tests = F.labels_to_confirm(args.out, None if args.baseline else load_runs(Path(args.out) / "runs.csv"), args.baseline, methods or ())
+    except ValueError as e: raise UsageError(str(e).splitlines()[0]) from None
+    have = F.fresh_curves(*[f for f, _ in folders])
+    if not args.baseline: return [p | dict(under=F.FRESH_FOLDER) for p in F.fresh_plan(recipes, tests, have)]
+    return ([p | dict(root=args.out, under=F.FRESH_FOLDER) for p in F.fresh_plan(recipes, tests, have, sides=("compared",))]
+            + [p | dict(root=args.baseline, under=F.FRESH_FOLDER) for p in F.fresh_plan(recipes, tests, have, sides=("baseline",))])
 
 def tuned_rule(args, runs):
     "The selection rule of `args.out`'s tuned grids: the one recorded there, or `--halving` for a folder with no tuned run yet."
@@ -145,6 +167,9 @@ def cmd_tuned(args):
         if fails or args.stage not in ("select", "symmetric"): break   # these two plan again from what they ran
         ran = lines
     else: print(f"tuned ({args.stage}): nothing left to run in {Path(args.out) / 'tuned'}")
+    if args.stage == "fresh" and args.baseline and args.methods and not args.dry_run and not fails:
+        from sparse_attention_repro.fresh_seeds import write_fresh_confirmation
+        print(f"tuned (fresh): {write_fresh_confirmation(args.out, args.baseline, split_values(args.methods))}")
     if args.baseline and args.methods and not args.dry_run:
         from sparse_attention_repro.tuned_reading import write_fair_verdict
         for m in split_values(args.methods):
@@ -172,6 +197,9 @@ test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", str(_
           exc=UsageError, contains="holds no tuned grids")
 test_eq(tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--stage", "power"])), [])   # nothing complete yet
 test_eq(tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--stage", "finer"])), [])   # nothing chosen yet: nothing waits
+test_eq(tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--stage", "fresh"])), [])   # no label claims a difference yet
+test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--stage", "fresh", "--baseline", str(_out)])),
+          exc=UsageError, contains="holds no tuned grids")
 import tempfile
 from contextlib import ExitStack
 from sparse_attention_repro.runner import FolderBusyError

@@ -195,7 +195,16 @@
 # 2. **A finer rate ladder** where an arm chose 3·10⁻³: 2·10⁻³ and 5·10⁻³ on the selection seeds, the same selection rule.
 # 3. **Fresh seeds**: seeds 30–39, at the recipes chosen after steps 1 and 2, for ReLU attention and softmax on
 #    Fashion-MNIST (the board's one tuned win, +1.1 pt) and for every comparison that then still reads *reversed*; a
-#    label is confirmed when the fresh seeds alone give the same word.
+#    label is confirmed when the fresh seeds alone give the same word. As built (`05j_fresh_seeds`, `sparse-repro tuned
+#    --stage fresh`, amended before any of its runs): every comparison with softmax whose label then reads *persists* or
+#    *reversed*, in Study A's tuned tests and in each new normalizer's fair verdict; each arm and softmax trained to its
+#    chosen epoch at its chosen rate (a constant-rate run to epoch *e* is the start of a longer one); the runs under
+#    `fresh/`, where no recipe or label of the protocol reads them; the ten fresh pairs read with the same paired test,
+#    Holm within each folder's confirmation family, TOST at ±1 pt and the same words. The command refuses while the
+#    complete, symmetric or finer stage still has runs to make. At today's recipes the stage would be 8 labels to confirm
+#    (20 Newsgroups sparsemax, KMNIST sparsemax and both top-k ratios reversed; ReLU attention on Fashion-MNIST persists;
+#    softmax with a sink on KMNIST and stick-breaking on 20 Newsgroups and KMNIST reversed) for about 7 core-hours from
+#    scratch; `--dry-run` prices it again once steps 1 and 2 have moved the recipes.
 # 4. **The README's counts** become the labels that survive every analysis (the committed protocol, the common cap, the
 #    symmetric extension, Holm over TOST, one family); the others are shown as fragile with the analysis that moves them.
 #
