@@ -54,7 +54,7 @@ def tuned_parser(sub):
 # %%
 #| export
 def tuned_grids(args) -> list:
-    "(command line, `GridRequest`) of each grid the requested stage of the tuned-recipe protocol still needs, validated."
+    "(command line, `Planned` grid) of each grid the requested stage of the tuned-recipe protocol still needs, each planned once."
     from sparse_attention_repro import tuning as T, tuned_reading as TR
     datasets = split_values(args.datasets) if args.datasets else list(T.TUNED_SEARCH)
     for d in datasets:
@@ -94,8 +94,7 @@ def tuned_grids(args) -> list:
                         stack_seeds=args.stack_seeds, keep_state=bool(p.get("keep_state")),
                         continue_from=str(shorter) if shorter and (shorter / "manifest.json").is_file() else None,   # the shorter run's kept states
                         execution=execution)
-        grid_tasks(g)
-        grids.append((g.command_line(), g))
+        grids.append((g.command_line(), plan_request(g)))         # planned once: checked here, run from this plan
     return grids
 
 def fresh_stage_plan(args, search, methods) -> list:
@@ -130,8 +129,8 @@ def tuned_groups(stack, grids) -> list:
     `cmd_tuned` starts their notebooks seed by seed, so that a stopped stage leaves whole pairs of an arm and softmax,
     but for the pairs in flight."""
     groups, held = [], {}
-    for _, g in grids:
-        tasks, options = grid_tasks(g)
+    for _, p in grids:
+        g, tasks, options = p.request, p.tasks, p.options
         if g.out not in held: stack.enter_context(results_lock(g.out)); held[g.out] = set()
         if clash := held[g.out] & {str(t.output) for t in tasks}:
             raise ValueError(f"two grids of one stage would write {sorted(clash)[0]} (a bug in the stage's plan: please report it)")
@@ -156,7 +155,7 @@ def cmd_tuned(args):
         for line in lines: print(f"tuned ({args.stage}): {line}")
         if args.dry_run:
             from sparse_attention_repro.tuning import plan_core_hours, tuned_runs
-            priced = [dict(dataset=g.datasets[0], methods=g.methods, seeds=g.seeds, epochs=g.options["epochs"]) for _, g in grids]
+            priced = [dict(dataset=g.datasets[0], methods=g.methods, seeds=g.seeds, epochs=g.options["epochs"]) for g in (p.request for _, p in grids)]
             print(f"tuned ({args.stage}) cost: about {plan_core_hours(priced, tuned_runs(args.out)):.1f} core-hours from scratch, "
                   "priced from this folder's tuned runs")
             return {}
@@ -181,16 +180,16 @@ def cmd_tuned(args):
 from sparse_attention_repro.cli import build_parser
 _out = Path(tempfile.mkdtemp()) / "res"
 _tg = tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "fashion_mnist", "--jobs", "1"]))
-test_eq([(g.options, g.seeds, len(g.methods), g.out) for _, g in _tg],
+test_eq([(p.request.options, p.request.seeds, len(p.request.methods), p.request.out) for _, p in _tg],
         [(dict(lr=lr, epochs=36, epoch_eval=True, val_fraction=0.25), (0, 1, 2), 7, str(_out / "tuned" / f"fashion_mnist_lr{lr:g}"))
          for lr in (3e-4, 1e-3, 3e-3, 1e-2)])
 assert _tg[1][0].startswith("sparse-repro grid --profile paper --out ") and "--lr 0.001 --epochs 36 --epoch-eval" in _tg[1][0]
 test_eq(tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "kmnist", "--stage", "complete"])), [])
 _tm = tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "fashion_mnist", "--methods", "sparsemax"]))
-test_eq([(g.methods, g.options["lr"], g.seeds) for _, g in _tm], [(("sparsemax",), lr, (0, 1, 2)) for lr in (3e-4, 1e-3, 3e-3, 1e-2)])   # its own search
+test_eq([(p.request.methods, p.request.options["lr"], p.request.seeds) for _, p in _tm], [(("sparsemax",), lr, (0, 1, 2)) for lr in (3e-4, 1e-3, 3e-3, 1e-2)])   # its own search
 _ts = tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--datasets", "fashion_mnist", "--stack-seeds", "3"]))
-test_eq([(g.stack_seeds, g.options["epoch_eval"]) for _, g in _ts], [(3, True)] * 4)                  # on a GPU: the selection seeds as one stack
-test_eq([len(grid_tasks(g)[0]) for _, g in _ts], [1] * 4)                                  # one notebook per rate
+test_eq([(p.request.stack_seeds, p.request.options["epoch_eval"]) for _, p in _ts], [(3, True)] * 4)                  # on a GPU: the selection seeds as one stack
+test_eq([len(p.tasks) for _, p in _ts], [1] * 4)                                  # one notebook per rate
 test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--methods", "sparsemaxx"])), exc=UsageError,
           contains="unknown normalizer 'sparsemaxx'")
 test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--methods", "sparsemax", "--baseline", str(_out)])),
@@ -204,7 +203,7 @@ import tempfile
 from contextlib import ExitStack
 from sparse_attention_repro.runner import FolderBusyError
 with tempfile.TemporaryDirectory() as _td:                                    # the power stage: two grids into one folder
-    _pg = lambda methods, seeds: ("", GridRequest(f"{_td}/tuned/kmnist_lr0.001", "smoke", ("kmnist",), tuple(methods), tuple(seeds)))
+    _pg = lambda methods, seeds: ("", plan_request(GridRequest(f"{_td}/tuned/kmnist_lr0.001", "smoke", ("kmnist",), tuple(methods), tuple(seeds))))
     with ExitStack() as _st:
         _gs = tuned_groups(_st, [_pg(["softmax", "sparsemax"], [10]), _pg(["softmax"], [11, 12])])
         test_eq([len(g.tasks) for g in _gs], [1, 2])                                # one folder, held once, notebooks by seed

@@ -205,15 +205,16 @@ def crisp_request(args) -> CrispRequest:
                         args.model or "", changed_options(FinetuneConfig, args), execution_of(args))
 
 # %% ../nbs/07_cli.ipynb
-def run_grid(req: GridRequest) -> dict:
-    "Run the study A grid `req` (and, with a baseline, write the comparison with its runs); returns the failures."
+def run_grid(planned: Planned) -> dict:
+    "Run a planned study A grid (and, with a baseline, write the comparison with its runs); returns the failures."
+    req = planned.request
     def versus():
         if req.baseline and STUDY_A.results_path(req.out).exists():
             from sparse_attention_repro.report import versus_report
             print(f"versus baseline: {versus_report(req.out, req.baseline)}")
-    return execute(req, then=versus)
+    return run_planned(planned, then=versus)
 
-def cmd_grid(args): return run_grid(grid_request(args))
+def cmd_grid(args): return run_grid(plan_request(grid_request(args)))
 
 def cmd_crisp(args):
     "Run the Crisp grid; returns the failures."
@@ -304,8 +305,8 @@ def cmd_reproduce(args):
     grid = GridRequest(out, args.profile, options=dict(val_fraction=args.val_fraction), stack_seeds=args.stack_seeds, fast=args.fast,
                        execution=execution)
     crisp = CrispRequest(out, args.profile, model=args.model or "", execution=execution)
-    grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
-    fails = {**run_grid(grid), **execute(crisp)}
+    grid, crisp = plan_request(grid), plan_request(crisp)   # everything checked before anything runs, each planned once
+    fails = {**run_grid(grid), **run_planned(crisp)}
     write_report(out)
     return fails
 
@@ -341,11 +342,11 @@ def cmd_run(args):
         todo = [t for t in tasks if not all(Path(p).exists() for p in t.produces)]
         print(f"{args.entry}: {len(todo)} of {len(tasks)} notebooks still to run into {req.out}")
         return {}
-    return run_grid(req) if isinstance(req, GridRequest) else execute(req)
+    return run_grid(plan_request(req)) if isinstance(req, GridRequest) else execute(req)
 
 # %% ../nbs/07_cli.ipynb
 def ablation_grids(args, table=None, kind="ablation") -> list:
-    "(name, `GridRequest`) of every requested catalogue entry of `table` (default `catalogue.ABLATIONS`), validated, in order."
+    "(name, `Planned` grid) of every requested catalogue entry of `table` (default `catalogue.ABLATIONS`), each planned once, in order."
     from sparse_attention_repro.catalogue import ABLATIONS
     table = ABLATIONS if table is None else table
     names = split_values(args.only) if args.only else list(table)
@@ -355,15 +356,14 @@ def ablation_grids(args, table=None, kind="ablation") -> list:
     for n in names:
         g = design_request(table[n], Path(args.out) / table[n].folder, args.profile, tuple(parse_seeds(args.seeds)) if args.seeds else (),
                            execution, stack_seeds=args.stack_seeds, fast=args.fast)
-        grid_tasks(g)
-        grids.append((n, g))
+        grids.append((n, plan_request(g)))
     return grids
 
 def _run_named_grids(args, table=None, kind="ablation"):
     "Run the requested named grids of `table` one after the other; returns the failures."
     fails = {}
     for name, g in ablation_grids(args, table, kind):
-        print(f"{kind} {name}: {g.out}")
+        print(f"{kind} {name}: {g.request.out}")
         fails.update({f"{name}:{k}": v for k, v in run_grid(g).items()})
     return fails
 

@@ -41,7 +41,7 @@ def tuned_parser(sub):
 
 # %% ../nbs/07c_tuned_command.ipynb
 def tuned_grids(args) -> list:
-    "(command line, `GridRequest`) of each grid the requested stage of the tuned-recipe protocol still needs, validated."
+    "(command line, `Planned` grid) of each grid the requested stage of the tuned-recipe protocol still needs, each planned once."
     from sparse_attention_repro import tuning as T, tuned_reading as TR
     datasets = split_values(args.datasets) if args.datasets else list(T.TUNED_SEARCH)
     for d in datasets:
@@ -81,8 +81,7 @@ def tuned_grids(args) -> list:
                         stack_seeds=args.stack_seeds, keep_state=bool(p.get("keep_state")),
                         continue_from=str(shorter) if shorter and (shorter / "manifest.json").is_file() else None,   # the shorter run's kept states
                         execution=execution)
-        grid_tasks(g)
-        grids.append((g.command_line(), g))
+        grids.append((g.command_line(), plan_request(g)))         # planned once: checked here, run from this plan
     return grids
 
 def fresh_stage_plan(args, search, methods) -> list:
@@ -117,8 +116,8 @@ def tuned_groups(stack, grids) -> list:
     `cmd_tuned` starts their notebooks seed by seed, so that a stopped stage leaves whole pairs of an arm and softmax,
     but for the pairs in flight."""
     groups, held = [], {}
-    for _, g in grids:
-        tasks, options = grid_tasks(g)
+    for _, p in grids:
+        g, tasks, options = p.request, p.tasks, p.options
         if g.out not in held: stack.enter_context(results_lock(g.out)); held[g.out] = set()
         if clash := held[g.out] & {str(t.output) for t in tasks}:
             raise ValueError(f"two grids of one stage would write {sorted(clash)[0]} (a bug in the stage's plan: please report it)")
@@ -143,7 +142,7 @@ def cmd_tuned(args):
         for line in lines: print(f"tuned ({args.stage}): {line}")
         if args.dry_run:
             from sparse_attention_repro.tuning import plan_core_hours, tuned_runs
-            priced = [dict(dataset=g.datasets[0], methods=g.methods, seeds=g.seeds, epochs=g.options["epochs"]) for _, g in grids]
+            priced = [dict(dataset=g.datasets[0], methods=g.methods, seeds=g.seeds, epochs=g.options["epochs"]) for g in (p.request for _, p in grids)]
             print(f"tuned ({args.stage}) cost: about {plan_core_hours(priced, tuned_runs(args.out)):.1f} core-hours from scratch, "
                   "priced from this folder's tuned runs")
             return {}
