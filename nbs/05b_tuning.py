@@ -36,7 +36,7 @@
 # %%
 #| export
 import json, math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +66,7 @@ class RecipeSearch:
     lrs: tuple
     epochs: int
     methods: tuple = PAPER_METHODS
+    extend: bool = True          # an epoch chosen on the length's edge earns a longer run (not under a schedule that ends with the run)
 
 TUNED_SEARCH = {
     "cifar10": RecipeSearch(lrs=(3e-4, 1e-3, 3e-3, 1e-2), epochs=36),
@@ -436,7 +437,7 @@ def tuned_plan(curves, failed=None, search=None, stage="select", datasets=None, 
         declared = lambda lr: bool(np.isclose(lr, s.lrs).any())
         wider = {m: lr for m, lr, b in zip(chosen.method, chosen.lr, chosen.bracketed) if not b and declared(lr)}   # once only
         settled_lr = [(m, lr) for m, lr in zip(chosen.method, chosen.lr) if m not in wider]
-        longer = {m: lr for m, lr in settled_lr if needs_longer(arm(m, lr), s.epochs)}
+        longer = {m: lr for m, lr in settled_lr if s.extend and needs_longer(arm(m, lr), s.epochs)}
         if stage == "select":
             todo = {lr: list(s.methods) for lr in s.lrs}
             for m, lr in wider.items():                                       # a chosen rate on the edge: one step beyond it
@@ -452,7 +453,7 @@ def tuned_plan(curves, failed=None, search=None, stage="select", datasets=None, 
             for lr, methods in todo.items():
                 have = set(g[np.isclose(g.lr, lr) & (g.status != "missing")].method)
                 if not (methods := [m for m in methods if m not in have]): continue
-                if not (halving and declared(lr)): add(ds, lr, s.epochs, methods, SELECTION_SEEDS, keep_state=True); continue
+                if not (halving and declared(lr)): add(ds, lr, s.epochs, methods, SELECTION_SEEDS, keep_state=s.extend); continue   # kept for a longer run
                 if first := [m for m in methods if not has_short(m, lr)]:      # halving: every rate to the short length first
                     add(ds, lr, short, first, SELECTION_SEEDS, keep_state=True)
                 if on := [m for m in methods if m not in first and kept[m] is not None and np.isclose(lr, list(kept[m])).any()]:
@@ -490,6 +491,10 @@ _late = _full.assign(val_accuracy=np.where((_full.method == "topk_softmax_025") 
 test_eq([(x["lr"], x["epochs"], x["methods"], x["seeds"], x["folder"]) for x in tuned_plan(_late, _fail, _search, "select")],
         [(3e-3, 54, ["topk_softmax_025"], [0, 1, 2], "cifar10_lr0.003_ep54")])
 test_eq(tuned_plan(_late, _fail, _search, "complete"), [])                  # waits for the longer run
+_fixed = {ds: replace(x, extend=False) for ds, x in _search.items()}            # a search whose length is fixed: no longer run
+test_eq(tuned_plan(_late, _fail, _fixed, "select"), [])
+test_eq([(x["lr"], x["epochs"], x["methods"]) for x in tuned_plan(_late, _fail, _fixed, "complete")],
+        [(1e-3, 36, ["softmax"]), (3e-3, 36, ["entmax15", "topk_softmax_025"])])
 _ext = _late[(_late.method == "topk_softmax_025") & (_late.lr == 3e-3)]
 _ext = pd.concat([_ext, _ext[_ext.epoch <= 18].assign(epoch=lambda d: d.epoch + 36, val_accuracy=0.80)])   # epochs 37-54
 # the longer run finished on seeds 0-1 only (stopped midway): the rate stays chosen, the extension resumes, nothing completes
@@ -651,7 +656,7 @@ def tuned_comparison(curves, rec, ds, m, b, family, margin, paper=None) -> dict:
                 seeds_for_power=seeds_for_tost_power(sd, margin),
                 baseline_lift=float((t.b.reindex(lifted.index) - lifted).mean()) if len(lifted) else np.nan)   # paired by seed
 
-def _verdicts(out, baseline=BASELINE):
+def with_verdicts(out, baseline=BASELINE):
     """The readings of Holm-adjusted comparisons: `word` (a gain over `baseline`: `verdicts.GAIN_WORDS`; between two
     sparse arms: equivalent, different or undecided), the column every reader counts, and `verdict`, the same for a reader."""
     eq = [equivalence_word(a, b) for a, b in zip(out.p_tost, out.p_holm)]
@@ -678,7 +683,7 @@ def tuned_tests(curves, recipes, main_runs=None, baseline=BASELINE) -> pd.DataFr
     if not len(out): return pd.DataFrame(columns=TUNED_TEST_COLS)
     fixed = _untuned_family_members(main_runs, set(out.family), set(out.dataset), baseline)
     both = holm(pd.concat([out, fixed], ignore_index=True))
-    return _verdicts(both.iloc[:len(out)].copy(), baseline)
+    return with_verdicts(both.iloc[:len(out)].copy(), baseline)
 
 def _untuned_family_members(main_runs, families, datasets, baseline):
     "The paper-recipe comparisons of the main grid that share a Holm family with the tuned ones (the marker task)."

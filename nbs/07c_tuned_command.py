@@ -43,6 +43,9 @@ def tuned_parser(sub):
     x.add_argument("--halving", action="store_true", help="select by successive halving: every rate for a third of the length, the best two "
                    "continued to the end (two thirds of the select stage's cost; it chose the full stage's rate for every committed "
                    "baseline arm); a new folder's choice, recorded in <out>/tuned/search.json")
+    x.add_argument("--modern", action="store_true", help="the modern-recipe check: the four headline comparisons (modern_recipe."
+                   "MODERN_HEADLINES) tuned again under linear warm-up + cosine decay, the same search and seeds at the declared "
+                   "length, into <out>/modern/tuned/ (stages select and complete)")
     add_executor_arguments(x)
 
 # %% [markdown]
@@ -69,9 +72,15 @@ def tuned_grids(args) -> list:
     base = args.baseline
     if base and not list(Path(base, "tuned").glob("*/runs.csv")):
         raise UsageError(f"--baseline {base} holds no tuned grids ({Path(base) / 'tuned'}/*/runs.csv); run `sparse-repro tuned --out {base}` first")
-    search = TR.search_for(methods) if methods else None
-    runs = T.tuned_runs(args.out)
-    rule = tuned_rule(args, runs)
+    search, root, extra = TR.search_for(methods) if methods else None, Path(args.out), {}
+    if args.modern:
+        from sparse_attention_repro import modern_recipe as M
+        if methods or base or args.halving:
+            raise UsageError("--modern tunes its declared comparisons (modern_recipe.MODERN_HEADLINES) with the full select stage: drop --methods, --baseline and --halving")
+        if args.stage not in ("select", "complete"): raise UsageError(f"--modern has the stages select and complete, not {args.stage}")
+        search, root, extra = M.modern_search(), Path(args.out) / M.MODERN_FOLDER, dict(schedule=M.MODERN_SCHEDULE)
+    runs = T.tuned_runs(root)
+    rule = tuned_rule(args, runs, root)
     curves, failed = T.tuned_curves(runs), T.diverged(runs)
     if args.stage == "power":
         rec = T.choose_recipes(curves, failed, rule=rule)
@@ -87,10 +96,10 @@ def tuned_grids(args) -> list:
     plan = [p for p in plan if p["dataset"] in datasets]
     grids, execution = [], execution_of(args)
     for p in plan:
-        shorter = Path(args.out) / "tuned" / p["continue_from"] if p.get("continue_from") else None
-        g = GridRequest(str(Path(p.get("root", args.out)) / p.get("under", "tuned") / p["folder"]), args.profile, (p["dataset"],),
+        shorter = root / "tuned" / p["continue_from"] if p.get("continue_from") else None
+        g = GridRequest(str(Path(p.get("root", root)) / p.get("under", "tuned") / p["folder"]), args.profile, (p["dataset"],),
                         tuple(p["methods"]), tuple(p["seeds"]),
-                        dict(lr=p["lr"], epochs=p["epochs"], epoch_eval=True, val_fraction=T.TUNED_VAL_FRACTION),
+                        dict(lr=p["lr"], epochs=p["epochs"], epoch_eval=True, val_fraction=T.TUNED_VAL_FRACTION, **extra),
                         stack_seeds=args.stack_seeds, keep_state=bool(p.get("keep_state")),
                         continue_from=str(shorter) if shorter and (shorter / "manifest.json").is_file() else None,   # the shorter run's kept states
                         execution=execution)
@@ -115,12 +124,13 @@ def fresh_stage_plan(args, search, methods) -> list:
     return ([p | dict(root=args.out, under=F.FRESH_FOLDER) for p in F.fresh_plan(recipes, tests, have, sides=("compared",))]
             + [p | dict(root=args.baseline, under=F.FRESH_FOLDER) for p in F.fresh_plan(recipes, tests, have, sides=("baseline",))])
 
-def tuned_rule(args, runs):
-    "The selection rule of `args.out`'s tuned grids: the one recorded there, or `--halving` for a folder with no tuned run yet."
+def tuned_rule(args, runs, root=None):
+    "The selection rule of the tuned grids under `root` (default `args.out`): the one recorded there, or `--halving` for a folder with no tuned run yet."
     from sparse_attention_repro import tuning as T
-    stored = T.search_rule(args.out)
+    root = args.out if root is None else root
+    stored = T.search_rule(root)
     if args.halving and stored is None and len(runs):
-        raise UsageError(f"{Path(args.out) / 'tuned'} was searched with the full select stage; --halving starts a new search (give another --out)")
+        raise UsageError(f"{Path(root) / 'tuned'} was searched with the full select stage; --halving starts a new search (give another --out)")
     return T.HALVING if args.halving or stored is not None else None
 
 def tuned_groups(stack, grids) -> list:
@@ -157,7 +167,7 @@ def cmd_tuned(args):
             from sparse_attention_repro.tuning import plan_core_hours, tuned_runs
             priced = [dict(dataset=g.datasets[0], methods=g.methods, seeds=g.seeds, epochs=g.options["epochs"]) for g in (p.request for _, p in grids)]
             print(f"tuned ({args.stage}) cost: about {plan_core_hours(priced, tuned_runs(args.out)):.1f} core-hours from scratch, "
-                  "priced from this folder's tuned runs")
+                  "priced from this folder's tuned runs" + (" (at the constant rate's cost per epoch)" if args.modern else ""))
             return {}
         with ExitStack() as stack:                          # every grid's folder held and checked, then one pool for all their notebooks
             groups = tuned_groups(stack, grids)
@@ -210,5 +220,11 @@ with tempfile.TemporaryDirectory() as _td:                                    # 
         test_fail(lambda: tuned_groups(ExitStack(), [_pg(["softmax"], [10])]), exc=FolderBusyError, contains="in use by")
     with ExitStack() as _st:
         test_fail(lambda: tuned_groups(_st, [_pg(["softmax"], [10]), _pg(["sparsemax"], [10])]), exc=ValueError, contains="two grids")
+_tmo = tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--modern", "--datasets", "kmnist"]))   # the modern-recipe check
+test_eq([(p.request.methods, p.request.options["schedule"], p.request.options["lr"], p.request.out) for _, p in _tmo],
+        [(("softmax", "topk_softmax_025"), "warmup_cosine", lr, str(_out / "modern" / "tuned" / f"kmnist_lr{lr:g}")) for lr in (3e-4, 1e-3, 3e-3, 1e-2)])
+assert "--schedule warmup_cosine" in _tmo[0][0]
+test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--modern", "--halving"])), exc=UsageError, contains="drop --methods")
+test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", str(_out), "--modern", "--stage", "power"])), exc=UsageError, contains="select and complete")
 test_fail(lambda: tuned_grids(build_parser().parse_args(["tuned", "--out", "x", "--datasets", "synthetic_marker"])), exc=UsageError,
           contains="no declared recipe search")
