@@ -268,6 +268,8 @@ test_close([lr_at(_c, k, 430) for k in range(430)], _ref, eps=1e-15)
 test_eq([lr_at(TrainConfig(lr=3e-3), k, 430) for k in (0, 429)], [3e-3, 3e-3])          # the protocol's: constant
 test_eq(lr_at(TrainConfig(lr=1e-3, schedule="warmup_cosine"), 10, 20), 1e-3 * 0.5 * (1 + math.cos(math.pi * 9 / 19)))  # 1 warm-up step of 20
 
+# %%
+#| export
 def _checkpoint_key(cfg: TrainConfig, seed: int, models, n: int) -> str:
     "What a checkpoint must match to be continued: every setting that changes training (not the progress bar), the seed, the models' shapes, the data size."
     settings = {k: v for k, v in vars(cfg).items() if k != "progress" and not (k == "schedule" and v == "constant")}   # keys of constant runs as before

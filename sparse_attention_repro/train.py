@@ -4,9 +4,10 @@
 
 # %% auto 0
 __all__ = ['SCHEDULES', 'WARMUP_SHARE', 'PROFILES', 'EVAL_BATCH', 'CURVE_BYTES', 'CURVE_MIN', 'TrainConfig', 'profile_config',
-           'macro_f1', 'curve_batch', 'evaluate', 'TrainResult', 'lr_at', 'dropout_generators', 'train_stacked',
-           'load_run_data', 'data_options', 'epoch_monitor', 'run_methods', 'run_stacked', 'run_one', 'with_core_share',
-           'run_rows_path', 'run_study_a', 'group_digest', 'start_from', 'cls_attention', 'attention_maps']
+           'macro_f1', 'curve_batch', 'evaluate', 'TrainResult', 'lr_at', 'save_checkpoint', 'state_subset',
+           'load_checkpoint', 'train_lockstep', 'train_model', 'dropout_generators', 'train_stacked', 'load_run_data',
+           'data_options', 'epoch_monitor', 'run_methods', 'run_stacked', 'run_one', 'with_core_share', 'run_rows_path',
+           'run_study_a', 'group_digest', 'start_from', 'cls_attention', 'attention_maps']
 
 # %% ../nbs/03_train.ipynb
 import hashlib, json, math, shutil, time
@@ -157,6 +158,126 @@ def lr_at(cfg: TrainConfig, step: int, steps: int) -> float:
 
 def _set_lr(opt, lr: float):
     for g in opt.param_groups: g["lr"] = lr
+
+# %% ../nbs/03_train.ipynb
+def _checkpoint_key(cfg: TrainConfig, seed: int, models, n: int) -> str:
+    "What a checkpoint must match to be continued: every setting that changes training (not the progress bar), the seed, the models' shapes, the data size."
+    settings = {k: v for k, v in vars(cfg).items() if k != "progress" and not (k == "schedule" and v == "constant")}   # keys of constant runs as before
+    shapes = [[tuple(p.shape) for p in m.parameters()] for m in models]
+    return json.dumps(dict(settings=settings, seed=seed, shapes=shapes, n=n), sort_keys=True, default=str)
+
+def _where(device) -> dict:
+    "What bit-for-bit continuation needs besides the key: the device kind and torch's CPU thread count."
+    return dict(device=torch.device(device).type, threads=torch.get_num_threads())
+
+def save_checkpoint(path, key, models, opts, gen, results, active, step, epoch):
+    "Keep the whole training state after `epoch` in `path` (atomically): weights, optimizers, every random stream, results so far."
+    device = next(models[0].parameters()).device
+    state = dict(key=key, epoch=epoch, step=step, active=list(active), results=results, gen=gen.get_state(),
+                 rng=torch.get_rng_state(), cuda_rng=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                 models=[m.state_dict() for m in models], opts=[o.state_dict() for o in opts],
+                 names=[getattr(m.cfg.normalizer, "name", str(m.cfg.normalizer)) for m in models], **_where(device))
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+def state_subset(state, names):
+    """The part of a lock-step group's `state` that trains `names` (in that order): their weights, optimizers and results,
+    the group's shared random streams. Lock-step training equals training each method alone, so the part continues
+    as a group of `names` would have; None when the state lacks one of them (or predates recorded names)."""
+    have = state.get("names") or []
+    if any(n not in have for n in names): return None
+    idx = [have.index(n) for n in names]
+    key = json.loads(state["key"]); key["shapes"] = [key["shapes"][i] for i in idx]
+    return dict(state, key=json.dumps(key, sort_keys=True, default=str), names=list(names), active=[j for j, i in enumerate(idx) if i in state["active"]],
+                results=[state["results"][i] for i in idx], models=[state["models"][i] for i in idx], opts=[state["opts"][i] for i in idx])
+
+def _same_run_but_length(a: str, b: str) -> bool:
+    """Whether two checkpoint keys differ at most in the number of epochs, under a constant learning rate (a shorter run
+    is then the start of a longer one; under a schedule that ends with the run, it is not)."""
+    a, b = json.loads(a), json.loads(b)
+    if a["settings"].get("schedule", "constant") != "constant": return a == b
+    for k in (a, b): k["settings"].pop("epochs", None)
+    return a == b
+
+def load_checkpoint(path, key, models, opts, gen, device):
+    """Restore the state `save_checkpoint` kept in `path` into `models`, `opts`, `gen` and torch's generators; `(results, active, step, epoch)`,
+    or None when there is none or it belongs to another run. A state of the same run stopped earlier, or of the same run
+    with fewer epochs (its last), is continued; one with more epochs than `key`'s run is not."""
+    if not Path(path).exists(): return None
+    state = torch.load(path, map_location=device, weights_only=False)      # our own file, written by save_checkpoint
+    if not (isinstance(state.get("key"), str) and _same_run_but_length(state["key"], key)): return None   # another configuration: start afresh
+    if state["epoch"] > json.loads(key)["settings"]["epochs"]: return None                          # a longer run's: not this one's start
+    if state.get("device", "cpu") != torch.device(device).type or state.get("threads", torch.get_num_threads()) != torch.get_num_threads():
+        return None                                   # made on another device or thread count: the same bits are not assured
+    for m, s in zip(models, state["models"]): m.load_state_dict(s)
+    for o, s in zip(opts, state["opts"]): o.load_state_dict(s)
+    gen.set_state(state["gen"]); torch.set_rng_state(state["rng"])
+    if state["cuda_rng"] is not None and torch.cuda.is_available(): torch.cuda.set_rng_state_all(state["cuda_rng"])
+    return state["results"], state["active"], state["step"], state["epoch"]
+
+def _fresh_results(models, steps, device) -> list:
+    "One `TrainResult` per model before its first step: ok, learned parameters at epoch 0, no time, `steps` NaN losses."
+    return [TrainResult("ok", [s for s in [_learned_snapshot(m.learned(), 0)] if s], 0.0,
+                        torch.full((steps,), float("nan"), device=device)) for m in models]
+
+def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="", monitor=None, checkpoint=None) -> list:
+    """Train `models` (same seed, one per normalizer) in place, step by step together; one `TrainResult` per model.
+    `monitor(model) -> dict`, when given, is called on every model still training after each epoch (untimed).
+    `checkpoint`, a file path: the state after every epoch is kept there, and a run that finds it continues after its epoch."""
+    opts = [torch.optim.AdamW(m.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for m in models]
+    gen, tape = torch.Generator().manual_seed(seed), MaskTape()
+    n, bs = len(train.y), cfg.batch_size
+    steps = cfg.epochs * -(-n // bs)
+    device = train.y.device
+    results = _fresh_results(models, steps, device)
+    active, step, done = list(range(len(models))), 0, 0
+    key = _checkpoint_key(cfg, seed, models, n)
+    if checkpoint is not None and (state := load_checkpoint(checkpoint, key, models, opts, gen, device)) is not None:
+        results, active, step, done = state
+        for r in results:                                                    # a shorter run continued: room for the new steps
+            if len(r.losses) < steps: r.losses = torch.cat([r.losses, torch.full((steps - len(r.losses),), float("nan"), device=device)])
+    bar = tqdm(total=steps, initial=step, desc=desc, disable=not cfg.progress, mininterval=2, leave=False)
+    try:
+        for m in models: m.set_mask_tape(tape)
+        for epoch in range(done + 1, cfg.epochs + 1):
+            for m in models: m.train()
+            order = torch.randperm(n, generator=gen).to(device)             # the seed's order, the same on every device
+            for i in range(0, n, bs):
+                idx = order[i:i + bs]
+                xb, yb = train.x[idx], train.y[idx]
+                mb = None if train.key_mask is None else train.key_mask[idx]
+                tape.record(); tape.seconds = 0.0
+                if cfg.schedule != "constant":
+                    for j in active: _set_lr(opts[j], lr_at(cfg, step, steps))
+                for pos, j in enumerate(active):
+                    if pos: tape.replay()
+                    t0 = time.perf_counter()
+                    with autocast(device, cfg.precision): loss = F.cross_entropy(models[j](xb, mb).float(), yb)
+                    opts[j].zero_grad(set_to_none=True)
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(models[j].parameters(), cfg.grad_clip)
+                    opts[j].step()
+                    results[j].losses[step] = loss.detach()
+                    if device.type == "cuda": torch.cuda.synchronize()                # time the work, not its launch
+                    results[j].seconds += time.perf_counter() - t0 - (0.0 if pos else tape.seconds)
+                for j in active:                                             # each run pays for the masks it uses
+                    results[j].seconds += tape.seconds; results[j].mask_seconds += tape.seconds
+                step += 1; bar.update()
+            for j in list(active):
+                if not torch.isfinite(results[j].losses[step - (-(-n // bs)):step].sum()):
+                    results[j].status = "failed_nonfinite_loss"; active.remove(j)
+                else:
+                    if (s := _learned_snapshot(models[j].learned(), epoch)): results[j].learned_history.append(s)
+                    if monitor is not None: results[j].epoch_metrics = (results[j].epoch_metrics or []) + [dict(epoch=epoch, **monitor(models[j]))]
+            if checkpoint is not None: save_checkpoint(checkpoint, key, models, opts, gen, results, active, step, epoch)
+            if not active: break
+    finally:
+        for m in models: m.set_mask_tape(None)
+        bar.close()
+    return results
+
+def train_model(model, train, cfg: TrainConfig, seed: int, desc="", monitor=None, checkpoint=None) -> TrainResult:
+    "Train one `model` in place on `train` (the plain path)."
+    return train_lockstep([model], train, cfg, seed, desc, monitor, checkpoint)[0]
 
 # %% ../nbs/03_train.ipynb
 def dropout_generators(seed: int, device) -> tuple:
