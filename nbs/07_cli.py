@@ -35,6 +35,7 @@ from sparse_attention_repro.run_request import _check_dataset
 from sparse_attention_repro.argv import *
 from sparse_attention_repro.tuned_command import tuned_parser, tuned_grids, cmd_tuned
 from sparse_attention_repro.bench_command import bench_parser, cmd_bench
+from sparse_attention_repro.targets import targets_parser, cmd_targets
 
 # %% [markdown]
 # ## The parser
@@ -204,7 +205,7 @@ def _length_args(sub):
 SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "length": _length_args, "report": _report_args, "readme": _readme_args, "index": _index_args, "leaderboard": _leaderboard_args, "card": _card_args, "site": _site_args,
                "reproduce": _reproduce_args,
                "ablations": _ablations_args, "follow-ups": _follow_ups_args, "tuned": tuned_parser,
-               "attention-maps": _maps_args, "bench": bench_parser}
+               "attention-maps": _maps_args, "bench": bench_parser, "targets": targets_parser}
 
 def build_parser(command=None):
     "The `sparse-repro` argument parser: one sub-command per task (only `command`'s, when it names one: its options may import the library)."
@@ -224,7 +225,8 @@ test_eq(build_parser("report").parse_args(["report", "--results", "r"]).results,
 test_fail(lambda: build_parser("report").parse_args(["grid", "--out", "x"]), exc=UsageError, contains="invalid choice")   # only `report` built
 test_fail(lambda: build_parser("follow-ups").parse_args(["tuned", "--out", "x"]), exc=UsageError, contains="invalid choice")
 _all = build_parser("nonsense")                                                  # no command named: every command is there
-test_eq([_all.parse_args(a).command for a in (["grid", "--out", "x"], ["tuned", "--out", "x"], ["bench", "floor"])], ["grid", "tuned", "bench"])
+test_eq([_all.parse_args(a).command for a in (["grid", "--out", "x"], ["tuned", "--out", "x"], ["bench", "floor"], ["targets"])], ["grid", "tuned", "bench", "targets"])
+test_eq(vars(build_parser("targets").parse_args(["targets"])), dict(command="targets", outputs="outputs", benchmarks="BENCHMARKS.md"))
 
 # %% [markdown]
 # ## From the command line to a request
@@ -579,7 +581,7 @@ def cmd_length(args):
 
 COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "length": cmd_length, "report": cmd_report, "readme": cmd_readme, "index": cmd_index, "leaderboard": cmd_leaderboard, "card": cmd_card, "site": cmd_site, "reproduce": cmd_reproduce,
             "ablations": cmd_ablations, "follow-ups": cmd_follow_ups, "tuned": cmd_tuned,
-            "attention-maps": cmd_attention_maps, "bench": cmd_bench, "run": cmd_run}
+            "attention-maps": cmd_attention_maps, "bench": cmd_bench, "targets": cmd_targets, "run": cmd_run}
 
 def main(argv=None):
     "Entry point of `sparse-repro`; returns the exit status."
@@ -625,7 +627,8 @@ for argv, msg in [(("grid", "--out", tmp, "--methods", "softmaxx"), "unknown nor
                   (("bench", "compare", "--results", tmp, tmp), "runs.csv does not exist"),
                   (("bench", "profile", "--profile", "huge"), "unknown profile 'huge'"),
                   (("bench", "profile", "--datasets", "mnist"), "unknown dataset 'mnist'"),
-                  (("bench", "stack", "--stack-seeds", "0"), "--stack-seeds must be >= 1")]:
+                  (("bench", "stack", "--stack-seeds", "0"), "--stack-seeds must be >= 1"),
+                  (("targets", "--outputs", tmp), "targets_measured.csv does not exist")]:
     code, err = run_cli(*argv)
     test_eq(code, 2)
     assert msg in err and err.count("\n") == 1, (argv, err)

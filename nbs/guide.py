@@ -47,6 +47,7 @@
 # | `sparse-repro bench fair-cost --results DIR` | the core-hours each arm of the tuned-recipe protocol took: each executed notebook's wall time times the share of a core its process had (recorded in the rows as `core_share`; older rows count their whole wall time, an upper bound on a shared machine); on a folder searched with `--halving`, that search's cost |
 # | `sparse-repro bench floor --results DIR` | a results folder's training time per seed against the machine's arithmetic floor (FLOPs / best matmul rate) |
 # | `sparse-repro bench compare --results A B` | two grids of the same datasets and seeds (e.g. default vs `--plain`): per method, identical results and the paired difference |
+# | `sparse-repro targets [--outputs outputs] [--benchmarks BENCHMARKS.md]` | the speed targets' table at the top of `BENCHMARKS.md`, written from `outputs/speed/targets_measured.csv` (one row per dated measurement) and the committed tables it names (`long_attention.csv`, the GPU run's `times.csv`): each target's measured cell, and its state (met, missed, or met on some cases) computed from the target's declared threshold; only the block between its markers is rewritten |
 #
 # Bad arguments (unknown method, dataset, config or profile, a ratio outside (0, 1], negative seeds, missing data, a results
 # folder made with other options or in use by another command) give one line on stderr and exit status 2, before anything
@@ -103,6 +104,7 @@
 # | `nbs/07a_argv.ipynb`, `nbs/07_cli.ipynb` | the command line: the parsing helpers every command shares, argv into requests, and the commands |
 # | `nbs/07b_bench_command.ipynb`, `nbs/07c_tuned_command.ipynb` | the `bench` and `tuned` commands |
 # | `nbs/08_bench.ipynb` | the benchmarks behind `sparse-repro bench` |
+# | `nbs/08b_targets.ipynb` | the speed targets, each declared once (its words, anchor, threshold and direction, and the measurement rows deciding it); their states computed from the committed measurement tables; `BENCHMARKS.md`'s table written from them |
 # | `nbs/09_tutorial_own_normalizer.ipynb` | tutorial: write a normalizer, register it, run it against the committed baselines and read the answer |
 # | `nbs/experiments/` | the parameterised notebooks papermill executes: `study_a`, `crisp`, `report` |
 # | `sparse_attention_repro/` | the library, exported by nbdev (never edit it by hand) |

@@ -22,6 +22,7 @@ from .run_request import _check_dataset
 from .argv import *
 from .tuned_command import tuned_parser, tuned_grids, cmd_tuned
 from .bench_command import bench_parser, cmd_bench
+from .targets import targets_parser, cmd_targets
 
 # %% ../nbs/07_cli.ipynb
 #| export
@@ -181,7 +182,7 @@ def _length_args(sub):
 SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "length": _length_args, "report": _report_args, "readme": _readme_args, "index": _index_args, "leaderboard": _leaderboard_args, "card": _card_args, "site": _site_args,
                "reproduce": _reproduce_args,
                "ablations": _ablations_args, "follow-ups": _follow_ups_args, "tuned": tuned_parser,
-               "attention-maps": _maps_args, "bench": bench_parser}
+               "attention-maps": _maps_args, "bench": bench_parser, "targets": targets_parser}
 
 def build_parser(command=None):
     "The `sparse-repro` argument parser: one sub-command per task (only `command`'s, when it names one: its options may import the library)."
@@ -441,7 +442,7 @@ def cmd_length(args):
 
 COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "length": cmd_length, "report": cmd_report, "readme": cmd_readme, "index": cmd_index, "leaderboard": cmd_leaderboard, "card": cmd_card, "site": cmd_site, "reproduce": cmd_reproduce,
             "ablations": cmd_ablations, "follow-ups": cmd_follow_ups, "tuned": cmd_tuned,
-            "attention-maps": cmd_attention_maps, "bench": cmd_bench, "run": cmd_run}
+            "attention-maps": cmd_attention_maps, "bench": cmd_bench, "targets": cmd_targets, "run": cmd_run}
 
 def main(argv=None):
     "Entry point of `sparse-repro`; returns the exit status."
