@@ -80,8 +80,13 @@
 # | `nbs/00_options.ipynb` | the run options of both studies as configuration fields: one field is a command-line option, a manifest entry and a notebook parameter |
 # | `nbs/00_files.ipynb` | the one atomic write behind every result, cache and report file |
 # | `nbs/00_study.ipynb` | the two papers' study designs: their methods, baselines and table order, apart from the registry |
-# | `nbs/00_normalizers.ipynb` | softmax, sparsemax, entmax-1.5, head-wise adaptive entmax, top-k softmax, the original's bisection entmax; the open registry (`register_normalizer`, declared capabilities, entry points) and its conformance suite |
+# | `nbs/00_normalizers.ipynb` | softmax and the open registry of every normalizer (`register_normalizer`, declared capabilities, entry points) with its conformance suite; re-exports the mappings below |
+# | `nbs/00a_masks.ipynb` | what every normalizer does with masked keys, rows with no valid key, non-finite scores, half precision and empty inputs |
+# | `nbs/00b_sparsemax.ipynb` | sparsemax: the exact threshold by Michelot's algorithm, the closed-form backward |
+# | `nbs/00c_entmax.ipynb` | entmax-1.5, α-entmax for every α > 1, the head-wise adaptive entmax and the original's bisection entmax, with implicit gradients |
+# | `nbs/00d_topk.ipynb` | top-k softmax per query row or per head matrix, k counted over the valid keys |
 # | `nbs/01_data.ipynb` | the five datasets of study A, offline and online, seeded subsets; the dataset registry (`register_dataset`: each dataset's classes, run sizes, family, patching and sources declared once) and the variants as one `DataOptions` |
+# | `nbs/01a_marker.ipynb` | the synthetic marker task and its selection designs (balanced, label_once), generated from a seed, with the baselines every marker result is read beside |
 # | `nbs/01b_length_tasks.ipynb` | the length study's tasks, generated from a seed in an open registry (`register_task`, `module:name`, entry points): multi-query associative recall with 2-token keys and values, flip-flop, reverse, sort |
 # | `nbs/02_model.ipynb` | the compact classifier (parameter count = the paper's); many of them as one stacked model (the same module tree and forward, its leaves stacked) |
 # | `nbs/02b_decoder.ipynb` | the length study's causal pre-LN decoder: any registered normalizer, NAPE or RoPE positions, attention in blocks of queries (no T × T tensor at 4,096 tokens), exact match in one forward pass |

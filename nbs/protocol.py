@@ -17,10 +17,10 @@
 # | method (name in every table) | what it is | notebook |
 # |---|---|---|
 # | `softmax` | the dense baseline | `00_normalizers` |
-# | `sparsemax` | Euclidean projection of the scores onto the simplex (exact) | `00_normalizers` |
-# | `entmax15` | α-entmax with α = 1.5 | `00_normalizers` |
-# | `headwise_adaptive_entmax` | α-entmax with one learned α per head, α = 1.05 + 0.90·σ(a), a starts at 0 (α = 1.5), α stays in (1.05, 1.95); reported as `learned_alpha_mean` | `00_normalizers` |
-# | `topk_softmax_0125`, `_025`, `_05` | keep the k = ⌈r·T⌉ largest scores of each query row (T keys including CLS), softmax over them | `00_normalizers` |
+# | `sparsemax` | Euclidean projection of the scores onto the simplex (exact) | `00b_sparsemax` |
+# | `entmax15` | α-entmax with α = 1.5 | `00c_entmax` |
+# | `headwise_adaptive_entmax` | α-entmax with one learned α per head, α = 1.05 + 0.90·σ(a), a starts at 0 (α = 1.5), α stays in (1.05, 1.95); reported as `learned_alpha_mean` | `00c_entmax` |
+# | `topk_softmax_0125`, `_025`, `_05` | keep the k = ⌈r·T⌉ largest scores of each query row (T keys including CLS), softmax over them | `00d_topk` |
 #
 # The original code computed entmax-1.5 and the adaptive entmax by 18 bisection steps and let autograd differentiate
 # through the loop. The forward agrees with the exact mapping to about 1e-4; the gradient does not (tens of percent off
