@@ -528,7 +528,8 @@ with use_kernels(False):                                     # kernels off: torc
 # %% [markdown]
 # ## Tests: every kernel against the torch path
 #
-# The torch implementations in `normalizers` are checked against the `entmax` package and finite differences there.
+# The torch implementations (`00b_sparsemax`, `00c_entmax`, `00d_topk`, re-exported by `normalizers`) are checked against
+# the `entmax` package and finite differences there.
 # Here each kernel must reproduce them in float32 — values and gradients, for rows with masked keys ($-\infty$), ties,
 # huge logits, a single valid key, rows longer than 32 (top-k's other selection algorithm) and several threads.
 

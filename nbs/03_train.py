@@ -7,7 +7,8 @@
 
 # %% [markdown]
 # The protocol (`protocol.ipynb`) fixes the recipe: AdamW (lr $10^{-3}$, weight decay $10^{-4}$), batch 96, gradient-norm clipping at 5,
-# cross-entropy, no schedule, no early stopping, one evaluation on the test subset at the end. Per seed, every method
+# cross-entropy, no schedule (a modern warm-up + cosine schedule is an option, `schedule`, for the check of the
+# headline labels under it), no early stopping, one evaluation on the test subset at the end. Per seed, every method
 # sees the *same* train and test subsets and starts from the *same* initial weights (paired design): the seed fixes
 # the subsets (`load_dataset`), the initialisation and the data order.
 #
@@ -16,7 +17,7 @@
 
 # %%
 #| export
-import hashlib, json, shutil, time
+import hashlib, json, math, shutil, time
 from pathlib import Path
 from dataclasses import dataclass, replace
 import numpy as np
@@ -44,6 +45,9 @@ from sparse_attention_repro.options import check_options
 
 # %%
 #| export
+SCHEDULES = ("constant", "warmup_cosine")   # learning-rate schedules; the protocol's is constant
+WARMUP_SHARE = 0.05                         # warmup_cosine: the share of the run's steps spent warming up
+
 @dataclass
 class TrainConfig:
     "Everything a study A run depends on besides dataset, method and seed (defaults: the paper's main family)."
@@ -69,6 +73,8 @@ class TrainConfig:
     attention: str = option("torch", "torch (default) | fused (scores, normalizer and weighted values of each head in one C kernel, CPU only; float32 rounding differs) | fused_block (that, and each block's residual, dropout, LayerNorm and GELU in C kernels)",
                             choices=ATTENTION_PATHS)
     epoch_eval: bool = option(False, "evaluate validation and test after every epoch (learning curves; training unchanged)")
+    schedule: str = option("constant", "constant (the protocol's learning rate throughout) | warmup_cosine (linear warm-up over the "
+                           "first 5% of the run's steps, then cosine decay to zero at its end)", choices=SCHEDULES)
     download: bool = False           # fetch the dataset online when no offline copy is found (the source is recorded per row)
     device: str = "auto"             # auto (CUDA when available) | cpu | cuda; recorded per row
     progress: bool = True            # tqdm bar
@@ -96,10 +102,11 @@ test_fail(lambda: profile_config("fast", "cifar10"), contains="unknown profile")
 # the options: one field each, with the command line's defaults, checks and "unset" values
 test_eq(option_defaults(TrainConfig), dict(epochs=0, lr=0.0, val_fraction=0.0, mask_padding=False, patch_size=0, marker_vocab=20000,
                                 marker_design="random", jpeg_quality=0, learned_pad_row=False, dropout_rng="torch",
-                                precision="fp32", attention="torch", epoch_eval=False))
+                                precision="fp32", attention="torch", epoch_eval=False, schedule="constant"))
 test_eq(config_from_options(TrainConfig, dict(lr=0.0, epochs=12, patch_size=0, mask_padding=True)), dict(epochs=12, mask_padding=True))
 test_eq(profile_config("paper", "kmnist", **config_from_options(TrainConfig, option_defaults(TrainConfig))), profile_config("paper", "kmnist"))
 for bad, msg in [(dict(lr=2.0), "--lr must be in (0, 1)"), (dict(precision="fp16"), "unknown --precision 'fp16'; choose one of fp32, bf16"),
+                 (dict(schedule="cosine"), "unknown --schedule 'cosine'; choose one of constant, warmup_cosine"),
                  (dict(jpeg_quality=101), "--jpeg-quality must be in 1..100"), (dict(batch=3), "unknown option 'batch'")]:
     test_fail(lambda: check_options(TrainConfig, bad), contains=msg)
 
@@ -235,9 +242,37 @@ class TrainResult:
     epoch_metrics: list = None  # with a `monitor`: its metrics after every epoch, e.g. [{"epoch": 1, "val_accuracy": ...}, ...]
     mask_seconds: float = 0.0   # the part of `seconds` spent drawing dropout masks shared by the lock-step group (drawn once for all)
 
+def lr_at(cfg: TrainConfig, step: int, steps: int) -> float:
+    """The learning rate of step `step` (from 0) of a run of `steps` steps: `cfg.lr` throughout (constant), or a linear
+    warm-up over the first `WARMUP_SHARE` of the steps and a cosine decay from `cfg.lr` to zero at step `steps` (warmup_cosine)."""
+    if cfg.schedule == "constant": return cfg.lr
+    warm = max(1, round(WARMUP_SHARE * steps))
+    if step < warm: return cfg.lr * step / warm
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+
+def _set_lr(opt, lr: float):
+    for g in opt.param_groups: g["lr"] = lr
+
+# %% [markdown]
+# The warm-up and cosine decay are those of `transformers.get_cosine_schedule_with_warmup` (the step-0 rate is zero,
+# as there), checked here against it on a real optimizer, step by step:
+
+# %%
+from transformers import get_cosine_schedule_with_warmup
+_opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=3e-3)
+_sched = get_cosine_schedule_with_warmup(_opt, num_warmup_steps=round(WARMUP_SHARE * 430), num_training_steps=430)
+_ref = []
+for _ in range(430): _ref.append(_opt.param_groups[0]["lr"]); _opt.step(); _sched.step()
+_c = TrainConfig(lr=3e-3, schedule="warmup_cosine")
+test_close([lr_at(_c, k, 430) for k in range(430)], _ref, eps=1e-15)
+test_eq([lr_at(TrainConfig(lr=3e-3), k, 430) for k in (0, 429)], [3e-3, 3e-3])          # the protocol's: constant
+test_eq(lr_at(TrainConfig(lr=1e-3, schedule="warmup_cosine"), 10, 20), 1e-3 * 0.5 * (1 + math.cos(math.pi * 9 / 19)))  # 1 warm-up step of 20
+
+# %%
+#| export
 def _checkpoint_key(cfg: TrainConfig, seed: int, models, n: int) -> str:
     "What a checkpoint must match to be continued: every setting that changes training (not the progress bar), the seed, the models' shapes, the data size."
-    settings = {k: v for k, v in vars(cfg).items() if k != "progress"}
+    settings = {k: v for k, v in vars(cfg).items() if k != "progress" and not (k == "schedule" and v == "constant")}   # keys of constant runs as before
     shapes = [[tuple(p.shape) for p in m.parameters()] for m in models]
     return json.dumps(dict(settings=settings, seed=seed, shapes=shapes, n=n), sort_keys=True, default=str)
 
@@ -266,8 +301,10 @@ def state_subset(state, names):
                 results=[state["results"][i] for i in idx], models=[state["models"][i] for i in idx], opts=[state["opts"][i] for i in idx])
 
 def _same_run_but_length(a: str, b: str) -> bool:
-    "Whether two checkpoint keys differ at most in the number of epochs (the learning rate is constant: a shorter run is the start of a longer one)."
+    """Whether two checkpoint keys differ at most in the number of epochs, under a constant learning rate (a shorter run
+    is then the start of a longer one; under a schedule that ends with the run, it is not)."""
     a, b = json.loads(a), json.loads(b)
+    if a["settings"].get("schedule", "constant") != "constant": return a == b
     for k in (a, b): k["settings"].pop("epochs", None)
     return a == b
 
@@ -319,6 +356,8 @@ def train_lockstep(models, train, cfg: TrainConfig, seed: int, desc="", monitor=
                 xb, yb = train.x[idx], train.y[idx]
                 mb = None if train.key_mask is None else train.key_mask[idx]
                 tape.record(); tape.seconds = 0.0
+                if cfg.schedule != "constant":
+                    for j in active: _set_lr(opts[j], lr_at(cfg, step, steps))
                 for pos, j in enumerate(active):
                     if pos: tape.replay()
                     t0 = time.perf_counter()
@@ -397,6 +436,7 @@ def train_stacked(models, trains, cfg: TrainConfig, seeds, generators, desc="", 
                 mb = None if trains[0].key_mask is None else torch.stack([t.key_mask[j] for t, j in zip(trains, idx)])
                 with autocast(device, cfg.precision): logits = stack(xb, mb).float()
                 loss = stack.losses(logits, yb)                                 # each model's own mean
+                if cfg.schedule != "constant": _set_lr(opt, lr_at(cfg, step, steps))
                 opt.zero_grad(set_to_none=True)
                 loss.sum().backward()
                 stack.clip_grad_norms_(cfg.grad_clip)
@@ -654,7 +694,8 @@ test_close(rk["nonzero_ratio"], 5 / 17, eps=1e-6)
 # a run never interrupted. A checkpoint of another configuration is not continued, and `run_study_a` deletes the file
 # once the group's rows are written.
 #
-# The learning rate is constant, so a shorter run *is* the start of a longer one: a checkpoint that differs only in the
+# Under the protocol's constant learning rate a shorter run *is* the start of a longer one (under `warmup_cosine` it
+# is not, and its checkpoints are continued only by a run of the same length): a checkpoint that differs only in the
 # number of epochs, kept at the end of a shorter run, is continued to the longer length, and the result is the longer
 # run bit for bit (below: 2 epochs, then on to 3, against 3 at once). This is what makes a longer run of the tuned
 # protocol cost only its extra epochs.
@@ -696,6 +737,12 @@ with tempfile.TemporaryDirectory() as tmp:
         test_eq(torch.equal(a.losses, b.losses), True)
         test_eq((a.status, a.epoch_metrics, a.learned_history), (b.status, b.epoch_metrics, b.learned_history))
         test_eq(all(torch.equal(x, y) for x, y in zip(ma.state_dict().values(), mb.state_dict().values())), True)
+    # under a schedule that ends with the run, a shorter run is not the start of a longer one: never continued
+    cos = replace(cfg, schedule="warmup_cosine")
+    train_lockstep(short_models, data.train, replace(cos, epochs=2), 0, checkpoint=Path(tmp) / "cos.pt")
+    test_eq(load_checkpoint(Path(tmp) / "cos.pt", _checkpoint_key(cos, 0, other, len(data.train.y)), other,
+                            [torch.optim.AdamW(m.parameters()) for m in other], torch.Generator(), torch.device("cpu")), None)
+    test_eq(_same_run_but_length(_checkpoint_key(cfg, 0, other, 9), _checkpoint_key(replace(cfg, epochs=9), 0, other, 9)), True)
     rows = run_study_a("fashion_mnist", 0, ["softmax"], "smoke", rows_dir=tmp, progress=False)
     test_eq(sorted(p.name for p in (Path(tmp) / "seed0").iterdir()), ["softmax.csv"])   # rows written, checkpoint gone
     # the same through `run_study_a`: a 1-epoch grid keeps its end, a 2-epoch one continues it and equals a 2-epoch run made at once
@@ -937,6 +984,16 @@ plain_bad = train_lockstep(spoilt, datas[1].train, c3, 1)                       
 test_eq(bad["softmax", 1].status, plain_bad[0].status)
 assert torch.equal(bad["softmax", 1].losses.isnan(), plain_bad[0].losses.isnan())
 assert all(torch.equal(bad[k].losses, res[k].losses) for k in bad if k != ("softmax", 1))
+
+# under the warm-up + cosine schedule too: the stack and the plain lock-step path set the same rate at every step
+cw = replace(c3, schedule="warmup_cosine")
+built, res = _stacked(ds, three[:2], [0, 1], cw, datas)
+for s, d in zip((0, 1), datas):
+    models, results = _plain(ds, three[:2], s, cw, d)
+    for m, model, r in zip(three, models, results):
+        assert torch.equal(r.losses, res[m, s].losses), (m, s)
+        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), built[m, s].parameters())), (m, s)
+assert not torch.equal(results[0].losses, _plain(ds, three[:1], 1, c3, datas[1])[1][0].losses)   # and it changes training
 
 r_stack = run_study_a("fashion_mnist", [0, 1], ["softmax", "sparsemax"], "smoke", stack=True, train_limit=192, test_limit=64, progress=False)
 r_plain = run_study_a("fashion_mnist", [0, 1], ["softmax", "sparsemax"], "smoke", train_limit=192, test_limit=64, progress=False)

@@ -12,7 +12,7 @@
 # one run of that claim needs, reusing the project's normalizers instead of writing masking code again:
 #
 # * **The mechanism.** "Mask the $s$ % lowest scores of a query row, then softmax" is top-k softmax with keep ratio
-#   $r = 1 - s$ (`topk_softmax` in `00_normalizers`): $k = \max(1, \lceil r\,n_{\text{valid}}\rceil)$ keys survive per row,
+#   $r = 1 - s$ (`topk_softmax` in `00d_topk`): $k = \max(1, \lceil r\,n_{\text{valid}}\rceil)$ keys survive per row,
 #   so no row is ever empty (the published review's weakness 2). A per-head-matrix percentile is available as `scope="head"`.
 # * **Plumbing into transformers.** One attention function registered under the name `crisp`; the normalizer of each
 #   layer is stored on that layer's attention module.

@@ -36,7 +36,7 @@
 # %%
 #| export
 import json, math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +66,7 @@ class RecipeSearch:
     lrs: tuple
     epochs: int
     methods: tuple = PAPER_METHODS
+    extend: bool = True          # an epoch chosen on the length's edge earns a longer run (not under a schedule that ends with the run)
 
 TUNED_SEARCH = {
     "cifar10": RecipeSearch(lrs=(3e-4, 1e-3, 3e-3, 1e-2), epochs=36),
@@ -436,7 +437,7 @@ def tuned_plan(curves, failed=None, search=None, stage="select", datasets=None, 
         declared = lambda lr: bool(np.isclose(lr, s.lrs).any())
         wider = {m: lr for m, lr, b in zip(chosen.method, chosen.lr, chosen.bracketed) if not b and declared(lr)}   # once only
         settled_lr = [(m, lr) for m, lr in zip(chosen.method, chosen.lr) if m not in wider]
-        longer = {m: lr for m, lr in settled_lr if needs_longer(arm(m, lr), s.epochs)}
+        longer = {m: lr for m, lr in settled_lr if s.extend and needs_longer(arm(m, lr), s.epochs)}
         if stage == "select":
             todo = {lr: list(s.methods) for lr in s.lrs}
             for m, lr in wider.items():                                       # a chosen rate on the edge: one step beyond it
@@ -452,7 +453,7 @@ def tuned_plan(curves, failed=None, search=None, stage="select", datasets=None, 
             for lr, methods in todo.items():
                 have = set(g[np.isclose(g.lr, lr) & (g.status != "missing")].method)
                 if not (methods := [m for m in methods if m not in have]): continue
-                if not (halving and declared(lr)): add(ds, lr, s.epochs, methods, SELECTION_SEEDS, keep_state=True); continue
+                if not (halving and declared(lr)): add(ds, lr, s.epochs, methods, SELECTION_SEEDS, keep_state=s.extend); continue   # kept for a longer run
                 if first := [m for m in methods if not has_short(m, lr)]:      # halving: every rate to the short length first
                     add(ds, lr, short, first, SELECTION_SEEDS, keep_state=True)
                 if on := [m for m in methods if m not in first and kept[m] is not None and np.isclose(lr, list(kept[m])).any()]:
@@ -490,6 +491,10 @@ _late = _full.assign(val_accuracy=np.where((_full.method == "topk_softmax_025") 
 test_eq([(x["lr"], x["epochs"], x["methods"], x["seeds"], x["folder"]) for x in tuned_plan(_late, _fail, _search, "select")],
         [(3e-3, 54, ["topk_softmax_025"], [0, 1, 2], "cifar10_lr0.003_ep54")])
 test_eq(tuned_plan(_late, _fail, _search, "complete"), [])                  # waits for the longer run
+_fixed = {ds: replace(x, extend=False) for ds, x in _search.items()}            # a search whose length is fixed: no longer run
+test_eq(tuned_plan(_late, _fail, _fixed, "select"), [])
+test_eq([(x["lr"], x["epochs"], x["methods"]) for x in tuned_plan(_late, _fail, _fixed, "complete")],
+        [(1e-3, 36, ["softmax"]), (3e-3, 36, ["entmax15", "topk_softmax_025"])])
 _ext = _late[(_late.method == "topk_softmax_025") & (_late.lr == 3e-3)]
 _ext = pd.concat([_ext, _ext[_ext.epoch <= 18].assign(epoch=lambda d: d.epoch + 36, val_accuracy=0.80)])   # epochs 37-54
 # the longer run finished on seeds 0-1 only (stopped midway): the rate stays chosen, the extension resumes, nothing completes
@@ -651,7 +656,7 @@ def tuned_comparison(curves, rec, ds, m, b, family, margin, paper=None) -> dict:
                 seeds_for_power=seeds_for_tost_power(sd, margin),
                 baseline_lift=float((t.b.reindex(lifted.index) - lifted).mean()) if len(lifted) else np.nan)   # paired by seed
 
-def _verdicts(out, baseline=BASELINE):
+def with_verdicts(out, baseline=BASELINE):
     """The readings of Holm-adjusted comparisons: `word` (a gain over `baseline`: `verdicts.GAIN_WORDS`; between two
     sparse arms: equivalent, different or undecided), the column every reader counts, and `verdict`, the same for a reader."""
     eq = [equivalence_word(a, b) for a, b in zip(out.p_tost, out.p_holm)]
@@ -678,7 +683,7 @@ def tuned_tests(curves, recipes, main_runs=None, baseline=BASELINE) -> pd.DataFr
     if not len(out): return pd.DataFrame(columns=TUNED_TEST_COLS)
     fixed = _untuned_family_members(main_runs, set(out.family), set(out.dataset), baseline)
     both = holm(pd.concat([out, fixed], ignore_index=True))
-    return _verdicts(both.iloc[:len(out)].copy(), baseline)
+    return with_verdicts(both.iloc[:len(out)].copy(), baseline)
 
 def _untuned_family_members(main_runs, families, datasets, baseline):
     "The paper-recipe comparisons of the main grid that share a Holm family with the tuned ones (the marker task)."
@@ -759,7 +764,7 @@ MAX_SEEDS = 30
 HEADLINE = {"cifar10": ("topk_softmax_025",), "fashion_mnist": ("topk_softmax_0125",), "kmnist": ("topk_softmax_025",),
             "twenty_news": SPARSE}
 
-def _grids(ds, wants: dict) -> list:
+def grids_of(ds, wants: dict) -> list:
     "Plan dicts of dataset `ds` from `wants` {(lr, epochs, seed): methods}: one grid per (lr, epochs, methods), its seeds in order."
     by_grid = {}
     for (lr, epochs, seed), ms in sorted(wants.items()):
@@ -784,7 +789,7 @@ def power_plan(curves, recipes, tests, search=None) -> list:
             have = set(curves[(curves.dataset == ds) & (curves.method == m) & np.isclose(curves.lr, r.lr) & (curves.epoch == length)].seed)
             for seed in [x for x in range(len(TUNED_SEEDS), n) if x not in have]:     # beyond the complete stage's seeds
                 groups.setdefault((r.lr, length, seed), []).append(m)
-        plan += _grids(ds, groups)
+        plan += grids_of(ds, groups)
     return plan
 
 # %%
@@ -827,7 +832,7 @@ def _symmetric_grids(curves, r, ds, s, cap: int) -> list:
     for m, lr in zip(r.method, r.lr):
         for seed, last in arm(m, lr).groupby("seed").epoch.max().items():
             if last < common: wants.setdefault((lr, common, seed), []).append(m)
-    return _grids(ds, wants)
+    return grids_of(ds, wants)
 
 def symmetric_plan(curves, failed=None, search=None, datasets=None, rule=None, cap=None, seeds=TUNED_SEEDS) -> list:
     """Grids that bring every arm of each dataset whose recipes are complete to the dataset's common run length (and,
@@ -903,7 +908,7 @@ def finer_plan(curves, failed=None, search=None, datasets=None, rule=None, seeds
                     have = curves[(curves.dataset == ds) & (curves.method == x.method) & np.isclose(curves.lr, lr)]
                     ran = set(have[have.epoch >= x.run_epochs].seed)
                     for seed in [s for s in SELECTION_SEEDS if s not in ran]: wants.setdefault((lr, x.run_epochs, seed), []).append(x.method)
-        plan += _grids(ds, wants)
+        plan += grids_of(ds, wants)
     return plan
 
 # %% [markdown]

@@ -700,12 +700,14 @@ assert gain_curve_figure(_gc, _gc_o / "mine.png").stat().st_size > 3000
 #| export
 def definition(spec) -> str:
     """What a normalizer computes and the choices it makes, from the module that registered it (its docstring: the formula,
-    the paper, how it differs from the reference code); the library's own are defined and tested in `00_normalizers`."""
+    the paper, how it differs from the reference code); the library's own are registered in `00_normalizers`, defined and
+    tested in their family's notebook."""
     import importlib, inspect
     from sparse_attention_repro.normalizers import _library_tested
     if _library_tested(spec):
-        return ("One of the library's normalizers, defined in `nbs/00_normalizers.ipynb` and tested there against the `entmax` "
-                "package, brute force and finite differences.")
+        return ("One of the library's normalizers, registered in `nbs/00_normalizers.ipynb`, defined in its family's notebook "
+                "(`nbs/00b_sparsemax.ipynb`, `00c_entmax`, `00d_topk`) and tested there against the `entmax` package, brute force "
+                "and finite differences.")
     try: doc = inspect.getdoc(importlib.import_module(spec.source))
     except ImportError: doc = None
     return f"From `{spec.source}`:\n\n" + "\n".join("> " + l if l else ">" for l in doc.splitlines()) if doc else \

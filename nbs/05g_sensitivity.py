@@ -37,7 +37,7 @@ from fastcore.test import test_eq
 
 # %% [markdown]
 # A label is computed from a comparison's gain, its Holm-adjusted p of the difference and its TOST p, as the protocol
-# does (`tuning._verdicts`). `relabel` re-adjusts the p-values in other families (a column naming each comparison's
+# does (`tuning.with_verdicts`). `relabel` re-adjusts the p-values in other families (a column naming each comparison's
 # family) and, with `holm_tost`, adjusts the TOST p-values too.
 
 # %%

@@ -23,7 +23,7 @@ from typing import Callable
 import pandas as pd
 
 from sparse_attention_repro import stats as S, verdicts as V, tuning as T, catalogue as C
-from sparse_attention_repro import sensitivity as SENS, tuned_reading as TR
+from sparse_attention_repro import sensitivity as SENS, tuned_reading as TR, fresh_seeds as F, modern_recipe as MR
 
 # %%
 from fastcore.test import test_eq, test_fail
@@ -74,6 +74,17 @@ class Results:
         "Each tuned label under a reviewer's reanalyses (`sensitivity`), where the folder has tuned tests."
         tt = self.fair["tests"]
         return SENS.label_sensitivity(tt, SENS.capped_tests(self.folder, self.runs)) if len(tt) else None
+
+    @cached_property
+    def fresh_confirmation(self):
+        "The persisting and reversed tuned labels read again on fresh seeds (`fresh_seeds`), where the folder has fresh runs."
+        fc = F.fresh_curves(self.folder)
+        return F.fresh_confirmation(fc, self.fair["recipes"], self.fair["tests"]) if len(fc) and len(self.fair["tests"]) else None
+
+    @cached_property
+    def modern_recipe(self):
+        "The headline comparisons tuned again under warm-up + cosine decay (`modern_recipe`), where the folder has those runs."
+        return MR.modern_reading(self.folder, self.fair["tests"])
 
     @cached_property
     def tuned_budget(self):
@@ -164,6 +175,8 @@ TABLES = [
     Table("tuned_recipes", "an arm's chosen learning rate and epoch, with its edges", _fair("recipes")),
     Table("tuned_candidates", "a candidate learning rate of an arm, as the selection read it", _fair("candidates")),
     Table("label_sensitivity", "a tuned label under each reanalysis, and whether it is robust", lambda r: r.label_sensitivity),
+    Table("fresh_confirmation", "a persisting or reversed tuned label read again on seeds 30-39, at the chosen recipes", lambda r: r.fresh_confirmation),
+    Table("modern_recipe", "a headline comparison tuned again under warm-up + cosine decay, beside its committed label", lambda r: r.modern_recipe),
     Table("tuned_budget", "an arm's best tuned gain over softmax within a training length", lambda r: r.tuned_budget),
     Table("val_test_agreement", "how well validation ranks the candidates of a dataset as test does", lambda r: TR.val_test_agreement(r.fair["curves"]) if len(r.fair["recipes"]) else None),
     Table("time_to_reach", "the epochs and seconds an arm needs to reach softmax's best", lambda r: r.time_to_reach),

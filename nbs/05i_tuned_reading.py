@@ -22,7 +22,7 @@ from sparse_attention_repro.study import BASELINE, PAPER_METHODS, method_order
 from sparse_attention_repro.data import PAPER_SIZES
 from sparse_attention_repro.stats import paired_stats, holm, fmt_pt, EQUIVALENCE_MARGINS
 from sparse_attention_repro.tuning import *
-from sparse_attention_repro.tuning import _mean_curve, _test_at, _verdicts
+from sparse_attention_repro.tuning import _mean_curve, _test_at, with_verdicts
 
 # %%
 from fastcore.test import test_eq, test_close, test_fail
@@ -605,7 +605,7 @@ def fair_verdict(new_dir, base_dir, method, baselines=PAPER_METHODS, search=None
         if not have: missing.append(ds); continue
         rows += [tuned_comparison(curves, rec, ds, method, b, f"versus:{method}", TUNED_MARGIN) for b in have]
     if not rows: return pd.DataFrame(columns=TUNED_TEST_COLS), recipes, missing
-    return _verdicts(holm(pd.DataFrame(rows))), recipes, missing
+    return with_verdicts(holm(pd.DataFrame(rows))), recipes, missing
 
 # %% [markdown]
 # On the toy grid: a new arm `mine` whose curves are softmax's shifted up by 1 pt at every epoch is chosen at softmax's

@@ -35,6 +35,7 @@ from sparse_attention_repro.run_request import _check_dataset
 from sparse_attention_repro.argv import *
 from sparse_attention_repro.tuned_command import tuned_parser, tuned_grids, cmd_tuned
 from sparse_attention_repro.bench_command import bench_parser, cmd_bench
+from sparse_attention_repro.targets import targets_parser, cmd_targets
 
 # %% [markdown]
 # ## The parser
@@ -204,7 +205,7 @@ def _length_args(sub):
 SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "length": _length_args, "report": _report_args, "readme": _readme_args, "index": _index_args, "leaderboard": _leaderboard_args, "card": _card_args, "site": _site_args,
                "reproduce": _reproduce_args,
                "ablations": _ablations_args, "follow-ups": _follow_ups_args, "tuned": tuned_parser,
-               "attention-maps": _maps_args, "bench": bench_parser}
+               "attention-maps": _maps_args, "bench": bench_parser, "targets": targets_parser}
 
 def build_parser(command=None):
     "The `sparse-repro` argument parser: one sub-command per task (only `command`'s, when it names one: its options may import the library)."
@@ -224,7 +225,8 @@ test_eq(build_parser("report").parse_args(["report", "--results", "r"]).results,
 test_fail(lambda: build_parser("report").parse_args(["grid", "--out", "x"]), exc=UsageError, contains="invalid choice")   # only `report` built
 test_fail(lambda: build_parser("follow-ups").parse_args(["tuned", "--out", "x"]), exc=UsageError, contains="invalid choice")
 _all = build_parser("nonsense")                                                  # no command named: every command is there
-test_eq([_all.parse_args(a).command for a in (["grid", "--out", "x"], ["tuned", "--out", "x"], ["bench", "floor"])], ["grid", "tuned", "bench"])
+test_eq([_all.parse_args(a).command for a in (["grid", "--out", "x"], ["tuned", "--out", "x"], ["bench", "floor"], ["targets"])], ["grid", "tuned", "bench", "targets"])
+test_eq(vars(build_parser("targets").parse_args(["targets"])), dict(command="targets", outputs="outputs", benchmarks="BENCHMARKS.md"))
 
 # %% [markdown]
 # ## From the command line to a request
@@ -263,15 +265,16 @@ test_eq((_cr.configs, _cr.options, _cr.execution.jobs), (("dense", "fixed_080"),
 
 # %%
 #| export
-def run_grid(req: GridRequest) -> dict:
-    "Run the study A grid `req` (and, with a baseline, write the comparison with its runs); returns the failures."
+def run_grid(planned: Planned) -> dict:
+    "Run a planned study A grid (and, with a baseline, write the comparison with its runs); returns the failures."
+    req = planned.request
     def versus():
         if req.baseline and STUDY_A.results_path(req.out).exists():
             from sparse_attention_repro.report import versus_report
             print(f"versus baseline: {versus_report(req.out, req.baseline)}")
-    return execute(req, then=versus)
+    return run_planned(planned, then=versus)
 
-def cmd_grid(args): return run_grid(grid_request(args))
+def cmd_grid(args): return run_grid(plan_request(grid_request(args)))
 
 def cmd_crisp(args):
     "Run the Crisp grid; returns the failures."
@@ -370,8 +373,8 @@ def cmd_reproduce(args):
     grid = GridRequest(out, args.profile, options=dict(val_fraction=args.val_fraction), stack_seeds=args.stack_seeds, fast=args.fast,
                        execution=execution)
     crisp = CrispRequest(out, args.profile, model=args.model or "", execution=execution)
-    grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
-    fails = {**run_grid(grid), **execute(crisp)}
+    grid, crisp = plan_request(grid), plan_request(crisp)   # everything checked before anything runs, each planned once
+    fails = {**run_grid(grid), **run_planned(crisp)}
     write_report(out)
     return fails
 
@@ -418,7 +421,7 @@ def cmd_run(args):
         todo = [t for t in tasks if not all(Path(p).exists() for p in t.produces)]
         print(f"{args.entry}: {len(todo)} of {len(tasks)} notebooks still to run into {req.out}")
         return {}
-    return run_grid(req) if isinstance(req, GridRequest) else execute(req)
+    return run_grid(plan_request(req)) if isinstance(req, GridRequest) else execute(req)
 
 # %%
 from sparse_attention_repro.catalogue import CATALOGUE
@@ -455,7 +458,7 @@ if resolve_data_root() and (resolve_data_root() / "sst2" / "train.tsv").is_file(
 # %%
 #| export
 def ablation_grids(args, table=None, kind="ablation") -> list:
-    "(name, `GridRequest`) of every requested catalogue entry of `table` (default `catalogue.ABLATIONS`), validated, in order."
+    "(name, `Planned` grid) of every requested catalogue entry of `table` (default `catalogue.ABLATIONS`), each planned once, in order."
     from sparse_attention_repro.catalogue import ABLATIONS
     table = ABLATIONS if table is None else table
     names = split_values(args.only) if args.only else list(table)
@@ -465,15 +468,14 @@ def ablation_grids(args, table=None, kind="ablation") -> list:
     for n in names:
         g = design_request(table[n], Path(args.out) / table[n].folder, args.profile, tuple(parse_seeds(args.seeds)) if args.seeds else (),
                            execution, stack_seeds=args.stack_seeds, fast=args.fast)
-        grid_tasks(g)
-        grids.append((n, g))
+        grids.append((n, plan_request(g)))
     return grids
 
 def _run_named_grids(args, table=None, kind="ablation"):
     "Run the requested named grids of `table` one after the other; returns the failures."
     fails = {}
     for name, g in ablation_grids(args, table, kind):
-        print(f"{kind} {name}: {g.out}")
+        print(f"{kind} {name}: {g.request.out}")
         fails.update({f"{name}:{k}": v for k, v in run_grid(g).items()})
     return fails
 
@@ -490,16 +492,16 @@ def cmd_follow_ups(args):
 _out = Path(tempfile.mkdtemp()) / "res"
 _ab = ablation_grids(build_parser().parse_args(["ablations", "--profile", "smoke", "--out", str(_out), "--only", "learnable_marker,patch4", "--seeds", "0"]))
 test_eq([n for n, _ in _ab], ["learnable_marker", "patch4"])
-test_eq(ablation_grids(build_parser().parse_args(["ablations", "--profile", "smoke", "--out", str(_out), "--only", "patch4", "--fast"]))[0][1].fast, True)
-test_eq((_ab[0][1].options["marker_vocab"], _ab[0][1].datasets, _ab[1][1].options["patch_size"], _ab[1][1].out),
+test_eq(ablation_grids(build_parser().parse_args(["ablations", "--profile", "smoke", "--out", str(_out), "--only", "patch4", "--fast"]))[0][1].request.fast, True)
+test_eq((_ab[0][1].request.options["marker_vocab"], _ab[0][1].request.datasets, _ab[1][1].request.options["patch_size"], _ab[1][1].request.out),
         (12, ("synthetic_marker",), 4, str(_out / "ablations" / "patch4")))
 test_fail(lambda: ablation_grids(build_parser().parse_args(["ablations", "--out", "x", "--only", "dropout"])), exc=UsageError, contains="unknown ablation")
 from sparse_attention_repro.catalogue import FOLLOW_UPS
 _fu = ablation_grids(build_parser().parse_args(["follow-ups", "--profile", "smoke", "--out", str(_out), "--seeds", "0"]), FOLLOW_UPS, "follow-up")
-test_eq([(n, g.methods, g.out) for n, g in _fu],
+test_eq([(n, g.request.methods, g.request.out) for n, g in _fu],
         [("alpha_start", ("headwise_adaptive_entmax_start12", "headwise_adaptive_entmax_start18"), str(_out / "follow_ups" / "alpha_start")),
          ("selection_marker", (), str(_out / "follow_ups" / "selection_marker"))])          # (): every paper method
-test_eq(_fu[1][1].options, dict(marker_design="label_once", epochs=3, epoch_eval=True, val_fraction=0.25))
+test_eq(_fu[1][1].request.options, dict(marker_design="label_once", epochs=3, epoch_eval=True, val_fraction=0.25))
 assert not _out.exists()
 
 # %% [markdown]
@@ -579,7 +581,7 @@ def cmd_length(args):
 
 COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "length": cmd_length, "report": cmd_report, "readme": cmd_readme, "index": cmd_index, "leaderboard": cmd_leaderboard, "card": cmd_card, "site": cmd_site, "reproduce": cmd_reproduce,
             "ablations": cmd_ablations, "follow-ups": cmd_follow_ups, "tuned": cmd_tuned,
-            "attention-maps": cmd_attention_maps, "bench": cmd_bench, "run": cmd_run}
+            "attention-maps": cmd_attention_maps, "bench": cmd_bench, "targets": cmd_targets, "run": cmd_run}
 
 def main(argv=None):
     "Entry point of `sparse-repro`; returns the exit status."
@@ -625,7 +627,8 @@ for argv, msg in [(("grid", "--out", tmp, "--methods", "softmaxx"), "unknown nor
                   (("bench", "compare", "--results", tmp, tmp), "runs.csv does not exist"),
                   (("bench", "profile", "--profile", "huge"), "unknown profile 'huge'"),
                   (("bench", "profile", "--datasets", "mnist"), "unknown dataset 'mnist'"),
-                  (("bench", "stack", "--stack-seeds", "0"), "--stack-seeds must be >= 1")]:
+                  (("bench", "stack", "--stack-seeds", "0"), "--stack-seeds must be >= 1"),
+                  (("targets", "--outputs", tmp), "targets_measured.csv does not exist")]:
     code, err = run_cli(*argv)
     test_eq(code, 2)
     assert msg in err and err.count("\n") == 1, (argv, err)

@@ -22,6 +22,7 @@ from .run_request import _check_dataset
 from .argv import *
 from .tuned_command import tuned_parser, tuned_grids, cmd_tuned
 from .bench_command import bench_parser, cmd_bench
+from .targets import targets_parser, cmd_targets
 
 # %% ../nbs/07_cli.ipynb
 #| export
@@ -181,7 +182,7 @@ def _length_args(sub):
 SUBCOMMANDS = {"grid": _grid_args, "crisp": _crisp_args, "length": _length_args, "report": _report_args, "readme": _readme_args, "index": _index_args, "leaderboard": _leaderboard_args, "card": _card_args, "site": _site_args,
                "reproduce": _reproduce_args,
                "ablations": _ablations_args, "follow-ups": _follow_ups_args, "tuned": tuned_parser,
-               "attention-maps": _maps_args, "bench": bench_parser}
+               "attention-maps": _maps_args, "bench": bench_parser, "targets": targets_parser}
 
 def build_parser(command=None):
     "The `sparse-repro` argument parser: one sub-command per task (only `command`'s, when it names one: its options may import the library)."
@@ -205,15 +206,16 @@ def crisp_request(args) -> CrispRequest:
                         args.model or "", changed_options(FinetuneConfig, args), execution_of(args))
 
 # %% ../nbs/07_cli.ipynb
-def run_grid(req: GridRequest) -> dict:
-    "Run the study A grid `req` (and, with a baseline, write the comparison with its runs); returns the failures."
+def run_grid(planned: Planned) -> dict:
+    "Run a planned study A grid (and, with a baseline, write the comparison with its runs); returns the failures."
+    req = planned.request
     def versus():
         if req.baseline and STUDY_A.results_path(req.out).exists():
             from sparse_attention_repro.report import versus_report
             print(f"versus baseline: {versus_report(req.out, req.baseline)}")
-    return execute(req, then=versus)
+    return run_planned(planned, then=versus)
 
-def cmd_grid(args): return run_grid(grid_request(args))
+def cmd_grid(args): return run_grid(plan_request(grid_request(args)))
 
 def cmd_crisp(args):
     "Run the Crisp grid; returns the failures."
@@ -304,8 +306,8 @@ def cmd_reproduce(args):
     grid = GridRequest(out, args.profile, options=dict(val_fraction=args.val_fraction), stack_seeds=args.stack_seeds, fast=args.fast,
                        execution=execution)
     crisp = CrispRequest(out, args.profile, model=args.model or "", execution=execution)
-    grid_tasks(grid); crisp_tasks(crisp)                    # validate everything before running anything
-    fails = {**run_grid(grid), **execute(crisp)}
+    grid, crisp = plan_request(grid), plan_request(crisp)   # everything checked before anything runs, each planned once
+    fails = {**run_grid(grid), **run_planned(crisp)}
     write_report(out)
     return fails
 
@@ -341,11 +343,11 @@ def cmd_run(args):
         todo = [t for t in tasks if not all(Path(p).exists() for p in t.produces)]
         print(f"{args.entry}: {len(todo)} of {len(tasks)} notebooks still to run into {req.out}")
         return {}
-    return run_grid(req) if isinstance(req, GridRequest) else execute(req)
+    return run_grid(plan_request(req)) if isinstance(req, GridRequest) else execute(req)
 
 # %% ../nbs/07_cli.ipynb
 def ablation_grids(args, table=None, kind="ablation") -> list:
-    "(name, `GridRequest`) of every requested catalogue entry of `table` (default `catalogue.ABLATIONS`), validated, in order."
+    "(name, `Planned` grid) of every requested catalogue entry of `table` (default `catalogue.ABLATIONS`), each planned once, in order."
     from sparse_attention_repro.catalogue import ABLATIONS
     table = ABLATIONS if table is None else table
     names = split_values(args.only) if args.only else list(table)
@@ -355,15 +357,14 @@ def ablation_grids(args, table=None, kind="ablation") -> list:
     for n in names:
         g = design_request(table[n], Path(args.out) / table[n].folder, args.profile, tuple(parse_seeds(args.seeds)) if args.seeds else (),
                            execution, stack_seeds=args.stack_seeds, fast=args.fast)
-        grid_tasks(g)
-        grids.append((n, g))
+        grids.append((n, plan_request(g)))
     return grids
 
 def _run_named_grids(args, table=None, kind="ablation"):
     "Run the requested named grids of `table` one after the other; returns the failures."
     fails = {}
     for name, g in ablation_grids(args, table, kind):
-        print(f"{kind} {name}: {g.out}")
+        print(f"{kind} {name}: {g.request.out}")
         fails.update({f"{name}:{k}": v for k, v in run_grid(g).items()})
     return fails
 
@@ -441,7 +442,7 @@ def cmd_length(args):
 
 COMMANDS = {"grid": cmd_grid, "crisp": cmd_crisp, "length": cmd_length, "report": cmd_report, "readme": cmd_readme, "index": cmd_index, "leaderboard": cmd_leaderboard, "card": cmd_card, "site": cmd_site, "reproduce": cmd_reproduce,
             "ablations": cmd_ablations, "follow-ups": cmd_follow_ups, "tuned": cmd_tuned,
-            "attention-maps": cmd_attention_maps, "bench": cmd_bench, "run": cmd_run}
+            "attention-maps": cmd_attention_maps, "bench": cmd_bench, "targets": cmd_targets, "run": cmd_run}
 
 def main(argv=None):
     "Entry point of `sparse-repro`; returns the exit status."

@@ -6,7 +6,7 @@
 __all__ = ['DEVICES', 'STUDY_A', 'CRISP', 'UsageError', 'Execution', 'checked_seeds', 'GridRequest', 'CrispRequest',
            'LengthRequest', 'design_request', 'usable_cores', 'load_average', 'free_cores', 'threads_per_job',
            'recorded_threads', 'record_threads', 'grid_threads', 'ExecutionPlan', 'execution_plan', 'grid_tasks',
-           'study_group', 'execute', 'run_study', 'crisp_tasks']
+           'study_group', 'Planned', 'plan_request', 'run_planned', 'execute', 'run_study', 'crisp_tasks']
 
 # %% ../nbs/06b_run_request.ipynb
 import os, sys
@@ -352,11 +352,26 @@ def study_group(study, out, tasks, options, name="") -> TaskGroup:
     if tasks: record_threads(out, study.name, tasks[0].parameters["threads"])   # the folder's count from now on
     return TaskGroup(list(tasks), study.results_path(out), study.keys, study.rows_dir(out), Path(out), name=name)
 
+@dataclass(frozen=True)
+class Planned:
+    "A request planned once by its study (`Study.plan`: everything checked, nothing written): its tasks and options, ready to run."
+    request: object
+    tasks: tuple
+    options: dict
+
+def plan_request(request) -> Planned:
+    "Plan `request` through its study, once; a bad request raises a one-line `UsageError` before anything is written."
+    tasks, options = STUDIES[request.study].plan(request)
+    return Planned(request, tuple(tasks), options)
+
+def run_planned(planned: Planned, then=None) -> dict:
+    "Run a planned request into its folder (then `then()`, the folder still held); returns the failures."
+    r = planned.request
+    return run_study(STUDIES[r.study], r.out, r.execution, list(planned.tasks), planned.options, then)
+
 def execute(request, then=None) -> dict:
-    "Plan `request` through its study (`Study.plan`: everything checked first) and run it into its folder; returns the failures."
-    study = STUDIES[request.study]
-    tasks, options = study.plan(request)
-    return run_study(study, request.out, request.execution, tasks, options, then)
+    "Plan `request` through its study and run it into its folder; returns the failures."
+    return run_planned(plan_request(request), then)
 
 def run_study(study, out, execution: Execution, tasks, options, then=None) -> dict:
     "Run `study`'s `tasks` into `out` by `execution`, the folder held and its manifest checked (then `then()`, still held); returns the failures."

@@ -19,7 +19,7 @@ from .study import BASELINE, PAPER_METHODS, method_order
 from .data import PAPER_SIZES
 from .stats import paired_stats, holm, fmt_pt, EQUIVALENCE_MARGINS
 from .tuning import *
-from .tuning import _mean_curve, _test_at, _verdicts
+from .tuning import _mean_curve, _test_at, with_verdicts
 
 # %% ../nbs/05i_tuned_reading.ipynb
 def recipe_budget(curves, baseline=BASELINE):
@@ -349,7 +349,7 @@ def fair_verdict(new_dir, base_dir, method, baselines=PAPER_METHODS, search=None
         if not have: missing.append(ds); continue
         rows += [tuned_comparison(curves, rec, ds, method, b, f"versus:{method}", TUNED_MARGIN) for b in have]
     if not rows: return pd.DataFrame(columns=TUNED_TEST_COLS), recipes, missing
-    return _verdicts(holm(pd.DataFrame(rows))), recipes, missing
+    return with_verdicts(holm(pd.DataFrame(rows))), recipes, missing
 
 # %% ../nbs/05i_tuned_reading.ipynb
 def write_fair_verdict(new_dir, base_dir, method, baselines=PAPER_METHODS, search=None) -> Path:

@@ -166,7 +166,7 @@ def test_tuned_select_stage_runs_its_plan_to_the_end(tmp_path, data_root, monkey
     extended = ~np.isclose(rec.lr.to_numpy()[:, None], [1e-3, 3e-3, 1e-2]).any(1)
     assert set(rec.method) == {"softmax", "sparsemax"} and (rec.lr_bracketed | extended).all()   # an edge choice: extended once
     plan = tuned_grids(build_parser().parse_args(args[:3] + ["--profile", "smoke", "--stage", "complete"]))
-    assert {tuple(g.seeds) for _, g in plan} == {tuple(range(3, 10))}                  # the other seeds, at the chosen rates
+    assert {tuple(p.request.seeds) for _, p in plan} == {tuple(range(3, 10))}                  # the other seeds, at the chosen rates
 
 @pytest.mark.slow
 def test_tuned_halving_runs_short_then_continues_the_best_two(tmp_path, data_root, monkeypatch):

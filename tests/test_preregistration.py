@@ -27,6 +27,18 @@ def test_runs_start_after_their_protocol(folder):
     assert datetime.fromisoformat(starts[first]) > declared, f"{first} started {starts[first]}, before its protocol ({declared})"
 
 
+# The fresh-seed stage (seeds 30-39 of the labels that claim a difference), in every results folder that has one.
+FRESH_DECLARED = "d9821ada"
+
+def test_fresh_stage_runs_start_after_their_declaration():
+    notebooks = sorted(ROOT.glob("outputs/**/fresh/*/notebooks/**/*.ipynb"))
+    if not notebooks: pytest.skip("no fresh-seed stage has run yet")
+    declared = commit_time(FRESH_DECLARED)
+    early = [str(nb.relative_to(ROOT)) for nb in notebooks
+             if datetime.fromisoformat(nbformat.read(nb, as_version=4).metadata["papermill"]["start_time"]) <= declared]
+    assert not early, f"started before the fresh stage was declared ({declared}): {early[:3]}"
+
+
 # Study A's tuned-recipe stages. What happened, as the README, the report and the protocol notebook state it: the first
 # two tuned notebooks started 13 minutes before the commit that declared the protocol, and the extension rule and the
 # power stage were declared after Fashion-MNIST's seeds 0 and 1 had finished at 1e-3 and 3e-3 (their validation curves

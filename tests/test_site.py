@@ -14,7 +14,7 @@ if not CHROMIUM:
 if not os.environ.get("CI"): pytest.importorskip("playwright.sync_api")   # in CI a missing playwright fails the import below
 from playwright.sync_api import sync_playwright
 
-PAGES = ["index.ipynb", "protocol.ipynb", "00_normalizers.ipynb"]   # the home page, prose, the formulas
+PAGES = ["index.ipynb", "protocol.ipynb", "00c_entmax.ipynb"]   # the home page, prose, the formulas
 
 # Text of the rendered markdown, code left out (code may hold backslashes): raw TeX would show as `\name` or `$…$`.
 PROSE = """() => Array.from(document.querySelectorAll('.jp-RenderedMarkdown')).map(e => {
@@ -46,11 +46,11 @@ def test_pages_render_offline_with_maths_and_navigation(site):
             assert not raw, f"{name}: raw TeX on the rendered page: {raw[:5]}"
             nav = page.evaluate(NAV)
             assert [h for h, _ in nav] == order and [h for h, cur in nav if cur == "page"] == [name], name
-            if name == "00_normalizers.html":
+            if name == "00c_entmax.html":
                 maths = page.evaluate(MATH)
                 assert len(maths) > 20 and all(d in ("math", "block math", "inline math") and w > 0 for d, w in maths), maths[:5]
         shot = site / "normalizers.png"
-        page.goto((site / "00_normalizers.html").as_uri(), wait_until="networkidle"); page.screenshot(path=str(shot))
+        page.goto((site / "00c_entmax.html").as_uri(), wait_until="networkidle"); page.screenshot(path=str(shot))
         browser.close()
     outside = [u for u in requests if not u.startswith(("file:", "data:"))]
     assert not outside, f"network requests: {outside[:5]}"

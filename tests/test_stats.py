@@ -90,7 +90,7 @@ def test_make_report_missing_dir():
 
 
 def test_render_site(tmp_path):
-    nb = Path(S.__file__).parent.parent / "nbs" / "00_normalizers.ipynb"
+    nb = Path(S.__file__).parent.parent / "nbs" / "00c_entmax.ipynb"
     idx = render_site(tmp_path, notebooks=[nb])
-    assert 'href="00_normalizers.html"' in idx.read_text()
-    assert "relative error of the bisection gradient" in (tmp_path / "00_normalizers.html").read_text()   # an executed output
+    assert 'href="00c_entmax.html"' in idx.read_text()
+    assert "relative error of the bisection gradient" in (tmp_path / "00c_entmax.html").read_text()   # an executed output

@@ -1,0 +1,89 @@
+# %% [markdown]
+# # Masks and empty rows
+# > What every attention normalizer does with masked keys, rows with no valid key, non-finite scores, half precision and empty inputs.
+
+# %%
+#| default_exp masks
+
+# %% [markdown]
+# Every normalizer of the library (`00_normalizers`, and the families in `00b_sparsemax`, `00c_entmax`, `00d_topk`)
+# follows the same two rules for masks and the same treatment of bad scores; these helpers are that treatment, written
+# once, in the lowest module, so that each family's module imports them instead of repeating them.
+
+# %%
+#| export
+import torch
+
+# %%
+from fastcore.test import test_eq
+
+
+# %% [markdown]
+# Masked keys are set to $-\infty$ before a mapping runs: every mapping of the library gives $-\infty$ exactly zero
+# probability (softmax: $e^{-\infty}=0$; sparsemax/entmax: $[-\infty-\tau]_+=0$). A row whose keys are *all* masked has
+# no valid distribution, so it is computed as if nothing were masked (finite numbers, finite gradients) and zeroed
+# afterwards.
+#
+# **Nothing hides a divergence.** A row whose scores contain a NaN or $+\infty$, or no finite score at all, becomes NaN
+# in every normalizer, as it does in softmax: a model whose scores blow up must produce a non-finite loss (which training
+# records as `failed_nonfinite_loss`), never plausible probabilities. $-\infty$ is an ordinary score: a key nobody attends.
+# Half-precision inputs are computed in float32 and cast back: threshold iterations in bf16 would lose the support.
+
+# %%
+#| export
+def mask_scores(scores, key_mask):
+    "Scores with masked keys at -inf (rows with no valid key left untouched) and the `[..., 1]` mask of such empty rows."
+    if key_mask is None: return scores, None
+    valid = key_mask.to(torch.bool)                            # broadcastable to (..., H, Tq, Tk)
+    empty = ~valid.any(-1, keepdim=True)                       # (..., Tq|1, 1): read on the mask, not on its copy per head
+    return scores.masked_fill(~(valid | empty), float('-inf')), empty
+
+def _zero_empty_rows(p, empty):
+    "Zero the rows that had no valid key (no copy of `p` when there is none: `empty` is read on the mask, a small tensor)."
+    return p if empty is None or not empty.any() else p.masked_fill(empty, 0.)
+
+def finish_rows(p, s, empty, bad=None):
+    """Zero the rows with no valid key; make NaN every row whose scores hold a NaN or +inf or no finite value (as softmax
+    does). `bad`: those rows' `[..., 1]` flags where a kernel found them already (else a pass over `s` finds them)."""
+    if bad is None: bad = ~torch.isfinite(s.detach().amax(-1, keepdim=True))   # (..., 1); masked keys are -inf, not bad
+    if empty is not None: bad = bad & ~empty
+    if bad.any(): p = p.masked_fill(bad, float('nan'))
+    return _zero_empty_rows(p, empty)
+
+def upcast(x):
+    "Half-precision scores are normalised in float32."
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+# %%
+s = torch.tensor([[1., 2., 3.], [4., 5., 6.]])
+m = torch.tensor([[True, False, True], [False, False, False]])
+ms, empty = mask_scores(s, m)
+test_eq(ms[0].tolist(), [1., float('-inf'), 3.])
+test_eq(ms[1].tolist(), [4., 5., 6.])            # empty row left finite ...
+test_eq(empty.squeeze(-1).tolist(), [False, True])  # ... and flagged
+
+
+# %% [markdown]
+# **Empty inputs.** A batch of no examples (or no queries, or no keys) has nothing to normalise, but the mappings'
+# iterations would still reduce over it, and a `max` over no rows raises. Every normalizer therefore returns empty scores as
+# they are: an empty tensor of their shape and dtype, kept in the autograd graph of the scores and of any parameter the
+# weights depend on (a learned $\alpha$), so that backward runs and gives that parameter a zero gradient.
+
+# %%
+#| export
+def no_scores(scores, *params):
+    """The weights of empty `scores` (a zero-size batch, query or key dimension): an empty tensor of their shape and
+    dtype, in the graph of `scores` and of `params` (each broadcastable to `scores`), whose gradients come out empty or zero."""
+    out = scores.clone()                                                # no values to compute
+    for t in params: out = out + t.to(out.dtype)                        # broadcast to the (empty) shape of `scores`
+    return out
+
+
+# %%
+e = torch.zeros(0, 2, 3, 3, dtype=torch.bfloat16, requires_grad=True)
+a = torch.tensor([1.2, 1.7]).view(2, 1, 1).requires_grad_()
+out = no_scores(e, a)
+test_eq((out.shape, out.dtype), (e.shape, e.dtype))
+out.sum().backward()
+test_eq(e.grad.shape, e.shape); test_eq(a.grad, torch.zeros_like(a))
