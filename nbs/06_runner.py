@@ -241,7 +241,9 @@ with results_lock(lock_dir): pass                                     # a killed
 # %% [markdown]
 # A kernel can die before it answers: each kernel's ports are chosen free and bound a moment later by the kernel, and
 # another process can take one in between (`Address already in use`). No cell has run then, so the task starts a fresh
-# kernel, up to `KERNEL_START_TRIES` times; any other failure is the notebook's own and is reported at once.
+# kernel, up to `KERNEL_START_TRIES` times; any other failure is the notebook's own and is reported at once. On a busy
+# machine (every core training) a kernel can take more than papermill's default minute to import torch and answer: it
+# is given `KERNEL_START_SECONDS`, and one that still has not answered is started again like one that died.
 
 # %%
 #| export
@@ -264,10 +266,11 @@ def _error_line(exc):
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 KERNEL_START_TRIES = 3
+KERNEL_START_SECONDS = 300      # papermill waits a minute by default; a kernel importing torch on a busy machine can take longer
 
 def _kernel_never_started(exc):
-    "The kernel died before it answered: no cell ran, so starting it again is safe."
-    return isinstance(exc, RuntimeError) and "Kernel died before replying to kernel_info" in str(exc)
+    "The kernel died, or did not answer, before any cell ran: starting it again is safe."
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in ("Kernel died before replying to kernel_info", "Kernel didn't respond in"))
 
 def execute_task(task: NotebookTask, kernel_name="python3"):
     "Execute one task with papermill; returns None on success, else a one-line error."
@@ -277,7 +280,7 @@ def execute_task(task: NotebookTask, kernel_name="python3"):
         try:
             # no `cwd=`: papermill would os.chdir the whole process, which races between parallel tasks
             pm.execute_notebook(str(task.notebook), str(task.output), kernel_name=kernel_name, language="python",
-                                progress_bar=False, parameters=task.parameters,
+                                progress_bar=False, parameters=task.parameters, start_timeout=KERNEL_START_SECONDS,
                                 extra_arguments=["--IPKernelApp.log_level=CRITICAL"])   # no kernel log noise
             break
         except Exception as e:
@@ -285,6 +288,19 @@ def execute_task(task: NotebookTask, kernel_name="python3"):
             return _error_line(e)
     if not task.done: return "notebook finished without writing its rows"
     return None
+
+# %% [markdown]
+# The messages are jupyter_client's own (a kernel that died before its first reply, one that did not answer in time);
+# a notebook's own error, even one that mentions a kernel, is not retried:
+
+# %%
+import jupyter_client.client, inspect
+_src = inspect.getsource(jupyter_client.client)
+assert "Kernel died before replying to kernel_info" in _src and "Kernel didn't respond in" in _src
+test_eq([_kernel_never_started(e) for e in (RuntimeError("Kernel died before replying to kernel_info"),
+                                             RuntimeError("Kernel didn't respond in 300 seconds"),
+                                             RuntimeError("the kernel of my model diverged"), ValueError("Kernel didn't respond in 1 seconds"))],
+        [True, True, False, False])
 
 # %% [markdown]
 # For executors on other machines, a task runs in a private temporary folder there: parameters that point into the
