@@ -71,7 +71,7 @@ def tuned_grids(args) -> list:
     curves, failed = T.tuned_curves(runs), T.diverged(runs)
     if args.stage == "power":
         rec = T.choose_recipes(curves, failed, rule=rule)
-        plan = [p for p in T.power_plan(curves, rec, T.tuned_tests(curves, rec)) if p["dataset"] in datasets] if len(rec) else []
+        plan = T.power_plan(curves, rec, T.tuned_tests(curves, rec)) if len(rec) else []
     elif args.stage == "symmetric": plan = T.symmetric_plan(curves, failed, search, datasets=datasets, rule=rule)
     elif args.stage == "finer":
         plan = T.finer_plan(curves, failed, search, datasets=datasets, rule=rule)
