@@ -121,7 +121,7 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # executor, the benchmarks, the built site in headless Chromium) are marked `slow`: `pytest -m slow`. CI (`.ci/run`)
 # installs everything from scratch and runs exactly this command with `CI=true`, under which a test whose data is
 # missing fails instead of being skipped, then the slow tests. `OMP_NUM_THREADS=1` gives each notebook run one torch
-# thread, since `nbdev_test` runs one notebook per core. Alone on a 2-core AMD EPYC the command took 6.6 minutes (nbdev_test 122 s, pytest 273 s).
+# thread, since `nbdev_test` runs one notebook per core. Alone on a 2-core AMD EPYC the command took 6.6 and 7.0 minutes in two runs (nbdev_test 122 and 126 s, pytest 273 and 293 s).
 
 # %% [markdown]
 # ## More
