@@ -90,6 +90,7 @@ def test_profile_or_option_mismatch_is_refused(smoke, capsys):
         assert err.count("\n") == 1 and msg in err, err
     assert (smoke / "runs.csv").read_bytes() == before
 
+@pytest.mark.slow                  # a real calibration and grid; the bench notebook tests the calibration's choice in process
 def test_fast_options_are_recorded_and_kept(smoke, tmp_path):
     """`--fast`: a real grid that times its levers here first (a fresh calibration cache), runs every arm with the chosen
     ones, records the choice and its timings, learns, and leaves a folder that refuses the default path."""

@@ -71,20 +71,25 @@ def test_a_task_from_outside_the_library_trains_and_tests(tmp_path, monkeypatch)
     assert [r["length"] for r in rows] == [64, 256] and all(0 <= r["accuracy"] <= 1 for r in rows)
 
 
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
+    "The `sparse-repro` script once, then the same entry point (`cli.main`) in process: status 2, one line, nothing written."
     from conftest import cli
+    from sparse_attention_repro.cli import main
     out = tmp_path / "out"
-    for args, says in [(["--tasks", "nope"], "unknown task 'nope'"),
-                       (["--tasks", "mqmtar", "--test-lengths", "16"], "test length 16 is below task mqmtar's shortest input"),
+    res = cli("length", "--out", out, "--tasks", "nope")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "unknown task 'nope'" in res.stderr, res.stderr
+    for args, says in [(["--tasks", "mqmtar", "--test-lengths", "16"], "test length 16 is below task mqmtar's shortest input"),
                        (["--normalizers", "nope"], "unknown normalizer 'nope'"),
                        (["--positions", "alibi"], "unknown position scheme 'alibi'"),
                        (["--steps", "-3"], "--steps must be positive"),
                        (["--profile", "huge"], "unknown profile 'huge'")]:
-        res = cli("length", "--out", out, *args)
-        assert res.returncode == 2 and res.stderr.count("\n") == 1 and says in res.stderr, (args, res.stderr)
+        assert main(["length", "--out", str(out), *args]) == 2, args
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, (args, err)
         assert not out.exists()
 
 
+@pytest.mark.slow                  # the command line end to end (papermill, resume, tables); training and testing one run are tested above
 def test_length_grid_dry_run_then_run_then_resume(tmp_path):
     from conftest import cli
     import pandas as pd

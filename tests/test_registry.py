@@ -31,6 +31,7 @@ def _outside_module(tmp_path):
     (tmp_path / "my_norms.py").write_text(OUTSIDE)
     return {"PYTHONPATH": str(tmp_path)}
 
+@pytest.mark.slow                  # an end-to-end grid; the tutorial notebook runs the same --baseline pairing through the command line
 def test_outside_methods_run_against_the_baseline(baseline, tmp_path, monkeypatch):
     """One fresh process: a normalizer by `package.module:name` and one by entry point (`sparse_attention_examples`,
     installed as the README says) train on the baseline's seeds and options, pair with its runs and get their report."""

@@ -73,6 +73,7 @@ def test_make_report_writes_html_tables_figures(report_dir):
     assert cl.set_index("claim_id").loc["A7", "verdict"] == "not comparable"      # the fixture's timings are not on a GPU
 
 
+@pytest.mark.slow                  # a second full report render; the first is the shared fixture above
 def test_make_report_without_crisp_still_renders(tmp_path):
     shutil.copy(FIX / "runs.csv", tmp_path)
     out = make_report(tmp_path, tmp_path / "rep")
