@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
+from scipy import special as sc, stats as sps
 from sparse_attention_repro.study import BASELINE, PAPER_METHODS, method_order
 from sparse_attention_repro.data import PAPER_SIZES
 from sparse_attention_repro.stats import (run_curves, paired_stats, tost_paired, holm, equivalence_verdict, equivalence_word, fmt_pt,
@@ -695,10 +695,17 @@ def _untuned_family_members(main_runs, families, datasets, baseline):
 # **Seeds for power.** TOST at ±m with n seeds declares equivalence when |d̄| < m − t₀.₉₅,ₙ₋₁·s/√n. With paired
 # differences of standard deviation σ and a true difference of zero, d̄ ~ N(0, σ²/n) and (n − 1)s²/σ² ~ χ²ₙ₋₁,
 # independently, so the power is one integral over s, computed numerically (`tost_power`). `seeds_for_tost_power` is the
-# smallest n that reaches `POWER_TARGET`. Both are checked against a simulation of the test itself below.
+# smallest n that reaches `POWER_TARGET`. Both are checked against a simulation of the test itself below. The integrand
+# is evaluated tens of thousands of times per table, so it calls `scipy.special` directly: the same arithmetic as
+# `scipy.stats`' normal CDF and χ² density, in the same order, without their per-call argument checks (bit for bit the
+# same values below, about 25× faster).
 
 # %%
 #| export
+def _chi2_pdf(q, df):
+    "χ²_df density at `q`: `scipy.stats.chi2.pdf`'s own formula, without its per-call argument handling."
+    return np.exp(sc.xlogy(df / 2. - 1, q) - q / 2. - sc.gammaln(df / 2.) - (np.log(2) * df) / 2.)
+
 def tost_power(sd, margin, n, alpha=0.05) -> float:
     "Power of the paired TOST at ±`margin` with `n` pairs of differences of SD `sd`, when the true mean difference is 0."
     if not (np.isfinite(sd) and sd > 0 and n >= 2): return np.nan
@@ -706,7 +713,7 @@ def tost_power(sd, margin, n, alpha=0.05) -> float:
     df, tc, se = n - 1, sps.t.ppf(1 - alpha, n - 1), sd / math.sqrt(n)
     half = lambda q: margin - tc * sd * math.sqrt(q / df) / math.sqrt(n)          # the half-width left for |d̄| given s
     top = df * (margin * math.sqrt(n) / (tc * sd)) ** 2                            # beyond it no d̄ is accepted
-    return float(quad(lambda q: (2 * sps.norm.cdf(half(q) / se) - 1) * sps.chi2.pdf(q, df), 0, top, limit=200)[0])
+    return float(quad(lambda q: (2 * sc.ndtr(half(q) / se) - 1) * _chi2_pdf(q, df), 0, top, limit=200)[0])
 
 def seeds_for_tost_power(sd, margin, target=POWER_TARGET, most=200) -> float:
     "The fewest seeds for which `tost_power` reaches `target` (NaN when the SD is unknown)."
@@ -714,6 +721,10 @@ def seeds_for_tost_power(sd, margin, target=POWER_TARGET, most=200) -> float:
     return float(next((n for n in range(2, most + 1) if tost_power(sd, margin, n) >= target), np.nan))
 
 # %%
+for _df in (1, 2, 9, 29):                                             # the density and CDF are scipy.stats', bit for bit
+    _q = np.linspace(0.01, 4 * _df, 50)
+    assert all(_chi2_pdf(float(x), _df) == sps.chi2.pdf(x, _df) for x in _q)
+assert all(sc.ndtr(x) == sps.norm.cdf(x) for x in np.linspace(-6, 6, 49))
 _rng = np.random.default_rng(0)
 _sim = np.mean([tost_paired(d, np.zeros(10), 0.01) < 0.05 for d in _rng.normal(0, 0.016, (2000, 10))])
 test_close(tost_power(0.016, 0.01, 10), _sim, eps=0.03)               # the integral against 2000 simulated studies

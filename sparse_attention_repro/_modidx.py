@@ -1596,6 +1596,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                'sparse_attention_repro/tuning.py'),
                                                'sparse_attention_repro.tuning._cheaper_choice': ( 'tuning.html#_cheaper_choice',
                                                                                                   'sparse_attention_repro/tuning.py'),
+                                               'sparse_attention_repro.tuning._chi2_pdf': ( 'tuning.html#_chi2_pdf',
+                                                                                            'sparse_attention_repro/tuning.py'),
                                                'sparse_attention_repro.tuning._mean_curve': ( 'tuning.html#_mean_curve',
                                                                                               'sparse_attention_repro/tuning.py'),
                                                'sparse_attention_repro.tuning._paper_at': ( 'tuning.html#_paper_at',

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
+from scipy import special as sc, stats as sps
 from .study import BASELINE, PAPER_METHODS, method_order
 from .data import PAPER_SIZES
 from .stats import (run_curves, paired_stats, tost_paired, holm, equivalence_verdict, equivalence_word, fmt_pt,
@@ -405,6 +405,10 @@ def _untuned_family_members(main_runs, families, datasets, baseline):
     return pt[pt.family.isin(families) & ~pt.dataset.isin(datasets)][["family", "dataset", "method", "p"]]
 
 # %% ../nbs/05b_tuning.ipynb
+def _chi2_pdf(q, df):
+    "χ²_df density at `q`: `scipy.stats.chi2.pdf`'s own formula, without its per-call argument handling."
+    return np.exp(sc.xlogy(df / 2. - 1, q) - q / 2. - sc.gammaln(df / 2.) - (np.log(2) * df) / 2.)
+
 def tost_power(sd, margin, n, alpha=0.05) -> float:
     "Power of the paired TOST at ±`margin` with `n` pairs of differences of SD `sd`, when the true mean difference is 0."
     if not (np.isfinite(sd) and sd > 0 and n >= 2): return np.nan
@@ -412,7 +416,7 @@ def tost_power(sd, margin, n, alpha=0.05) -> float:
     df, tc, se = n - 1, sps.t.ppf(1 - alpha, n - 1), sd / math.sqrt(n)
     half = lambda q: margin - tc * sd * math.sqrt(q / df) / math.sqrt(n)          # the half-width left for |d̄| given s
     top = df * (margin * math.sqrt(n) / (tc * sd)) ** 2                            # beyond it no d̄ is accepted
-    return float(quad(lambda q: (2 * sps.norm.cdf(half(q) / se) - 1) * sps.chi2.pdf(q, df), 0, top, limit=200)[0])
+    return float(quad(lambda q: (2 * sc.ndtr(half(q) / se) - 1) * _chi2_pdf(q, df), 0, top, limit=200)[0])
 
 def seeds_for_tost_power(sd, margin, target=POWER_TARGET, most=200) -> float:
     "The fewest seeds for which `tost_power` reaches `target` (NaN when the SD is unknown)."
