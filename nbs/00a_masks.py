@@ -36,7 +36,7 @@ def mask_scores(scores, key_mask):
     if key_mask is None: return scores, None
     valid = key_mask.to(torch.bool)                            # broadcastable to (..., H, Tq, Tk)
     empty = ~valid.any(-1, keepdim=True)                       # (..., Tq|1, 1): read on the mask, not on its copy per head
-    return scores.masked_fill(~(valid | empty), float('-inf')), empty
+    return torch.where(valid | empty, scores, float('-inf')), empty   # one pass (masked_fill would copy, then fill)
 
 def _zero_empty_rows(p, empty):
     "Zero the rows that had no valid key (no copy of `p` when there is none: `empty` is read on the mask, a small tensor)."
@@ -62,6 +62,19 @@ ms, empty = mask_scores(s, m)
 test_eq(ms[0].tolist(), [1., float('-inf'), 3.])
 test_eq(ms[1].tolist(), [4., 5., 6.])            # empty row left finite ...
 test_eq(empty.squeeze(-1).tolist(), [False, True])  # ... and flagged
+
+# the same values, dtypes and gradients as `masked_fill`, the obvious way to write it, on a causal mask with an empty row
+_g = torch.Generator().manual_seed(0)
+for _dt in (torch.float32, torch.float64, torch.bfloat16):
+    _s = torch.randn(2, 3, 5, 7, generator=_g).to(_dt).requires_grad_()
+    _m = (torch.arange(7)[None, :] <= torch.arange(-1, 4)[:, None])[None, None]       # query 0 sees no key
+    _ours, _e = mask_scores(_s, _m)
+    _ref = _s.masked_fill(~(_m | ~_m.any(-1, keepdim=True)), float('-inf'))
+    test_eq((_ours.dtype, torch.equal(_ours, _ref)), (_dt, True))
+    _w = torch.randn(_ours.shape, generator=_g).to(_dt)
+    _ga, = torch.autograd.grad(_ours.masked_fill(_ours.isinf(), 0).mul(_w).sum(), _s)
+    _gb, = torch.autograd.grad(_ref.masked_fill(_ref.isinf(), 0).mul(_w).sum(), _s)
+    assert torch.equal(_ga, _gb), _dt
 
 
 # %% [markdown]

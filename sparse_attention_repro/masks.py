@@ -14,7 +14,7 @@ def mask_scores(scores, key_mask):
     if key_mask is None: return scores, None
     valid = key_mask.to(torch.bool)                            # broadcastable to (..., H, Tq, Tk)
     empty = ~valid.any(-1, keepdim=True)                       # (..., Tq|1, 1): read on the mask, not on its copy per head
-    return scores.masked_fill(~(valid | empty), float('-inf')), empty
+    return torch.where(valid | empty, scores, float('-inf')), empty   # one pass (masked_fill would copy, then fill)
 
 def _zero_empty_rows(p, empty):
     "Zero the rows that had no valid key (no copy of `p` when there is none: `empty` is read on the mask, a small tensor)."
