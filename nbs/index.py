@@ -117,14 +117,12 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # `nbdev_test` executes every library notebook — the tests sit right under the code they check (agreement with the
 # `entmax` package, brute force, finite differences, `gradcheck`); `pytest` runs what notebooks cannot hold: the CLI end
 # to end, papermill executions, the statistics against scipy, the report, and outside normalizers and datasets by
-# `package.module:name` and by entry point. The long end-to-end tests (kill-and-resume at random moments, the dask
-# executor, the benchmarks, the built site in headless Chromium, and command-line grids whose parts the fast suite
-# tests in process: the length grid, a `--fast` calibration, a grid against a baseline) are marked `slow`: `pytest -m slow`. CI (`.ci/run`)
-# installs everything from scratch and runs exactly this command with `CI=true`, under which a test whose data is
-# missing fails instead of being skipped, then the slow tests. `OMP_NUM_THREADS=1` gives each notebook run one torch
-# thread, since `nbdev_test` runs one notebook per core. Alone on a 2-core AMD EPYC, with an empty cache
-# (`SPARSE_REPRO_CACHE` a new folder: the C kernels compiled and the datasets decoded on the way, as on a fresh clone),
-# the command took 5.7 minutes (nbdev_test 141 s, pytest 203 s: 144 passed, 1 skipped).
+# `package.module:name` and by entry point. Long end-to-end tests (kill-and-resume, the dask executor, benchmarks, the
+# built site in headless Chromium, command-line grids whose parts the fast suite tests in process) are marked `slow`:
+# `pytest -m slow`. CI (`.ci/run`) installs everything from scratch and runs this command with `CI=true` (a test whose
+# data is missing fails instead of being skipped), then the slow tests. `OMP_NUM_THREADS=1`: one torch thread per
+# notebook, since `nbdev_test` runs one per core. Alone on a 2-core AMD EPYC with an empty cache, as on a fresh clone, it
+# took 5.7 minutes (nbdev_test 141 s, pytest 203 s).
 
 # %% [markdown]
 # ## More
