@@ -320,7 +320,7 @@ def read_measurements(outputs="outputs") -> pd.DataFrame:
 _m = read_measurements(_root / "outputs")
 _e = _m.set_index("id").loc["long_entmax15_fwd"]                         # read from long_attention.csv, not copied
 _csv = pd.read_csv(_root / "outputs" / "speed" / "long_attention.csv").query("normalizer == 'entmax15' and T == 4096 and `pass` == 'forward'")
-test_eq((_e.value, _e.value_text), (_csv.ratio_to_sdpa.iloc[0], "3.50"))
+test_eq((_e.value, _e.value_text), (_csv.ratio_to_sdpa.iloc[0], f"{_csv.ratio_to_sdpa.iloc[0]:.2f}"))
 test_eq(len(_m.query("id == 'long_peak_fwd'")), 5)                           # one row per normalizer
 test_eq(_m.set_index("id").loc["gpu_profile"].value_text, "3.34")
 test_eq(_m.set_index("id").loc["orig_kmnist"][["value", "anchor_value_text"]].tolist(), [119.1, "294.6"])
@@ -485,7 +485,8 @@ def write_targets(outputs="outputs", benchmarks="BENCHMARKS.md") -> bool:
 
 # %%
 _cells = target_cells(_root / "outputs")
-test_eq(dict(zip(_cells.id, _cells.state))["long_time"], "missed by 17 %")
+_r = _csv.ratio_to_sdpa.iloc[0]                                            # entmax-1.5's forward at 4,096 tokens over SDPA's, against <= 3x
+test_eq(dict(zip(_cells.id, _cells.state))["long_time"], f"missed by {round((_r / 3 - 1) * 100)} %")
 test_eq(dict(zip(_cells.id, _cells.state))["fast_vs_original"], "met on 20 Newsgroups; missed on Fashion-MNIST (by 42 %) and KMNIST (by 38 %)")
 
 # %% [markdown]
