@@ -702,9 +702,10 @@ def _untuned_family_members(main_runs, families, datasets, baseline):
 
 # %%
 #| export
-def _chi2_pdf(q, df):
-    "χ²_df density at `q`: `scipy.stats.chi2.pdf`'s own formula, without its per-call argument handling."
-    return np.exp(sc.xlogy(df / 2. - 1, q) - q / 2. - sc.gammaln(df / 2.) - (np.log(2) * df) / 2.)
+def _chi2_pdf(df):
+    "The χ²_df density as a function of q: `scipy.stats.chi2.pdf`'s own formula, its constants computed once."
+    k, g, l2 = df / 2. - 1, sc.gammaln(df / 2.), (np.log(2) * df) / 2.
+    return lambda q: np.exp(sc.xlogy(k, q) - q / 2. - g - l2)
 
 def tost_power(sd, margin, n, alpha=0.05) -> float:
     "Power of the paired TOST at ±`margin` with `n` pairs of differences of SD `sd`, when the true mean difference is 0."
@@ -713,7 +714,8 @@ def tost_power(sd, margin, n, alpha=0.05) -> float:
     df, tc, se = n - 1, sps.t.ppf(1 - alpha, n - 1), sd / math.sqrt(n)
     half = lambda q: margin - tc * sd * math.sqrt(q / df) / math.sqrt(n)          # the half-width left for |d̄| given s
     top = df * (margin * math.sqrt(n) / (tc * sd)) ** 2                            # beyond it no d̄ is accepted
-    return float(quad(lambda q: (2 * sc.ndtr(half(q) / se) - 1) * _chi2_pdf(q, df), 0, top, limit=200)[0])
+    pdf = _chi2_pdf(df)
+    return float(quad(lambda q: (2 * sc.ndtr(half(q) / se) - 1) * pdf(q), 0, top, limit=200)[0])
 
 def seeds_for_tost_power(sd, margin, target=POWER_TARGET, most=200) -> float:
     "The fewest seeds for which `tost_power` reaches `target` (NaN when the SD is unknown)."
@@ -723,7 +725,7 @@ def seeds_for_tost_power(sd, margin, target=POWER_TARGET, most=200) -> float:
 # %%
 for _df in (1, 2, 9, 29):                                             # the density and CDF are scipy.stats', bit for bit
     _q = np.linspace(0.01, 4 * _df, 50)
-    assert all(_chi2_pdf(float(x), _df) == sps.chi2.pdf(x, _df) for x in _q)
+    assert all(_chi2_pdf(_df)(float(x)) == sps.chi2.pdf(x, _df) for x in _q)
 assert all(sc.ndtr(x) == sps.norm.cdf(x) for x in np.linspace(-6, 6, 49))
 _rng = np.random.default_rng(0)
 _sim = np.mean([tost_paired(d, np.zeros(10), 0.01) < 0.05 for d in _rng.normal(0, 0.016, (2000, 10))])
