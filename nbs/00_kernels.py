@@ -187,7 +187,7 @@ def usable(x) -> bool:
 
 # %%
 _sigs, _rets = header_signatures(kernel_files()["kernels.h"])
-test_eq(_sigs, {"sparsemax_fwd": "PPPLL", "sparsemax_bwd": "PPPPLL", "entmax15_fwd": "PPPLLLF", "entmax_alpha_fwd": "PPPPPLLLF",
+test_eq(_sigs, {"mask_rows": "PPPLLLL", "sparsemax_fwd": "PPPLL", "sparsemax_bwd": "PPPPLL", "entmax15_fwd": "PPPPLLLF", "entmax_alpha_fwd": "PPPPPLLLF",
                 "entmax_bwd": "PPPPPPLL", "topk_softmax_fwd": "PPPPLLD", "softmax_bwd": "PPPPLL", "philox_bits": "PLLLL",
                 "philox_dropout": "PLLLLLF", "mt_bernoulli": "PLPDF", "attention_fwd": "PPPPPPLLLLLFLDLF",
                 "attention_bwd": "PPPPPPPLLLLLFL", "attention_scratch": "LL", "gelu_dropout_fwd": "PPPL",
@@ -251,6 +251,16 @@ _TOL = 4 * torch.finfo(torch.float32).eps       # Newton stops at a few ulps, as
 
 def _rows(x): return x.numel() // x.shape[-1], x.shape[-1]
 
+def mask_rows(s, keep):
+    """Scores `s` `[..., Tq, Tk]` (float32) with the keys that `keep` (bool, `[Tq, Tk]` or broadcast from it) leaves out at
+    -inf: torch.where(keep, s, -inf) in one pass over `s`, the mask's rows read again for every head and batch."""
+    s = s.contiguous(); keep = keep.reshape(s.shape[-2:]).contiguous(); out = torch.empty_like(s)
+    lib, (rows, n), period = kernels(), _rows(s), s.shape[-2]
+    _state["calls"] += 1
+    def call(lo, hi): lib.mask_rows(s.data_ptr() + lo * n * 4, keep.data_ptr(), out.data_ptr() + lo * n * 4, hi - lo, n, period, lo)
+    _chunked(call, rows, rows * n)
+    return out
+
 def sparsemax_fwd(x):
     "Sparsemax of every row of `x` (Michelot's algorithm, exact)."
     x = x.contiguous(); p = torch.empty_like(x); _run("sparsemax_fwd", [x, p], *_rows(x), scratch=True); return p
@@ -261,9 +271,13 @@ def sparsemax_bwd(p, g):
 
 ENTMAX15_ITERS = 50                              # entmax-1.5's Newton steps at most (it stops at a few ulps)
 
-def entmax15_fwd(x, max_iter=ENTMAX15_ITERS):
-    "1.5-entmax of every row of `x` (Newton from the left)."
-    x = x.contiguous(); p = torch.empty_like(x); _run("entmax15_fwd", [x, p], *_rows(x), max_iter, _TOL, scratch=True); return p
+def entmax15_fwd(x, max_iter=ENTMAX15_ITERS, flags=False):
+    """1.5-entmax of every row of `x` (Newton from the left); with `flags`, also the `[..., 1]` flags of the rows whose
+    scores hold a NaN or +inf or no finite value (softmax's NaN rows), found while each block of rows is in the cache."""
+    x = x.contiguous(); p = torch.empty_like(x)
+    bad = torch.empty(x.shape[:-1] + (1,), dtype=torch.int32) if flags else None
+    _run("entmax15_fwd", [x, p], *_rows(x), max_iter, _TOL, per_row=[bad], scratch=True)
+    return (p, bad.bool()) if flags else p
 
 def entmax_alpha_fwd(x, alpha_rows, max_iter=30, flags=False):
     """alpha-entmax of every row of `x`, with `alpha_rows[..., 0]` the alpha of each row; with `flags`, also the `[..., 1]`
@@ -599,6 +613,23 @@ if HAVE_KERNELS:
             k = N.keep_count(r, valid.sum(-1, keepdim=True))
             kth = xs.sort(-1, descending=True).values.gather(-1, k - 1)
             test_eq(p[good] > 0, xs >= kth)                                # the keys of the k largest, ties included
+
+# %% [markdown]
+# Masking: `mask_rows` gives torch.where's bits (NaN kept, -0.0 kept, masked NaN and +inf at -inf) for a causal mask
+# and a random one over several heads, in one call and chunked over two threads.
+
+# %%
+if HAVE_KERNELS:
+    _g = torch.Generator().manual_seed(0)
+    _s = torch.randn(3, 4, 64, 401, generator=_g)                  # large enough to be chunked over threads
+    for _v, _step in ((float('nan'), 7), (float('inf'), 11), (float('-inf'), 13), (-0.0, 17)): _s.view(-1)[::_step] = _v
+    for _keep in (torch.arange(401)[None, :] <= torch.arange(337, 401)[:, None], torch.rand(64, 401, generator=_g) > 0.4):
+        _ref = torch.where(_keep, _s, float('-inf'))
+        for _threads in (1, 2):
+            _old = torch.get_num_threads(); torch.set_num_threads(_threads)
+            _out = mask_rows(_s, _keep[None, None]); torch.set_num_threads(_old)
+            test_eq(torch.equal(_out.isnan(), _ref.isnan()), True)
+            test_eq(torch.equal(_out.nan_to_num(), _ref.nan_to_num()) and torch.equal(_out.signbit(), _ref.signbit()), True)
 
 # %% [markdown]
 # Threads: the chunked call gives the same result as one call. And the normalizers really dispatch to the kernels for

@@ -60,19 +60,22 @@ def _entmax_backward(p, g, exponent):
     return wg - w * (wg.sum(-1, keepdim=True) / w.sum(-1, keepdim=True))
 
 class Entmax15Function(Function):
-    "1.5-entmax over the last dim: Newton threshold, closed-form backward."
+    """1.5-entmax over the last dim: Newton threshold, closed-form backward. Returns the weights and the `[..., 1]` flags
+    of the rows softmax makes NaN (for `finish_rows`; the kernel finds them while it reads the scores)."""
     @staticmethod
     def forward(ctx, x):
-        if K.usable(x): p = K.entmax15_fwd(x)
+        if K.usable(x): p, bad = K.entmax15_fwd(x, flags=True)
         else:
             z = (x - x.amax(-1, keepdim=True)) / 2
             p = (z - _entmax15_threshold(z)).clamp_min(0) ** 2
             p = p / p.sum(-1, keepdim=True)
+            bad = ~torch.isfinite(x.detach().amax(-1, keepdim=True))
         ctx.save_for_backward(p)
-        return p
+        ctx.mark_non_differentiable(bad)
+        return p, bad
 
     @staticmethod
-    def backward(ctx, g):
+    def backward(ctx, g, _):
         p, = ctx.saved_tensors
         return K.entmax_bwd(p, g)[0] if K.usable(g) else _entmax_backward(p, g, 0.5)
 
@@ -80,7 +83,8 @@ def entmax15(scores, key_mask=None):
     "1.5-entmax over keys."
     if scores.numel() == 0: return no_scores(scores)
     s, empty = mask_scores(upcast(scores), key_mask)
-    return finish_rows(Entmax15Function.apply(s), s, empty).to(scores.dtype)
+    p, bad = Entmax15Function.apply(s)
+    return finish_rows(p, s, empty, bad).to(scores.dtype)
 
 
 # %%

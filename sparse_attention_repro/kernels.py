@@ -4,10 +4,11 @@
 
 # %% auto 0
 __all__ = ['CFLAGS', 'ENTMAX15_ITERS', 'ATTENTION_KINDS', 'ATTENTION_MAX_HEAD', 'kernel_folder', 'kernel_files', 'kernel_source',
-           'header_signatures', 'kernel_dir', 'build_kernels', 'kernels', 'use_kernels', 'usable', 'sparsemax_fwd',
-           'sparsemax_bwd', 'entmax15_fwd', 'entmax_alpha_fwd', 'entmax_bwd', 'topk_softmax_fwd', 'softmax_bwd',
-           'attention_fwd', 'attention_bwd', 'gelu_dropout_fwd', 'gelu_dropout_bwd', 'residual_layernorm_fwd',
-           'residual_layernorm_bwd', 'philox_bits', 'philox_dropout', 'mt_kernel_matches_torch', 'bernoulli_mask']
+           'header_signatures', 'kernel_dir', 'build_kernels', 'kernels', 'use_kernels', 'usable', 'mask_rows',
+           'sparsemax_fwd', 'sparsemax_bwd', 'entmax15_fwd', 'entmax_alpha_fwd', 'entmax_bwd', 'topk_softmax_fwd',
+           'softmax_bwd', 'attention_fwd', 'attention_bwd', 'gelu_dropout_fwd', 'gelu_dropout_bwd',
+           'residual_layernorm_fwd', 'residual_layernorm_bwd', 'philox_bits', 'philox_dropout',
+           'mt_kernel_matches_torch', 'bernoulli_mask']
 
 # %% ../nbs/00_kernels.ipynb
 import ctypes, fcntl, functools, hashlib, os, platform, re, shutil, subprocess, tempfile, warnings
@@ -156,6 +157,16 @@ _TOL = 4 * torch.finfo(torch.float32).eps       # Newton stops at a few ulps, as
 
 def _rows(x): return x.numel() // x.shape[-1], x.shape[-1]
 
+def mask_rows(s, keep):
+    """Scores `s` `[..., Tq, Tk]` (float32) with the keys that `keep` (bool, `[Tq, Tk]` or broadcast from it) leaves out at
+    -inf: torch.where(keep, s, -inf) in one pass over `s`, the mask's rows read again for every head and batch."""
+    s = s.contiguous(); keep = keep.reshape(s.shape[-2:]).contiguous(); out = torch.empty_like(s)
+    lib, (rows, n), period = kernels(), _rows(s), s.shape[-2]
+    _state["calls"] += 1
+    def call(lo, hi): lib.mask_rows(s.data_ptr() + lo * n * 4, keep.data_ptr(), out.data_ptr() + lo * n * 4, hi - lo, n, period, lo)
+    _chunked(call, rows, rows * n)
+    return out
+
 def sparsemax_fwd(x):
     "Sparsemax of every row of `x` (Michelot's algorithm, exact)."
     x = x.contiguous(); p = torch.empty_like(x); _run("sparsemax_fwd", [x, p], *_rows(x), scratch=True); return p
@@ -166,9 +177,13 @@ def sparsemax_bwd(p, g):
 
 ENTMAX15_ITERS = 50                              # entmax-1.5's Newton steps at most (it stops at a few ulps)
 
-def entmax15_fwd(x, max_iter=ENTMAX15_ITERS):
-    "1.5-entmax of every row of `x` (Newton from the left)."
-    x = x.contiguous(); p = torch.empty_like(x); _run("entmax15_fwd", [x, p], *_rows(x), max_iter, _TOL, scratch=True); return p
+def entmax15_fwd(x, max_iter=ENTMAX15_ITERS, flags=False):
+    """1.5-entmax of every row of `x` (Newton from the left); with `flags`, also the `[..., 1]` flags of the rows whose
+    scores hold a NaN or +inf or no finite value (softmax's NaN rows), found while each block of rows is in the cache."""
+    x = x.contiguous(); p = torch.empty_like(x)
+    bad = torch.empty(x.shape[:-1] + (1,), dtype=torch.int32) if flags else None
+    _run("entmax15_fwd", [x, p], *_rows(x), max_iter, _TOL, per_row=[bad], scratch=True)
+    return (p, bad.bool()) if flags else p
 
 def entmax_alpha_fwd(x, alpha_rows, max_iter=30, flags=False):
     """alpha-entmax of every row of `x`, with `alpha_rows[..., 0]` the alpha of each row; with `flags`, also the `[..., 1]`

@@ -144,7 +144,7 @@ void attention_fwd(const float* QKV, float* O, float* P, const float* ALPHA, con
         switch (kind) {
             case KIND_SOFTMAX: softmax_fwd(S, p, NW, rows, T); break;
             case KIND_SPARSEMAX: sparsemax_fwd(S, p, NW, rows, T); break;
-            case KIND_ENTMAX15: entmax15_fwd(S, p, NW, rows, T, max_iter, tol); break;
+            case KIND_ENTMAX15: entmax15_fwd(S, p, 0, NW, rows, T, max_iter, tol); break;
             case KIND_ENTMAX_ALPHA: entmax_alpha_fwd(S, p, A, 0, NW, rows, T, max_iter, tol); break;
             default: topk_softmax_fwd(S, p, BAD, NW, rows, T, ratio);               /* KIND_TOPK_SOFTMAX */
         }

@@ -197,11 +197,12 @@ static void entmax_alpha_bwd_lanes(const float* P, const float* G, float* DX, co
     }
 }
 
-static void entmax15_fwd_lanes(const float* X, float* P, float* Z, long rows, long n, long max_iter, float tol) {
+static void entmax15_fwd_lanes(const float* X, float* P, int32_t* BAD, float* Z, long rows, long n, long max_iter, float tol) {
     for (long r0 = 0; r0 < rows; r0 += LN) {
         long L = rows - r0 < LN ? rows - r0 : LN;
         float m[LN], tau[LN], s1[LN], s2[LN]; int dead[LN], done[LN];
         load_lanes(X, r0, L, n, Z);
+        if (BAD) bad_lanes(Z, n, BAD + r0, L);
         center_lanes(Z, n, 0.5f, m, dead);
         int left = 0;
         for (long l = 0; l < LN; l++) { tau[l] = -1; done[l] = dead[l]; left += !done[l]; }
@@ -283,8 +284,9 @@ static void entmax_alpha_fwd_lanes(const float* X, float* P, const float* A, flo
 }
 
 /* Entry points: entmax-1.5 always in lanes; learned-alpha entmax in lanes only for short rows. */
-void entmax15_fwd(const float* X, float* P, float* W, long rows, long n, long max_iter, float tol) {
-    entmax15_fwd_lanes(X, P, W, rows, n, max_iter, tol);
+/* BAD (may be NULL): per row, 1 where the scores hold a NaN or +inf or no finite value (softmax's NaN rows). */
+void entmax15_fwd(const float* X, float* P, int32_t* BAD, float* W, long rows, long n, long max_iter, float tol) {
+    entmax15_fwd_lanes(X, P, BAD, W, rows, n, max_iter, tol);
 }
 /* BAD (may be NULL): per row, 1 where the scores hold a NaN or +inf or no finite value (softmax's NaN rows, which the
    caller makes NaN), found 64 rows ahead of the kernel, while they are in the cache. */

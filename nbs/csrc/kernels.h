@@ -16,9 +16,10 @@ enum normalizer_kind { KIND_SOFTMAX = 0, KIND_SPARSEMAX = 1, KIND_ENTMAX15 = 2, 
 
 /* Normalizer rows: X, P, G, DX are [rows, n] float32; W a scratch of 64 * (n + 16) floats; A one alpha per row; BAD
    (int32, may be NULL) flags of the rows softmax makes NaN. */
+void mask_rows(const float* S, const unsigned char* KEEP, float* OUT, long rows, long n, long period, long r0);
 void sparsemax_fwd(const float* X, float* P, float* W, long rows, long n);
 void sparsemax_bwd(const float* P, const float* G, float* DX, float* W, long rows, long n);
-void entmax15_fwd(const float* X, float* P, float* W, long rows, long n, long max_iter, float tol);
+void entmax15_fwd(const float* X, float* P, int32_t* BAD, float* W, long rows, long n, long max_iter, float tol);
 void entmax_alpha_fwd(const float* X, float* P, const float* A, int32_t* BAD, float* W, long rows, long n, long max_iter, float tol);
 void entmax_bwd(const float* P, const float* G, float* DX, const float* A, float* DA, float* W, long rows, long n);
 void topk_softmax_fwd(const float* X, float* P, int32_t* BAD, float* W, long rows, long n, double ratio);
