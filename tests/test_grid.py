@@ -131,15 +131,19 @@ def test_bad_arguments(tmp_path, args, message, capsys):
     assert err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "out").exists()
 
-def test_missing_data_is_one_line(tmp_path, monkeypatch):
+def test_missing_data_is_one_line(tmp_path, monkeypatch, capsys):
+    "No data under the root: one line, exit 2, nothing written (in process, through the script's entry point `cli.main`)."
+    from sparse_attention_repro.cli import main
     monkeypatch.setenv("SPARSE_REPRO_DATA", str(tmp_path / "empty"))
     monkeypatch.setenv("SPARSE_REPRO_CACHE", str(tmp_path / "cache"))
-    res = cli("grid", "--out", tmp_path / "out", "--datasets", "kmnist")
-    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "kmnist" in res.stderr, res.stderr
+    assert main(["grid", "--out", str(tmp_path / "out"), "--datasets", "kmnist"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "kmnist" in err, err
     assert not (tmp_path / "out").exists()
 
-def test_truncated_data_file_is_one_line(tmp_path, monkeypatch, data_root):
-    """A truncated KMNIST archive: one clear line, exit 2, nothing written, nothing cached."""
+def test_truncated_data_file_is_one_line(tmp_path, monkeypatch, data_root, capsys):
+    """A truncated KMNIST archive: one clear line, exit 2, nothing written, nothing cached (in process, through `cli.main`)."""
+    from sparse_attention_repro.cli import main
     import gzip, shutil
     raw = tmp_path / "root" / "KMNIST" / "raw"; raw.mkdir(parents=True)
     for f in (Path(data_root) / "KMNIST" / "raw").glob("*.gz"): shutil.copy(f, raw / f.name)
@@ -147,8 +151,9 @@ def test_truncated_data_file_is_one_line(tmp_path, monkeypatch, data_root):
     images.write_bytes(gzip.compress(gzip.decompress(images.read_bytes())[:-1000]))     # valid gzip, short payload
     monkeypatch.setenv("SPARSE_REPRO_DATA", str(tmp_path / "root"))
     monkeypatch.setenv("SPARSE_REPRO_CACHE", str(tmp_path / "cache"))
-    res = cli("grid", "--out", tmp_path / "out", "--datasets", "kmnist")
-    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "kmnist" in res.stderr, res.stderr
+    assert main(["grid", "--out", str(tmp_path / "out"), "--datasets", "kmnist"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "kmnist" in err, err
     assert not (tmp_path / "out").exists()
 
 @pytest.mark.slow

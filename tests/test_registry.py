@@ -49,14 +49,18 @@ def test_outside_methods_run_against_the_baseline(baseline, tmp_path, monkeypatc
     text = (out / "versus_baseline.md").read_text()
     assert "1 of 1 test accuracies equal the committed ones bit for bit" in text, text       # the pairing is exact
 
-def test_nonconforming_normalizer_is_refused(tmp_path, monkeypatch, data_root):
+def test_nonconforming_normalizer_is_refused(tmp_path, monkeypatch, data_root, capsys):
+    "Refused by the script, then by `card` in process (`cli.main`, the script's entry point): one line, exit 2, nothing written."
+    from sparse_attention_repro.cli import main
     for k, v in _outside_module(tmp_path).items(): monkeypatch.setenv(k, v)
+    monkeypatch.syspath_prepend(str(tmp_path))
     res = cli("grid", "--profile", "smoke", "--out", tmp_path / "x", "--methods", "my_norms:leaky_mask", "--datasets", "synthetic_marker")
     assert res.returncode == 2 and "fails the conformance suite" in res.stderr and "key mask:" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr                # refused in one line
     assert not (tmp_path / "x").exists()
-    card = cli("card", "my_norms:leaky_mask", "--outputs", tmp_path / "o", "--repeats", "1")
-    assert card.returncode == 2 and len(card.stderr.strip().splitlines()) == 1 and "key mask:" in card.stderr, card.stderr
+    assert main(["card", "my_norms:leaky_mask", "--outputs", str(tmp_path / "o"), "--repeats", "1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "key mask:" in err, err
     assert not (tmp_path / "o").exists()
 
 def test_baseline_made_with_other_options_is_refused(baseline, tmp_path, capsys):
@@ -67,7 +71,7 @@ def test_baseline_made_with_other_options_is_refused(baseline, tmp_path, capsys)
     assert len(err.strip().splitlines()) == 1 and "was made with lr=" in err, err
     assert not (tmp_path / "x").exists()
 
-def test_outside_dataset_by_entry_point(tmp_path):
+def test_outside_dataset_by_entry_point(tmp_path, capsys):
     """A dataset from outside the library (the example package's `digits`, an entry point of `sparse_attention_repro.datasets`)
     runs through `grid` by its bare name, in the notebooks' own processes; a `module:name` dataset is refused in one line."""
     out = tmp_path / "digits"
@@ -76,6 +80,9 @@ def test_outside_dataset_by_entry_point(tmp_path):
     runs = pd.read_csv(out / "runs.csv")
     assert set(runs.dataset) == {"digits"} and (runs.status == "ok").all() and len(runs) == 2
     assert set(runs.dataset_source) == {"sklearn:load_digits"}                          # read from the copy inside scikit-learn
-    bad = cli("grid", "--profile", "smoke", "--datasets", "sparse_attention_examples.digits:digits", "--out", tmp_path / "x")
-    assert bad.returncode == 2 and "named by its entry point" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    from sparse_attention_repro.cli import main                                     # in process, through the script's entry point
+    capsys.readouterr()
+    assert main(["grid", "--profile", "smoke", "--datasets", "sparse_attention_examples.digits:digits", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "named by its entry point" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "x").exists()

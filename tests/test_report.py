@@ -86,28 +86,34 @@ def test_tuned_tests_recomputed_with_scipy():
         np.testing.assert_allclose(r.gain, (j.a - j.b).mean(), rtol=1e-9)
         np.testing.assert_allclose(r.p, stats.ttest_rel(j.a, j.b).pvalue, rtol=1e-6)
 
-def test_readme_command_writes_the_readme_from_the_home_notebook(tmp_path):
-    "`sparse-repro readme`: the README of the home notebook, written where asked; a missing notebook is one line, exit 2."
+def test_readme_command_writes_the_readme_from_the_home_notebook(tmp_path, capsys):
+    """`sparse-repro readme`: the README of the home notebook, written where asked; a missing notebook is one line, exit 2
+    (the script once, then its entry point `cli.main` in process)."""
     from conftest import ROOT, cli
+    from sparse_attention_repro.cli import main
     from sparse_attention_repro.report import readme_markdown
     res = cli("readme", "--out", tmp_path / "README.md")
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "README.md").read_text(encoding="utf-8") == readme_markdown(ROOT / "nbs" / "index.ipynb")
-    res = cli("readme", "--index", tmp_path / "none.ipynb", "--out", tmp_path / "R.md")
-    assert res.returncode == 2 and "is not a notebook" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    capsys.readouterr()
+    assert main(["readme", "--index", str(tmp_path / "none.ipynb"), "--out", str(tmp_path / "R.md")]) == 2
+    err = capsys.readouterr().err
+    assert "is not a notebook" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "R.md").exists()
 
-def test_outputs_index_is_generated_from_the_catalogue(tmp_path):
+def test_outputs_index_is_generated_from_the_catalogue(tmp_path, capsys):
     "The committed outputs/README.md is what the catalogue and the committed tables give; `sparse-repro index` writes it."
-    from conftest import ROOT, cli
+    from conftest import ROOT
+    from sparse_attention_repro.cli import main
     from sparse_attention_repro.catalogue import outputs_index, CATALOGUE
     text = (ROOT / "outputs" / "README.md").read_text(encoding="utf-8")
     assert text == outputs_index(ROOT / "outputs"), "outputs/README.md is stale: run `sparse-repro index`"
     for e in CATALOGUE.values():                               # every committed experiment folder of the catalogue is listed
         f = ROOT / "outputs" / e.root / e.folder
         if (f / "runs.csv").exists() and e.folder != ".": assert f"`{e.root}/{e.folder}`" in text, e.name
-    res = cli("index", "--outputs", tmp_path / "none")
-    assert res.returncode == 2 and "is not a folder" in res.stderr, res.stderr
+    assert main(["index", "--outputs", str(tmp_path / "none")]) == 2                    # in process, through the script's entry point
+    err = capsys.readouterr().err
+    assert "is not a folder" in err, err
 
 def test_leaderboard_is_the_committed_tables(tmp_path):
     """The committed leaderboard is what the committed tables give; each paper-recipe gain of the seven is the one in
@@ -128,11 +134,12 @@ def test_leaderboard_is_the_committed_tables(tmp_path):
     res = cli("leaderboard", "--outputs", tmp_path)
     assert res.returncode == 2 and "does not exist" in res.stderr, res.stderr
 
-def test_readme_leaderboard_block(tmp_path):
+def test_readme_leaderboard_block(tmp_path, capsys):
     """The README's leaderboard block is the short form of the committed leaderboard; a README without the block is refused
     in one line before any leaderboard file is written."""
     import shutil
-    from conftest import ROOT, cli
+    from conftest import ROOT
+    from sparse_attention_repro.cli import main
     from sparse_attention_repro.leaderboard import leaderboard_parts, leaderboard_short, LEADERBOARD_MARKERS
     out = ROOT / "outputs"; rows, vs_entmax, table = leaderboard_parts(out)
     text = (ROOT / "README.md").read_text(encoding="utf-8"); a, b = LEADERBOARD_MARKERS
@@ -142,11 +149,12 @@ def test_readme_leaderboard_block(tmp_path):
     assert block.startswith("- **Beats tuned softmax after Holm:**")
     shutil.copytree(out / "paper" / "tables", tmp_path / "paper" / "tables")
     (tmp_path / "README.md").write_text("# A README without the block\n")
-    res = cli("leaderboard", "--outputs", tmp_path, "--readme", tmp_path / "README.md")
-    assert res.returncode == 2 and "has no leaderboard block" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert main(["leaderboard", "--outputs", str(tmp_path), "--readme", str(tmp_path / "README.md")]) == 2   # in process
+    err = capsys.readouterr().err
+    assert "has no leaderboard block" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "leaderboard.md").exists()
 
-def test_card_command(tmp_path):
+def test_card_command(tmp_path, capsys):
     "`sparse-repro card`: a page per normalizer from the committed tables, with its cost measured here; a bad name is one line."
     import shutil
     from conftest import ROOT, cli
@@ -158,8 +166,11 @@ def test_card_command(tmp_path):
     vs = pd.read_csv(ROOT / "outputs" / "literature" / "versus_baseline.csv").query("method == 'softpick' and baseline == 'softmax'")
     for r in vs.itertuples(): assert f"| {r.dataset} " in card and f"{100 * r.mean_delta:+.2f}" in card      # every committed gain
     assert "ratio_to_softmax" in card and "96x4x97x97" in card
-    res = cli("card", "softpickk", "--outputs", tmp_path)
-    assert res.returncode == 2 and "unknown normalizer 'softpickk'" in res.stderr, res.stderr
+    from sparse_attention_repro.cli import main
+    capsys.readouterr()
+    assert main(["card", "softpickk", "--outputs", str(tmp_path)]) == 2                # in process, through the script's entry point
+    err = capsys.readouterr().err
+    assert "unknown normalizer 'softpickk'" in err, err
 
 def test_committed_cards_are_the_committed_tables():
     "Each committed card's gain tables are what the committed tables give now (a new run or verdict means `sparse-repro card NAME`)."
