@@ -887,6 +887,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                      'sparse_attention_repro/masks.py'),
                                               'sparse_attention_repro.masks._KernelMask.forward': ( 'masks.html#_kernelmask.forward',
                                                                                                     'sparse_attention_repro/masks.py'),
+                                              'sparse_attention_repro.masks._any_key': ( 'masks.html#_any_key',
+                                                                                         'sparse_attention_repro/masks.py'),
                                               'sparse_attention_repro.masks._by_kernel': ( 'masks.html#_by_kernel',
                                                                                            'sparse_attention_repro/masks.py'),
                                               'sparse_attention_repro.masks._zero_empty_rows': ( 'masks.html#_zero_empty_rows',
