@@ -121,8 +121,8 @@ for name in ("softmax", "sparsemax", "entmax15", "topk_softmax_025"):
 # built site in headless Chromium, command-line grids whose parts the fast suite tests in process) are marked `slow`:
 # `pytest -m slow`. CI (`.ci/run`) installs everything from scratch and runs this command with `CI=true` (a test whose
 # data is missing fails instead of being skipped), then the slow tests. `OMP_NUM_THREADS=1`: one torch thread per
-# notebook, since `nbdev_test` runs one per core. Alone on a 2-core AMD EPYC it took 5.7, 6.3 and 5.7 minutes in three
-# runs (nbdev_test 141, 144, 129 s; pytest 203, 234, 210 s; the first with an empty cache, as on a fresh clone).
+# notebook, since `nbdev_test` runs one per core. Alone on a 2-core AMD EPYC it took 5.1 minutes with an empty cache, as
+# on a fresh clone, and 4.8 with a warm one (nbdev_test 129 and 116 s; pytest 177 and 173 s).
 
 # %% [markdown]
 # ## More
