@@ -615,6 +615,21 @@ if HAVE_KERNELS:
             test_eq(p[good] > 0, xs >= kth)                                # the keys of the k largest, ties included
 
 # %% [markdown]
+# The entmax-1.5 kernel's flags of softmax's NaN rows (a NaN or +inf, or no finite score) are the definition's,
+# `~isfinite(amax)`, on rows of every kind, short and long, in full and partial lane blocks:
+
+# %%
+if HAVE_KERNELS:
+    _g = torch.Generator().manual_seed(3)
+    for _n in (9, 130):
+        _x = torch.randn(4, 37, _n, generator=_g)
+        _x[0, :10, 5] = float('nan'); _x[1, :10, 7] = float('inf'); _x[2, :10] = float('-inf')
+        _x[3, :5] = float('-inf'); _x[3, :5, 3] = float('nan')
+        _p, _bad = entmax15_fwd(_x, flags=True)
+        test_eq(_bad, ~torch.isfinite(_x.amax(-1, keepdim=True)))
+        test_eq(int(_bad.sum()), 35)
+
+# %% [markdown]
 # Masking: `mask_rows` gives torch.where's bits (NaN kept, -0.0 kept, masked NaN and +inf at -inf) for a causal mask
 # and a random one over several heads, in one call and chunked over two threads.
 

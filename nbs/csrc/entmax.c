@@ -200,10 +200,10 @@ static void entmax_alpha_bwd_lanes(const float* P, const float* G, float* DX, co
 static void entmax15_fwd_lanes(const float* X, float* P, int32_t* BAD, float* Z, long rows, long n, long max_iter, float tol) {
     for (long r0 = 0; r0 < rows; r0 += LN) {
         long L = rows - r0 < LN ? rows - r0 : LN;
-        float m[LN], tau[LN], s1[LN], s2[LN]; int dead[LN], done[LN];
+        float m[LN], tau[LN], s1[LN], s2[LN]; int dead[LN], done[LN], odd[LN];
         load_lanes(X, r0, L, n, Z);
-        if (BAD) bad_lanes(Z, n, BAD + r0, L);
-        center_lanes(Z, n, 0.5f, m, dead);
+        center_lanes(Z, n, 0.5f, m, dead, BAD ? odd : 0);
+        if (BAD) for (long l = 0; l < L; l++) BAD[r0 + l] = odd[l] || dead[l];
         int left = 0;
         for (long l = 0; l < LN; l++) { tau[l] = -1; done[l] = dead[l]; left += !done[l]; }
         for (long it = 0; it < max_iter && left; it++) {
@@ -258,7 +258,7 @@ static void entmax_alpha_fwd_lanes(const float* X, float* P, const float* A, flo
         long L = rows - r0 < LN ? rows - r0 : LN;
         float m[LN], tau[LN], s1[LN], s2[LN], am1[LN], beta[LN], bm1[LN]; int dead[LN], done[LN];
         load_lanes(X, r0, L, n, Z);
-        center_lanes(Z, n, 1.0f, m, dead);
+        center_lanes(Z, n, 1.0f, m, dead, 0);
         for (long l = 0; l < LN; l++) { am1[l] = A[r0 + (l < L ? l : L - 1)] - 1; beta[l] = 1 / am1[l]; bm1[l] = beta[l] - 1; }
         for (long j = 0; j < n; j++) {                 /* z = (x - max)(alpha - 1) <= 0, f(-1) >= 0 */
             #pragma omp simd

@@ -64,22 +64,17 @@ static void store_lanes(float* P, long r0, long L, long n, const float* Z) {
     }
 }
 
-/* BAD[l] for the L rows of a lane block: 1 where the row holds a NaN or +inf or no finite value (softmax's NaN rows),
-   read on the block while it is in the cache */
-static void bad_lanes(const float* Z, long n, int32_t* BAD, long L) {
-    int odd[LN], finite[LN];
-    for (long l = 0; l < LN; l++) { odd[l] = 0; finite[l] = 0; }
-    for (long j = 0; j < n; j++) {
-        #pragma omp simd
-        for (long l = 0; l < LN; l++) { float z = Z[j * LN + l]; odd[l] |= !(z < INFINITY); finite[l] |= z > -INFINITY && z < INFINITY; }
-    }
-    for (long l = 0; l < L; l++) BAD[l] = odd[l] || !finite[l];
-}
-
-/* row max per lane; Z becomes (Z - max) * scale; `dead` marks lanes whose row has no finite key */
-static void center_lanes(float* Z, long n, float scale, float* m, int* dead) {
+/* row max per lane; Z becomes (Z - max) * scale; `dead` marks lanes whose row has no finite key; `odd` (may be NULL)
+   those whose row holds a NaN or +inf, found in the same pass (softmax's NaN rows are odd or dead) */
+static void center_lanes(float* Z, long n, float scale, float* m, int* dead, int* odd) {
     for (long l = 0; l < LN; l++) m[l] = -INFINITY;
-    for (long j = 0; j < n; j++) {
+    if (odd) {
+        for (long l = 0; l < LN; l++) odd[l] = 0;
+        for (long j = 0; j < n; j++) {
+            #pragma omp simd
+            for (long l = 0; l < LN; l++) { float z = Z[j * LN + l]; m[l] = z > m[l] ? z : m[l]; odd[l] |= !(z < INFINITY); }
+        }
+    } else for (long j = 0; j < n; j++) {
         #pragma omp simd
         for (long l = 0; l < LN; l++) m[l] = Z[j * LN + l] > m[l] ? Z[j * LN + l] : m[l];
     }

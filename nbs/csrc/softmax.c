@@ -17,7 +17,7 @@ static void softmax_fwd_lanes(const float* X, float* P, float* Z, long rows, lon
         long L = rows - r0 < LN ? rows - r0 : LN;
         float m[LN]; int dead[LN];
         load_lanes(X, r0, L, n, Z);
-        center_lanes(Z, n, 1.0f, m, dead);
+        center_lanes(Z, n, 1.0f, m, dead, 0);
         for (long j = 0; j < n; j++) {
             #pragma omp simd
             for (long l = 0; l < LN; l++) Z[j * LN + l] = exp_f(Z[j * LN + l]);

@@ -38,7 +38,7 @@ static void sparsemax_fwd_lanes(const float* X, float* P, float* Z, long rows, l
         long L = rows - r0 < LN ? rows - r0 : LN;
         float m[LN], tau[LN], s[LN]; int dead[LN], k[LN], c[LN], done[LN];
         load_lanes(X, r0, L, n, Z);
-        center_lanes(Z, n, 1.0f, m, dead);
+        center_lanes(Z, n, 1.0f, m, dead, 0);
         for (long l = 0; l < LN; l++) s[l] = 0;
         for (long j = 0; j < n; j++) {                 /* start: max(mean(z) - 1/n, -1), as the row kernel */
             #pragma omp simd
