@@ -263,6 +263,12 @@ assert t.notebook.name == "length.ipynb" and t.notebook.exists() and Path(t.para
 # 3. **budgets** — the selection seeds at their arm's chosen rate, tested at fixed fractions of the run length, so that
 #    accuracy against length can be read at several step budgets, not only at the chosen one.
 #
+# **complete** also runs budgets' notebooks, each arm's right after that arm's own: the kept weights are not committed,
+# so a budgets stage run on another machine than complete (or after it was stopped) would train the selection seeds a
+# third time. Within an arm the trainings come first and the selection seeds' budget tests last, so that with two jobs
+# a test never waits on (or repeats) a training still running. `--stage budgets` alone runs only budgets' notebooks:
+# nothing, once complete has run. What is trained and tested is the same either way; only the order changes.
+#
 # The run length is the same for every arm of a task. **complete** is refused while an arm of the task chose a step in
 # the last sixth of its run: then every arm of that task is extended (its runs continue to twice the length, and
 # selection is read again), up to the profile's cap, beyond which the edge is kept and stated.
@@ -342,14 +348,15 @@ def stage_runs(stage: str, out, profile: LengthProfile, tasks, normalizers, posi
                 if r is None or r.empty: notes.append(f"{t}/{n}/{p}: no recipe yet; run --stage select first"); continue
                 r = r.iloc[0]
                 base = dict(profile.run, **run_options, steps=int(r.steps))
+                cfg0 = LengthRunConfig(t, n, p, 0, float(r.lr), **base)
                 if stage == "complete":
-                    runs += [LengthRun(LengthRunConfig(t, n, p, s, float(r.lr), **base), int(r.step), lengths_of(n, s, profile),
-                                       profile.test_examples, Path(out)) for s in seeds_of(n, profile)]
-                else:
-                    cfg0 = LengthRunConfig(t, n, p, 0, float(r.lr), **base)
-                    runs += [LengthRun(replace(cfg0, seed=s), k, profile.test_lengths, profile.test_examples, Path(out))
-                             for s in profile.seeds[:3] for k in _budget_steps(cfg0.steps, cfg0.eval_every)]
-    return runs, notes
+                    runs += [LengthRun(replace(cfg0, seed=s), int(r.step), lengths_of(n, s, profile), profile.test_examples, Path(out))
+                             for s in seeds_of(n, profile)]
+                runs += [LengthRun(replace(cfg0, seed=s), k, profile.test_lengths, profile.test_examples, Path(out))
+                         for s in profile.seeds[:3] for k in _budget_steps(cfg0.steps, cfg0.eval_every)]
+    unique = {}                                            # a budget at the chosen step is complete's own notebook
+    for run in runs: unique.setdefault(run.rows, run)
+    return list(unique.values()), notes
 
 # %% [markdown]
 # A hand-made folder state checks the stages: two normalizers selected on flip-flop (softmax chose step 20 of 40,
@@ -374,11 +381,16 @@ runs, notes = stage_runs("complete", "out", prof, ["flip_flop"], ["softmax", "en
 test_eq(runs, []); test_eq(notes, ["flip_flop: entmax15 (nape) chose step 40 of 40, in the last sixth: extend every arm of flip_flop with --stage select --steps 80"])
 runs, notes = stage_runs("complete", "out", replace(prof, step_cap=40), ["flip_flop"], ["softmax", "entmax15", "sparsemax"], ["nape"], folder)
 test_eq(notes, ["flip_flop/sparsemax/nape: no recipe yet; run --stage select first"])
-test_eq([(r.cfg.normalizer, r.cfg.seed, r.test_step) for r in runs][::10], [("softmax", 0, 20), ("entmax15", 0, 40)])
-test_eq(len(runs), 20); test_eq(runs[0].test_lengths, (64, 128, 256))          # headline: 10 seeds and the long lengths
+test_eq([(r.cfg.normalizer, r.cfg.seed, r.test_step) for r in runs][:10], [("softmax", s, 20) for s in range(10)])
+test_eq(runs[0].test_lengths, (64, 128, 256))                                   # headline: 10 seeds and the long lengths
+# then softmax's budgets (steps 10 and 40 of the selection seeds; 20 is complete's own), then entmax-1.5's 10 seeds and budgets
+test_eq([(r.cfg.normalizer, r.cfg.seed, r.test_step, r.test_lengths) for r in runs][10:16],
+        [("softmax", s, k, (64, 128)) for s in (0, 1, 2) for k in (10, 40)])
+test_eq([(r.cfg.normalizer, r.cfg.seed, r.test_step) for r in runs][16::10], [("entmax15", 0, 40), ("entmax15", 0, 10)])
+test_eq(len(runs), 16 + 16); test_eq(len({r.rows for r in runs}), len(runs))
 prof5 = replace(prof, step_cap=40, long_seeds=5)
 runs, _ = stage_runs("complete", "out", prof5, ["flip_flop"], ["softmax"], ["nape"], folder)
-test_eq([len(r.test_lengths) for r in runs], [3] * 5 + [2] * 5)                # the long length on the first five seeds
+test_eq([len(r.test_lengths) for r in runs if r.test_step == 20], [3] * 5 + [2] * 5)   # the long length on the first five seeds
 runs, _ = stage_runs("budgets", "out", replace(prof, step_cap=40), ["flip_flop"], ["softmax"], ["nape"], folder)
 test_eq([(r.cfg.seed, r.test_step) for r in runs][:3], [(0, 10), (0, 20), (0, 40)])
 with tempfile.TemporaryDirectory() as d:                                     # freezing keeps what it froze

@@ -194,7 +194,8 @@ def _length_args(sub):
     from sparse_attention_repro.length_train import LengthRunConfig
     add_option_arguments(l, LengthRunConfig)                                   # the run options are LengthRunConfig's own fields
     l.add_argument("--stage", default=None, help="a stage of the fair protocol: select (rates x selection seeds, validation only), "
-                                                 "complete (every seed at each arm's chosen recipe, tested), budgets (tested at fractions of the run); "
+                                                 "complete (every seed at each arm's chosen recipe, tested; then budgets' notebooks), budgets (the selection seeds "
+                                                 "tested at fractions of the run); "
                                                  "none: the plain grid, each run tested at its last step")
     l.add_argument("--dry-run", action="store_true", help="print the runs the grid still needs and run nothing")
     l.add_argument("--tables", action="store_true", help="write the analysis of --out (recipes, accuracy against length, gains "

@@ -188,14 +188,15 @@ def stage_runs(stage: str, out, profile: LengthProfile, tasks, normalizers, posi
                 if r is None or r.empty: notes.append(f"{t}/{n}/{p}: no recipe yet; run --stage select first"); continue
                 r = r.iloc[0]
                 base = dict(profile.run, **run_options, steps=int(r.steps))
+                cfg0 = LengthRunConfig(t, n, p, 0, float(r.lr), **base)
                 if stage == "complete":
-                    runs += [LengthRun(LengthRunConfig(t, n, p, s, float(r.lr), **base), int(r.step), lengths_of(n, s, profile),
-                                       profile.test_examples, Path(out)) for s in seeds_of(n, profile)]
-                else:
-                    cfg0 = LengthRunConfig(t, n, p, 0, float(r.lr), **base)
-                    runs += [LengthRun(replace(cfg0, seed=s), k, profile.test_lengths, profile.test_examples, Path(out))
-                             for s in profile.seeds[:3] for k in _budget_steps(cfg0.steps, cfg0.eval_every)]
-    return runs, notes
+                    runs += [LengthRun(replace(cfg0, seed=s), int(r.step), lengths_of(n, s, profile), profile.test_examples, Path(out))
+                             for s in seeds_of(n, profile)]
+                runs += [LengthRun(replace(cfg0, seed=s), k, profile.test_lengths, profile.test_examples, Path(out))
+                         for s in profile.seeds[:3] for k in _budget_steps(cfg0.steps, cfg0.eval_every)]
+    unique = {}                                            # a budget at the chosen step is complete's own notebook
+    for run in runs: unique.setdefault(run.rows, run)
+    return list(unique.values()), notes
 
 # %% ../nbs/05e_length_study.ipynb
 def estimate_core_hours(runs, rows) -> tuple:
