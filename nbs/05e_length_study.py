@@ -266,8 +266,10 @@ assert t.notebook.name == "length.ipynb" and t.notebook.exists() and Path(t.para
 # **complete** also runs budgets' notebooks, each arm's right after that arm's own: the kept weights are not committed,
 # so a budgets stage run on another machine than complete (or after it was stopped) would train the selection seeds a
 # third time. Within an arm the trainings come first and the selection seeds' budget tests last, so that with two jobs
-# a test never waits on (or repeats) a training still running. `--stage budgets` alone runs only budgets' notebooks:
-# nothing, once complete has run. What is trained and tested is the same either way; only the order changes.
+# a test never waits on (or repeats) a training still running. The arms whose selection seeds' training states are on
+# this machine (the select stage ran here) go first, before anything can remove them. `--stage budgets` alone runs only
+# budgets' notebooks: nothing, once complete has run. What is trained and tested is the same either way; only the order
+# changes.
 #
 # The run length is the same for every arm of a task. **complete** is refused while an arm of the task chose a step in
 # the last sixth of its run: then every arm of that task is extended (its runs continue to twice the length, and
@@ -340,10 +342,12 @@ def stage_runs(stage: str, out, profile: LengthProfile, tasks, normalizers, posi
             e = edge.iloc[0]
             notes.append(f"{t}: {e.normalizer} ({e.positions}) chose step {e.step} of {e.steps}, in the last sixth: extend every arm of {t} "
                          f"with --stage select --steps {EXTENSION * int(mine.steps.max())}"); blocked.add(t)
+    arms = []                                              # each arm's runs, in order
     for t in tasks:
         for n in normalizers:
             for p in positions:
                 if t in blocked: continue
+                runs = []
                 r = None if recipes is None else recipes[(recipes.task == t) & (recipes.normalizer == n) & (recipes.positions == p)]
                 if r is None or r.empty: notes.append(f"{t}/{n}/{p}: no recipe yet; run --stage select first"); continue
                 r = r.iloc[0]
@@ -354,8 +358,10 @@ def stage_runs(stage: str, out, profile: LengthProfile, tasks, normalizers, posi
                              for s in seeds_of(n, profile)]
                 runs += [LengthRun(replace(cfg0, seed=s), k, profile.test_lengths, profile.test_examples, Path(out))
                          for s in profile.seeds[:3] for k in _budget_steps(cfg0.steps, cfg0.eval_every)]
+                arms.append(runs)
+    kept = lambda runs: sum((r.folder / "state.pt").exists() for r in {r.folder: r for r in runs if r.cfg.seed in profile.seeds[:3]}.values())
     unique = {}                                            # a budget at the chosen step is complete's own notebook
-    for run in runs: unique.setdefault(run.rows, run)
+    for run in [r for runs in sorted(arms, key=kept, reverse=True) for r in runs]: unique.setdefault(run.rows, run)
     return list(unique.values()), notes
 
 # %% [markdown]
@@ -393,6 +399,12 @@ runs, _ = stage_runs("complete", "out", prof5, ["flip_flop"], ["softmax"], ["nap
 test_eq([len(r.test_lengths) for r in runs if r.test_step == 20], [3] * 5 + [2] * 5)   # the long length on the first five seeds
 runs, _ = stage_runs("budgets", "out", replace(prof, step_cap=40), ["flip_flop"], ["softmax"], ["nape"], folder)
 test_eq([(r.cfg.seed, r.test_step) for r in runs][:3], [(0, 10), (0, 20), (0, 40)])
+with tempfile.TemporaryDirectory() as d:                                     # entmax-1.5's selection seeds kept here: it goes first
+    for s in (0, 1):
+        f = Path(d) / "runs" / "flip_flop" / "entmax15" / "nape" / "lr0.001" / f"seed{s}"
+        f.mkdir(parents=True); (f / "state.pt").touch()
+    arms, _ = stage_runs("complete", d, replace(prof, step_cap=40), ["flip_flop"], ["softmax", "entmax15"], ["nape"], folder)
+    test_eq([r.cfg.normalizer for r in arms][::16], ["entmax15", "softmax"])
 with tempfile.TemporaryDirectory() as d:                                     # freezing keeps what it froze
     sel = selected({"softmax": 20})
     sel.assign(n=264, train_loss=0.1, seconds=1.0, status="ok").to_csv(Path(d) / "length_runs.csv", index=False)

@@ -180,10 +180,12 @@ def stage_runs(stage: str, out, profile: LengthProfile, tasks, normalizers, posi
             e = edge.iloc[0]
             notes.append(f"{t}: {e.normalizer} ({e.positions}) chose step {e.step} of {e.steps}, in the last sixth: extend every arm of {t} "
                          f"with --stage select --steps {EXTENSION * int(mine.steps.max())}"); blocked.add(t)
+    arms = []                                              # each arm's runs, in order
     for t in tasks:
         for n in normalizers:
             for p in positions:
                 if t in blocked: continue
+                runs = []
                 r = None if recipes is None else recipes[(recipes.task == t) & (recipes.normalizer == n) & (recipes.positions == p)]
                 if r is None or r.empty: notes.append(f"{t}/{n}/{p}: no recipe yet; run --stage select first"); continue
                 r = r.iloc[0]
@@ -194,8 +196,10 @@ def stage_runs(stage: str, out, profile: LengthProfile, tasks, normalizers, posi
                              for s in seeds_of(n, profile)]
                 runs += [LengthRun(replace(cfg0, seed=s), k, profile.test_lengths, profile.test_examples, Path(out))
                          for s in profile.seeds[:3] for k in _budget_steps(cfg0.steps, cfg0.eval_every)]
+                arms.append(runs)
+    kept = lambda runs: sum((r.folder / "state.pt").exists() for r in {r.folder: r for r in runs if r.cfg.seed in profile.seeds[:3]}.values())
     unique = {}                                            # a budget at the chosen step is complete's own notebook
-    for run in runs: unique.setdefault(run.rows, run)
+    for run in [r for runs in sorted(arms, key=kept, reverse=True) for r in runs]: unique.setdefault(run.rows, run)
     return list(unique.values()), notes
 
 # %% ../nbs/05e_length_study.ipynb
