@@ -424,11 +424,17 @@ test_eq([(r.cfg.seed, r.test_step, r.cfg.steps) for r in runs], [(0, 0, 40), (1,
 #
 # A dry run estimates the core-hours a stage still needs from the folder's own finished runs: seconds per training step
 # of each (task, normalizer), and seconds per test input of each (task, normalizer, length); a run's still-to-train steps
-# are those beyond its last kept step. A run of a (task, normalizer) with nothing measured yet is counted apart, and a
-# test length with no measurement yet is not priced.
+# are those beyond the last step whose weights are kept in its folder on this machine (not the last step in its rows:
+# the weights are not committed, so on a fresh machine a run extended to more steps trains from step 0). A run of a
+# (task, normalizer) with nothing measured yet is counted apart, and a test length with no measurement yet is not
+# priced.
 
 # %%
 #| export
+def kept_step(folder) -> int:
+    "The last step whose weights `train_run` kept in `folder` (0: none)."
+    return max((int(f.stem.removeprefix("step_")) for f in Path(folder).glob("weights/step_*.pt")), default=0)
+
 def estimate_core_hours(runs, rows) -> tuple:
     "(core-hours, unmeasured runs) that `runs` still need, priced from `rows` (a folder's `length_runs.csv`, or None)."
     if rows is None or not len(rows): return 0.0, len(runs)
@@ -436,12 +442,11 @@ def estimate_core_hours(runs, rows) -> tuple:
     per_step = (val.seconds / val.step).groupby([val.task, val.normalizer]).median()
     test = rows[rows.split == "test"]
     per_input = (test.seconds / test.n).groupby([test.task, test.normalizer, test.length]).median()
-    done = val.groupby(["task", "normalizer", "positions", "lr", "seed"]).step.max()
     hours, unmeasured = 0.0, 0
     for r in runs:
         c = r.cfg
         if (c.task, c.normalizer) not in per_step.index: unmeasured += 1; continue
-        kept = done.get((c.task, c.normalizer, c.positions, c.lr, c.seed), 0)
+        kept = kept_step(r.folder)
         sec = max(0, c.steps - kept) * per_step[(c.task, c.normalizer)]
         if r.test_step:
             sec += sum(r.test_examples * per_input.get((c.task, c.normalizer, float(L)), per_input.get((c.task, "softmax", float(L)), 0.0))
@@ -454,11 +459,18 @@ measured = pd.DataFrame([dict(task="flip_flop", normalizer="softmax", positions=
                               step=10, length=float("nan"), accuracy=1.0, n=264, train_loss=0.1, seconds=36.0, status="running"),
                          dict(task="flip_flop", normalizer="softmax", positions="nape", lr=1e-3, seed=0, steps=20, split="test",
                               step=10, length=64.0, accuracy=1.0, n=10, train_loss=float("nan"), seconds=7.2, status="running")])
-runs = plan_runs("out", smoke, ["flip_flop"], ["softmax", "sparsemax"], ["nape"], [1e-3], [0, 1])
-hours, unmeasured = estimate_core_hours(runs, measured)
-# softmax: seed 0 has 10 steps left, seed 1 all 20, at 3.6 s a step; each tests 16 inputs at 0.72 s at 64 tokens (128: unmeasured)
-test_close(hours * 3600, (10 * 3.6 + 16 * 0.72) + (20 * 3.6 + 16 * 0.72), eps=1e-9)
-test_eq(unmeasured, 2)
+with tempfile.TemporaryDirectory() as d:
+    runs = plan_runs(d, smoke, ["flip_flop"], ["softmax", "sparsemax"], ["nape"], [1e-3], [0, 1])
+    hours, unmeasured = estimate_core_hours(runs, measured)
+    # nothing kept on this machine: both softmax runs train all 20 steps at 3.6 s a step, though seed 0's rows reach step 10;
+    # each tests 16 inputs at 0.72 s at 64 tokens (128: unmeasured)
+    test_close(hours * 3600, 2 * (20 * 3.6 + 16 * 0.72), eps=1e-9)
+    test_eq(unmeasured, 2)
+    (runs[0].folder / "weights").mkdir(parents=True)
+    for k in (5, 10): (runs[0].folder / "weights" / f"step_{k}.pt").touch()
+    test_eq(kept_step(runs[0].folder), 10)
+    hours, _ = estimate_core_hours(runs, measured)                            # seed 0's weights kept at step 10: 10 steps left
+    test_close(hours * 3600, (10 * 3.6 + 16 * 0.72) + (20 * 3.6 + 16 * 0.72), eps=1e-9)
 
 # %% [markdown]
 # ## From a request

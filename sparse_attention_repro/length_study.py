@@ -5,7 +5,7 @@
 # %% auto 0
 __all__ = ['LENGTH', 'HEADLINE', 'OTHERS', 'PROFILES', 'STAGES', 'BUDGET_FRACTIONS', 'RECIPES', 'LengthProfile', 'causal_refusal',
            'check_request', 'LengthRun', 'plan_runs', 'notebook_task', 'seeds_of', 'lengths_of', 'freeze_recipes',
-           'read_recipes', 'stage_runs', 'estimate_core_hours', 'length_runs', 'length_tasks']
+           'read_recipes', 'stage_runs', 'kept_step', 'estimate_core_hours', 'length_runs', 'length_tasks']
 
 # %% ../nbs/05e_length_study.ipynb
 from dataclasses import asdict, dataclass, field, replace
@@ -203,6 +203,10 @@ def stage_runs(stage: str, out, profile: LengthProfile, tasks, normalizers, posi
     return list(unique.values()), notes
 
 # %% ../nbs/05e_length_study.ipynb
+def kept_step(folder) -> int:
+    "The last step whose weights `train_run` kept in `folder` (0: none)."
+    return max((int(f.stem.removeprefix("step_")) for f in Path(folder).glob("weights/step_*.pt")), default=0)
+
 def estimate_core_hours(runs, rows) -> tuple:
     "(core-hours, unmeasured runs) that `runs` still need, priced from `rows` (a folder's `length_runs.csv`, or None)."
     if rows is None or not len(rows): return 0.0, len(runs)
@@ -210,12 +214,11 @@ def estimate_core_hours(runs, rows) -> tuple:
     per_step = (val.seconds / val.step).groupby([val.task, val.normalizer]).median()
     test = rows[rows.split == "test"]
     per_input = (test.seconds / test.n).groupby([test.task, test.normalizer, test.length]).median()
-    done = val.groupby(["task", "normalizer", "positions", "lr", "seed"]).step.max()
     hours, unmeasured = 0.0, 0
     for r in runs:
         c = r.cfg
         if (c.task, c.normalizer) not in per_step.index: unmeasured += 1; continue
-        kept = done.get((c.task, c.normalizer, c.positions, c.lr, c.seed), 0)
+        kept = kept_step(r.folder)
         sec = max(0, c.steps - kept) * per_step[(c.task, c.normalizer)]
         if r.test_step:
             sec += sum(r.test_examples * per_input.get((c.task, c.normalizer, float(L)), per_input.get((c.task, "softmax", float(L)), 0.0))
