@@ -795,6 +795,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                                   'sparse_attention_repro/length_study.py'),
                                                      'sparse_attention_repro.length_study.freeze_recipes': ( 'length_study.html#freeze_recipes',
                                                                                                              'sparse_attention_repro/length_study.py'),
+                                                     'sparse_attention_repro.length_study.kept_step': ( 'length_study.html#kept_step',
+                                                                                                        'sparse_attention_repro/length_study.py'),
                                                      'sparse_attention_repro.length_study.length_runs': ( 'length_study.html#length_runs',
                                                                                                           'sparse_attention_repro/length_study.py'),
                                                      'sparse_attention_repro.length_study.length_tasks': ( 'length_study.html#length_tasks',
